@@ -30,6 +30,12 @@ typedef struct dsq_gguf dsq_gguf_t;
  * alignment, tensor bounds). On failure returns NULL and writes a one-line
  * reason naming the file and the offending field/tensor into err. */
 dsq_gguf_t *dsq_gguf_open(const char *path, char *err, size_t err_len);
+/* Parse a GGUF image already in memory (fuzzing, tests). buf is NOT copied
+ * and must outlive the returned reader; name is used in error messages and
+ * as dsq_gguf_path() (NULL: "(buffer)"). Same validation and errors as
+ * dsq_gguf_open. */
+dsq_gguf_t *dsq_gguf_open_buffer(const void *buf, size_t size,
+                                 const char *name, char *err, size_t err_len);
 /* Unmap and free. NULL is a no-op. */
 void dsq_gguf_close(dsq_gguf_t *g);
 
@@ -37,6 +43,9 @@ uint32_t dsq_gguf_version(const dsq_gguf_t *g);
 size_t dsq_gguf_alignment(const dsq_gguf_t *g);
 /* Path the file was opened from (owned by g). */
 const char *dsq_gguf_path(const dsq_gguf_t *g);
+/* Byte offset of the (aligned) tensor data section, and the file size. */
+size_t dsq_gguf_data_offset(const dsq_gguf_t *g);
+size_t dsq_gguf_file_size(const dsq_gguf_t *g);
 
 /* Metadata. Keys are looked up by exact name; index -1 means missing. */
 int dsq_gguf_n_kv(const dsq_gguf_t *g);

@@ -24,6 +24,7 @@ typedef enum dsq_rope_scaling {
     DSQ_ROPE_SCALING_LINEAR,
     DSQ_ROPE_SCALING_DYNAMIC,
     DSQ_ROPE_SCALING_YARN,
+    DSQ_ROPE_SCALING_LLAMA3,     /* HF rope_type "llama3" (R1-Distill-Llama-8B) */
 } dsq_rope_scaling_t;
 
 /* Which checkpoint quantization the file declares (HF quantization_config). */
@@ -57,6 +58,7 @@ typedef struct dsq_model_config {
     double rope_factor;          /* linear/dynamic/yarn factor                  */
     int64_t rope_orig_ctx;       /* original_max_position_embeddings (yarn)     */
     double yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    double rope_low_freq_factor, rope_high_freq_factor;  /* llama3 scaling   */
 
     /* DeepSeek-V2 MLA */
     int64_t q_lora_rank;         /* 0 = no query low-rank path (V2-Lite)        */
@@ -91,5 +93,70 @@ typedef struct dsq_model_config {
 
 /* "llama", "qwen2", "deepseek2" or "unknown". */
 const char *dsq_arch_name(dsq_arch_t arch);
+
+struct dsq_gguf;
+
+/* Neutral defaults: arch unknown, all sizes 0, rope_theta 10000, rms_eps 1e-6,
+ * rope_factor 1, yarn beta_fast 32 / beta_slow 1 / mscale 1 / mscale_all_dim
+ * 0, moe_layer_freq 1, routed_scaling_factor 1, n_group = topk_group = 1,
+ * topk_method "greedy", scoring_func "softmax", bos/eos -1. */
+void dsq_model_config_defaults(dsq_model_config_t *c);
+
+/* Fill *out from GGUF metadata (ggml docs/gguf.md, "LLM" keys, with the
+ * DeepSeek-V2 keys llama.cpp writes). general.architecture must be "llama",
+ * "qwen2" or "deepseek2". Keys read, all prefixed with "<arch>.":
+ * block_count, embedding_length, attention.head_count (required),
+ * feed_forward_length, attention.head_count_kv (default head_count),
+ * attention.key_length (default embd/heads; deepseek2: qk_nope+qk_rope, or
+ * attention.key_length_mla when present), attention.value_length(_mla),
+ * rope.freq_base, rope.dimension_count, rope.scaling.{type,factor,
+ * original_context_length,yarn_log_multiplier} (mscale_all_dim =
+ * yarn_log_multiplier / 0.1, as llama.cpp's converter writes 0.1*mscale_all_dim),
+ * attention.layer_norm_rms_epsilon, context_length, vocab_size (else
+ * tokenizer.ggml.tokens length, else token_embd.weight ne[1]); deepseek2:
+ * attention.q_lora_rank, attention.kv_lora_rank, expert_count,
+ * expert_shared_count, expert_used_count, expert_feed_forward_length,
+ * leading_dense_block_count, expert_weights_scale, expert_weights_norm,
+ * expert_gating_func (1 softmax, 2 sigmoid), expert_group_count,
+ * expert_group_used_count. RoPE pairing as llama.cpp: llama and deepseek2
+ * adjacent pairs (rope_neox false), qwen2 neox. tie_word_embeddings is true
+ * when the file has no output.weight tensor; attn_qkv_bias when qwen2 or
+ * blk.0.attn_q.bias exists. bos/eos from tokenizer.ggml.*_token_id.
+ * Returns 0, DSQ_EUNSUPPORTED (other architecture) or DSQ_EFORMAT (missing
+ * or inconsistent field, named in err). */
+int dsq_model_config_from_gguf(const struct dsq_gguf *g, dsq_model_config_t *out,
+                               char *err, size_t err_len);
+
+/* Fill *out from a Hugging Face config.json text (len bytes, need not be
+ * NUL-terminated). model_type "llama", "qwen2", "deepseek_v2"/"deepseek_v3"
+ * (or architectures[0] LlamaForCausalLM / Qwen2ForCausalLM /
+ * DeepseekV2ForCausalLM / DeepseekV3ForCausalLM). Field names and defaults
+ * of transformers' LlamaConfig / Qwen2Config / DeepseekV2Config:
+ * num_key_value_heads defaults to num_attention_heads, head_dim to
+ * hidden_size / num_attention_heads (deepseek: qk_nope + qk_rope),
+ * rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false.
+ * rope_scaling {type|rope_type: linear, dynamic, yarn (factor,
+ * original_max_position_embeddings, beta_fast, beta_slow, mscale,
+ * mscale_all_dim), llama3 (factor, low/high_freq_factor,
+ * original_max_position_embeddings), default}. quantization_config:
+ * quant_method "awq" (bits|w_bit, group_size|q_group_size, zero_point,
+ * version must be gemm) or "gptq" (bits, group_size (-1 per channel),
+ * desc_act, sym). RoPE pairing: HF llama/qwen2 neox (rope_neox true);
+ * deepseek_v2 interleaved (rope_neox false: its modeling code de-interleaves
+ * q_pe/k_pe before rotate_half). eos_token_id may be a list (first is kept).
+ * Returns 0, DSQ_EFORMAT (bad JSON or field, named in err) or
+ * DSQ_EUNSUPPORTED (other model_type / quant_method). */
+int dsq_model_config_from_hf_json(const char *json_text, size_t len,
+                                  dsq_model_config_t *out, char *err,
+                                  size_t err_len);
+
+/* Fill *out from the 7 int32 llama.c header fields {dim, hidden_dim,
+ * n_layers, n_heads, n_kv_heads, vocab_size, seq_len} (karpathy/llama2.c
+ * run.c, version-0 export). vocab_size < 0 means an unshared classifier.
+ * arch llama, rope_theta 10000, rms_eps 1e-5, rope_neox false, head_dim =
+ * dim / n_heads. Returns 0 or DSQ_EFORMAT (non-positive or inconsistent
+ * field, named in err). */
+int dsq_model_config_from_llama2c(const int32_t hdr[7], dsq_model_config_t *out,
+                                  char *err, size_t err_len);
 
 #endif

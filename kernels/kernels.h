@@ -32,8 +32,8 @@ typedef enum dsq_wformat {
 
 /* Zero-point convention of a DSQ_WFMT_INT4 weight, per group:
  *   SYM: w = (q - 8) * s                 zeros == NULL (GGUF Q4_0, GPTQ sym)
- *   INT: w = (q - z) * s                 z integer 0..15 stored as fp16 in
- *                                        zeros[] (AWQ, GPTQ asym)
+ *   INT: w = (q - z) * s                 z integer stored as fp16 in zeros[]
+ *                                        (AWQ: 0..15; GPTQ v1: stored+1, 1..16)
  *   MIN: w = q * s + m                   m stored as fp16 in zeros[] (Q4_1)
  * Keeping all three lets Q4_0/Q4_1/AWQ/GPTQ repack exactly, with no
  * requantisation; kernels fold each into acc += s*dot(x,q) + c*sum(x). */
@@ -72,10 +72,18 @@ typedef struct dsq_weight {
  * format and shape (so the planner and the repackers agree). */
 size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size);
 size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size);
+/* (INT4 INT/MIN modes: zeros take the same bytes as scales.) */
+
+/* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
+ * with the format's reference formula above (INT4: per zp_mode; Q8_0: q*d;
+ * INT8: q*s[row]). Returns 0 or DSQ_EINVAL (bad row/shape/format). */
+int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out);
 
 /* ------------------------------------------------------------ CPU control */
 
-/* Number of threads CPU ops may use (>= 1). Returns 0 or DSQ_EINVAL. */
+/* Number of threads CPU ops may use (>= 1; default: physical cores, from
+ * sysfs topology). Every OpenMP region of the CPU ops passes it explicitly,
+ * so it applies whichever thread calls the op. Returns 0 or DSQ_EINVAL. */
 int dsq_cpu_set_threads(int n_threads);
 int dsq_cpu_get_threads(void);
 /* Instruction-set level the CPU ops picked from CPUID at first use:
@@ -83,13 +91,23 @@ int dsq_cpu_get_threads(void);
  * the environment forces a lower level (tests compare fast paths with
  * scalar this way; dsq_cpu_force_isa does the same programmatically). */
 const char *dsq_cpu_isa(void);
+/* Returns 0, DSQ_EINVAL (unknown name) or DSQ_EUNSUPPORTED (the CPU lacks
+ * that level). Forcing the detected level undoes an earlier force. Not
+ * thread-safe: call it while no CPU op runs. */
 int dsq_cpu_force_isa(const char *name);
 
 /* ------------------------------------------------------------------ ops */
 
 /* y[m][n] = x[m][k] · W^T (+ bias). x, y fp32 host memory, row-major,
  * not aliased. Works for every dsq_wformat_t; m = 1..8 is the decode path,
- * larger m the prefill path. Returns 0 or DSQ_EINVAL (bad shape/format). */
+ * larger m the prefill path. Any k >= 1 (Q8_0: k % 32 == 0).
+ * Accuracy: F32/F16/BF16 are fp32 dot products. INT4, Q8_0 and INT8
+ * quantise each row of x to int8 per 32-block once per call (d = amax/127,
+ * round to nearest even, as llama.cpp's Q8_0/Q8_1 activations) and use
+ * integer dot products, so y = W·x^ up to fp32 rounding with
+ * |x - x^| <= amax_block/254 per element. Every ISA path gives the same
+ * integer dots; results differ between paths only by fp32 summation order.
+ * Returns 0, DSQ_EINVAL (bad shape/format/NULL) or DSQ_ENOMEM. */
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
 
 /* out[m][k] = row ids[i] of the embedding matrix emb (any format, n = vocab
@@ -103,20 +121,66 @@ int dsq_cpu_rmsnorm(float *y, const float *x, const float *w, int64_t m,
                     int64_t n, float eps);
 
 /* RoPE parameters (Su et al. 2021; linear scaling: Chen et al. 2023; YaRN:
- * Peng et al. 2023, as implemented by transformers' _compute_yarn_parameters). */
+ * Peng et al. 2023, as implemented by transformers' _compute_yarn_parameters
+ * and DeepSeek-V2's DeepseekV2YarnRotaryEmbedding).
+ *
+ * Pair i (0 <= i < rot_dim/2) of every head is rotated by the angle
+ *   pos * inv_freq[i],  inv_freq[i] = mix of
+ *     extrapolated  e_i = theta^(-2i/rot_dim)
+ *     interpolated  f_i = freq_scale * e_i
+ *   ext_factor == 0: inv_freq[i] = f_i (plain or linear-scaled RoPE);
+ *   ext_factor  > 0 (YaRN): with [low, high] the correction range of
+ *     dsq_rope_corr_dims() and ramp_i = clamp((i - low)/(high - low), 0, 1)
+ *     (high += 0.001 when high == low), the extrapolation weight is
+ *     w_i = (1 - ramp_i) * ext_factor and inv_freq[i] = f_i (1-w_i) + e_i w_i.
+ * cos and sin are multiplied by attn_factor (YaRN mscale). Zero-initialised
+ * freq_scale or attn_factor mean 1; zero beta_fast/beta_slow mean 32/1.
+ * Dims rot_dim..head_dim-1 of each head are left untouched. */
 typedef struct dsq_rope {
     int rot_dim;              /* dims rotated per head (<= head_dim), even    */
     bool neox;                /* pairs (i, i+rot_dim/2) vs (2i, 2i+1)         */
     float theta;              /* base                                         */
     float freq_scale;         /* 1/linear factor (1 = none)                   */
     /* YaRN (ext_factor 0 disables): */
-    float ext_factor;
+    float ext_factor;         /* 1 for YaRN as in transformers               */
     float attn_factor;        /* multiplies cos/sin (mscale)                  */
     float beta_fast, beta_slow;
-    int orig_ctx;
+    int orig_ctx;             /* original_max_position_embeddings             */
 } dsq_rope_t;
 
-/* Rotate x in place: x is [m][n_heads][head_dim] fp32, pos [m] positions. */
+/* Fill *p from a model config's numbers. scaling uses the numbers of
+ * dsq_rope_scaling_t (engine/model_config.h): 0 none, 1 linear (freq_scale
+ * = 1/factor), 3 YaRN (freq_scale = 1/factor, ext_factor = 1, beta_fast /
+ * beta_slow (<= 0 means 32 / 1), orig_ctx, and attn_factor =
+ * dsq_rope_yarn_mscale(factor, mscale) / dsq_rope_yarn_mscale(factor,
+ * mscale_all_dim) when both mscales are > 0, else
+ * dsq_rope_yarn_mscale(factor, 1)). Note DeepSeek-V2 additionally multiplies
+ * the softmax scale by dsq_rope_yarn_mscale(factor, mscale_all_dim)^2; that
+ * is the caller's job (the scale argument of dsq_cpu_attention).
+ * Returns 0, DSQ_EINVAL (rot_dim odd or <= 0, theta <= 0, factor <= 0, YaRN
+ * orig_ctx <= 0) or DSQ_EUNSUPPORTED (scaling 2 = dynamic NTK, or unknown). */
+int dsq_rope_init(dsq_rope_t *p, int rot_dim, bool neox, double theta,
+                  int scaling, double factor, int orig_ctx, double beta_fast,
+                  double beta_slow, double mscale, double mscale_all_dim);
+
+/* YaRN magnitude scale: 0.1 * mscale * ln(factor) + 1, or 1 if factor <= 1
+ * (yarn_get_mscale in transformers / DeepSeek-V2). */
+double dsq_rope_yarn_mscale(double factor, double mscale);
+
+/* YaRN correction range in pair units: dims[0] = max(floor(low), 0),
+ * dims[1] = min(ceil(high), rot_dim - 1) with
+ *   corr(r) = rot_dim * ln(orig_ctx / (2 pi r)) / (2 ln theta),
+ *   low = corr(beta_fast), high = corr(beta_slow). */
+void dsq_rope_corr_dims(const dsq_rope_t *p, double dims[2]);
+
+/* inv_freq[rot_dim/2] in fp64 as described above (the table both the CPU
+ * and the CUDA op use). */
+void dsq_rope_inv_freq(const dsq_rope_t *p, double *inv_freq);
+
+/* Rotate x in place: x is [m][n_heads][head_dim] fp32, pos [m] positions.
+ * Angles are formed in fp64 (pos * inv_freq), so large positions keep
+ * their precision. Returns 0 or DSQ_EINVAL (rot_dim odd, <= 0 or >
+ * head_dim, n_heads < 1, m < 0). */
 int dsq_cpu_rope(float *x, int64_t m, int n_heads, int head_dim,
                  const int32_t *pos, const dsq_rope_t *p);
 
@@ -133,11 +197,16 @@ int dsq_cpu_softmax(float *x, int64_t m, int64_t n);
 /* ------------------------------------------------------------ KV cache */
 
 typedef enum dsq_kv_dtype {
-    DSQ_KV_F16 = 0,   /* fp16 values                                        */
-    DSQ_KV_INT8 = 1,  /* int8 values; per group of 64 along head_dim one fp16
-                         scale and one fp16 zero: v = (q - z) * s. head_dim
-                         not a multiple of 64 uses one group per head.      */
+    DSQ_KV_F16 = 0,   /* fp16 values (IEEE binary16, rounded to nearest even) */
+    DSQ_KV_INT8 = 1,  /* signed int8 q in [-128, 127]; per group of 64 along
+                         head_dim one fp16 scale s and one fp16 zero z:
+                         v = (q - z) * s. head_dim not a multiple of 64 uses
+                         one group per head (dsq_kv_n_groups).           */
 } dsq_kv_dtype_t;
+
+/* Groups per head of an INT8 KV cache: head_dim / 64 when head_dim is a
+ * multiple of 64, else 1. */
+int dsq_kv_n_groups(int head_dim);
 
 /* One layer's paged KV storage. Token slot t = block * block_size + offset.
  * k, v: [n_blocks][block_size][n_kv_heads][head_dim] elements of dtype.
@@ -154,22 +223,74 @@ typedef struct dsq_kv_layer {
     uint16_t *k_scale, *k_zero, *v_scale, *v_zero;
 } dsq_kv_layer_t;
 
-/* Write m tokens' keys and values ([m][n_kv_heads*head_dim] fp32) into the
- * slots slot[i] (quantising for INT8). Returns DSQ_ERANGE for a bad slot. */
+/* Write m tokens' keys and values ([m][n_kv_heads*head_dim] fp32, host)
+ * into the slots slot[i] (quantising for INT8). Every slot is checked before
+ * anything is written. Distinct i must use distinct slots.
+ * INT8 quantisation of a group with minimum lo and maximum hi (asymmetric,
+ * min/max, cf. the KIVI / group-wise KV quantisation literature):
+ *   s = max((hi - lo) / 254, max(|lo|, |hi|) / 1000),  z = -(lo + hi) / (2 s)
+ * both rounded to fp16, then q = clamp(round(v / s + z), -128, 127). The
+ * 254 (not 255) leaves room for the fp16 rounding of s and z, and the
+ * amax/1000 floor keeps |z| < 1024 where fp16 holds z to 0.25, so no value
+ * clips: |v - (q - z) s| <= s/2 (+ fp32 rounding). An all-zero group gets
+ * s = 0, z = 0, q = 0.
+ * Returns 0, DSQ_EINVAL (NULL pointers, bad layer shape, m < 0) or
+ * DSQ_ERANGE (a slot outside [0, n_blocks * block_size)). */
 int dsq_cpu_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
                      const int32_t *slot, int64_t m);
 
 /* Causal attention of m query rows over the paged cache (GQA: query head h
  * reads kv head h / (n_heads / n_kv_heads)).
  *   q:     [m][n_heads*head_dim] fp32 (RoPE already applied)
- *   out:   [m][n_heads*head_dim] fp32
+ *   out:   [m][n_heads*head_dim] fp32, must not alias q
  *   row_seq[i]: which block table row i uses; row_pos[i]: its position, it
- *   attends to positions 0..row_pos[i] inclusive of that sequence.
+ *   attends to positions 0..row_pos[i] inclusive of that sequence (position
+ *   p lives in block block_tables[row_seq[i]][p / block_size], offset
+ *   p % block_size).
  *   block_tables: [n_seqs][max_blocks] int32 block ids.
- * The KV for every attended position must already be written. */
+ *   scale: multiplies q.k (normally 1/sqrt(head_dim)).
+ * Rows may mix sequences, and a prefill chunk (several rows of one sequence
+ * with increasing positions) may sit next to decode rows. Online softmax
+ * (running max and sum, as in FlashAttention, Dao et al. 2022), so memory
+ * is O(head_dim * n_heads/n_kv_heads + block_size) per thread whatever the
+ * context length; FP16/INT8 KV is dequantised on the fly.
+ * The KV for every attended position must already be written.
+ * Returns 0, DSQ_EINVAL (NULL pointers, n_heads not a multiple of
+ * n_kv_heads, head_dim/block_size < 1, row_seq[i] < 0), DSQ_ERANGE
+ * (row_pos[i] < 0 or >= max_blocks * block_size, or an attended block id
+ * outside [0, n_blocks)) or DSQ_ENOMEM. */
 int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                       const dsq_kv_layer_t *kv, const int32_t *row_seq,
                       const int32_t *row_pos, const int32_t *block_tables,
                       int max_blocks, float scale);
+
+/* ------------------------------------------------- CUDA twins (my ops)
+ *
+ * Same arguments and meaning as the dsq_cpu_* op of the same name, but every
+ * array is device memory (dsq_kv_layer_t and dsq_rope_t themselves are host
+ * structs; the kv layer's k/v/scale/zero pointers are device memory). They
+ * run on the default stream, asynchronously: a return of 0 means the launch
+ * succeeded. Returns DSQ_EINVAL for bad shapes (as the CPU op; also
+ * rot_dim > 512 for rope, head_dim > 1024 for kv_write/attention, m > 65535
+ * for attention) and
+ * DSQ_ECUDA when a launch fails. Index arrays (pos, slot, row_seq, row_pos,
+ * block_tables) live on the device and are not validated on the host:
+ * kv_write skips a slot outside the cache and attention writes zeros for a
+ * row whose position or blocks are out of range, instead of DSQ_ERANGE.
+ * Only built when meson's cuda feature is enabled. */
+int dsq_cuda_rmsnorm(float *y, const float *x, const float *w, int64_t m,
+                     int64_t n, float eps);
+int dsq_cuda_rope(float *x, int64_t m, int n_heads, int head_dim,
+                  const int32_t *pos, const dsq_rope_t *p);
+int dsq_cuda_swiglu(float *out, const float *gate, const float *up, int64_t m,
+                    int64_t n);
+int dsq_cuda_add(float *y, const float *x, int64_t n);
+int dsq_cuda_softmax(float *x, int64_t m, int64_t n);
+int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
+                      const int32_t *slot, int64_t m);
+int dsq_cuda_attention(float *out, const float *q, int64_t m, int n_heads,
+                       const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                       const int32_t *row_pos, const int32_t *block_tables,
+                       int max_blocks, float scale);
 
 #endif

@@ -1,20 +1,263 @@
-/* dsqd entry point (grows in issue 6). */
+/* dsqd entry point: options -> HTTP listener (503 while loading) -> engine
+ * -> ready -> wait for SIGTERM/SIGINT -> drain -> stop.
+ *
+ * Signals are blocked in every thread (the mask is set before any thread
+ * starts) and taken synchronously with sigtimedwait() in main, so shutdown
+ * runs as ordinary code rather than in a signal handler. Order of teardown
+ * matters: the HTTP daemon stops (no thread calls the engine any more), then
+ * the engine is destroyed (no more notify calls), then the HTTP state that
+ * notify may touch is freed. */
 #include "dsq_config.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "engine/engine.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "kernels/kernels.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/options.h"
+
+static const char *env_get(const char *name)
+{
+    return getenv(name);
+}
+
+/* Whole file as a NUL-terminated string, or NULL. */
+static char *read_file(const char *path, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (!f) {
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 24) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+            buf[n] = '\0';
+        } else {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    if (!buf)
+        snprintf(err, err_len, "%s: cannot read", path);
+    fclose(f);
+    return buf;
+}
+
+/* Basename of the model path, without a trailing slash. malloc'd. */
+static char *model_basename(const char *path)
+{
+    char *p = strdup(path), *b;
+    size_t n;
+    if (!p)
+        return NULL;
+    n = strlen(p);
+    while (n > 1 && p[n - 1] == '/')
+        p[--n] = '\0';
+    b = strrchr(p, '/');
+    b = strdup(b ? b + 1 : p);
+    free(p);
+    return b;
+}
+
+static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
+{
+    memset(eo, 0, sizeof(*eo));
+    eo->model_path = o->model;
+    eo->tokenizer_path = o->tokenizer;
+    eo->max_model_len = o->max_model_len;
+    eo->max_num_seqs = o->max_num_seqs;
+    eo->max_num_batched_tokens = o->max_num_batched_tokens;
+    eo->max_waiting_requests = o->max_waiting_requests;
+    eo->block_size = o->block_size;
+    eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8") ? DSQ_KV_INT8 : DSQ_KV_F16;
+    eo->memory_limit_bytes = o->memory_limit;
+    eo->kv_cache_memory_bytes = o->kv_cache_memory;
+    eo->enable_prefix_caching = o->enable_prefix_caching;
+    eo->n_threads = o->threads;
+    eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;
+    eo->quant_group_size = o->group_size;
+}
+
+/* Wait for in-flight requests, at most timeout_s; a second signal cuts the
+ * wait short. */
+static void drain(dsq_http_t *h, const sigset_t *set, double timeout_s)
+{
+    struct timespec t0, t, slice = {0, 100 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int n = dsq_http_n_inflight(h);
+        double el;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        el = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (n == 0)
+            break;
+        if (el >= timeout_s) {
+            dsq_log(DSQ_LOG_WARN, "event=drain_timeout inflight=%d", n);
+            break;
+        }
+        if (sigtimedwait(set, NULL, &slice) > 0) {
+            dsq_log(DSQ_LOG_WARN, "event=drain_interrupted inflight=%d", n);
+            break;
+        }
+    }
+}
 
 int main(int argc, char **argv)
 {
+    dsq_options_t o;
+    dsq_engine_opts_t eo;
+    dsq_http_config_t hc;
+    dsq_metrics_t *metrics = NULL;
+    dsq_http_t *http = NULL;
+    dsq_engine_t *engine = NULL;
+    char err[512] = "", *cert = NULL, *key = NULL, *served = NULL;
+    sigset_t set;
+    int rc = 1, sig;
+
+    /* --help and --version answer even when the environment or a config
+     * file holds a bad value */
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--version") == 0) {
+        if (!strcmp(argv[i], "--help")) {
+            dsq_options_help(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
             printf("dsqd %s\n", DSQ_VERSION);
             return 0;
         }
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: dsqd --model PATH [options]\n");
-            return 0;
-        }
     }
-    return 2;
+    if (dsq_options_load(&o, argc, argv, env_get, err, sizeof(err))) {
+        fprintf(stderr, "dsqd: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (o.help) {
+        dsq_options_help(stdout);
+        rc = 0;
+        goto out;
+    }
+    if (o.version) {
+        printf("dsqd %s\n", DSQ_VERSION);
+        rc = 0;
+        goto out;
+    }
+    if (o.log_level)
+        dsq_log_set_level(o.log_level);
+    if (o.plan) {
+        fprintf(stderr, "dsqd: --plan is not implemented yet (the engine has "
+                        "no memory-planner call)\n");
+        rc = 2;
+        goto out;
+    }
+    if (!o.model || !*o.model) {
+        fprintf(stderr, "dsqd: --model is required (see --help)\n");
+        rc = 2;
+        goto out;
+    }
+    if (o.chat_template)
+        dsq_log(DSQ_LOG_WARN, "event=option_ignored option=chat-template "
+                              "reason=\"no chat endpoint yet\"");
+    if (strcmp(o.device, "auto") && strcmp(o.device, "cpu") && !DSQ_HAVE_CUDA) {
+        fprintf(stderr, "dsqd: --device %s: this build has no CUDA backend\n",
+                o.device);
+        rc = 2;
+        goto out;
+    }
+    if ((o.ssl_certfile != NULL) != (o.ssl_keyfile != NULL)) {
+        fprintf(stderr, "dsqd: --ssl-certfile and --ssl-keyfile go together\n");
+        rc = 2;
+        goto out;
+    }
+    if (o.ssl_certfile && (!(cert = read_file(o.ssl_certfile, err, sizeof(err))) ||
+                           !(key = read_file(o.ssl_keyfile, err, sizeof(err))))) {
+        fprintf(stderr, "dsqd: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    served = o.served_model_name ? strdup(o.served_model_name)
+                                 : model_basename(o.model);
+
+    /* block the shutdown signals before any thread exists */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    metrics = dsq_metrics_create();
+    memset(&hc, 0, sizeof(hc));
+    hc.host = o.host;
+    hc.port = o.port;
+    hc.api_key = o.api_key;
+    hc.max_request_bytes = o.max_request_bytes;
+    hc.request_timeout_s = o.request_timeout;
+    hc.allowed_origins = o.allowed_origins;
+    hc.tls_cert_pem = cert;
+    hc.tls_key_pem = key;
+    hc.served_model_name = served;
+    hc.created = (int64_t)time(NULL);
+    hc.prefix_caching = o.enable_prefix_caching;
+    if (!metrics || !served ||
+        !(http = dsq_http_create(&hc, metrics, err, sizeof(err)))) {
+        dsq_log(DSQ_LOG_ERROR, "event=listen_failed reason=\"%s\"",
+                err[0] ? err : "out of memory");
+        goto out;
+    }
+    dsq_log(DSQ_LOG_INFO, "event=listening host=%s port=%d tls=%d auth=%d",
+            o.host, dsq_http_port(http), cert != NULL,
+            o.api_key && *o.api_key);
+    sd_notifyf(0, "STATUS=loading %s", o.model);
+
+    engine_opts(&o, &eo);
+    engine = dsq_engine_create(&eo, err, sizeof(err));
+    if (!engine) {
+        dsq_log(DSQ_LOG_ERROR, "event=engine_failed model=%s reason=\"%s\"",
+                o.model, err);
+        goto out;
+    }
+    dsq_http_set_engine(http, engine);
+    dsq_log(DSQ_LOG_INFO, "event=ready model=%s served_model_name=%s "
+                          "max_model_len=%d port=%d",
+            o.model, served, dsq_engine_max_model_len(engine),
+            dsq_http_port(http));
+    sd_notifyf(0, "READY=1\nSTATUS=serving %s on port %d", served,
+               dsq_http_port(http));
+
+    do {
+        sig = sigwaitinfo(&set, NULL);
+    } while (sig < 0 && errno == EINTR);
+    dsq_log(DSQ_LOG_INFO, "event=draining signal=%d inflight=%d timeout_s=%g",
+            sig, dsq_http_n_inflight(http), o.shutdown_timeout);
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    dsq_http_drain(http);
+    drain(http, &set, o.shutdown_timeout);
+    rc = 0;
+out:
+    if (http)
+        dsq_http_stop(http);
+    if (engine)
+        dsq_engine_destroy(engine);
+    if (http)
+        dsq_http_destroy(http);
+    dsq_metrics_destroy(metrics);
+    if (rc == 0 && engine)
+        dsq_log(DSQ_LOG_INFO, "event=stopped");
+    free(cert);
+    free(key);
+    free(served);
+    dsq_options_deinit(&o);
+    return rc;
 }

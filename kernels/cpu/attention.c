@@ -1,0 +1,308 @@
+/* Paged causal attention on the CPU (GQA, FP16 or INT8 KV cache).
+ *
+ * One task is one (query row, kv head) pair: the n_heads/n_kv_heads query
+ * heads that share a kv head are processed together, so each cached key and
+ * value is dequantised once per task however large the GQA ratio (when
+ * there are fewer tasks than threads, the heads are split into chunks). Positions
+ * are walked block by block through the sequence's block table with an
+ * online softmax (running max m, running sum l; Milakov & Gimelshein 2018,
+ * FlashAttention): per block, scores for all its tokens, one rescale of the
+ * accumulator if the max grew, then the weighted V sum. Memory per thread is
+ * the accumulator plus one block of scores, independent of context length.
+ * Tasks are scheduled dynamically because rows attend to different lengths.
+ * Dot products, axpy and fp16/int8 dequantisation have AVX2+FMA+F16C
+ * versions picked at run time from dsq__cpu_isa_level(), scalar otherwise. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ATT_X86 1
+#endif
+
+#include "cpu_internal.h"
+#include "error.h"
+#include "kernels.h"
+
+typedef struct vec_ops {
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);
+    void (*f16)(float *dst, const uint16_t *src, int n);
+    void (*i8)(float *dst, const int8_t *q, float s, float c, int n);
+} vec_ops_t;
+
+/* ---------------------------------------------------------------- scalar */
+
+static float dot_scalar(const float *a, const float *b, int n)
+{
+    float acc[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++)
+            acc[l] += a[i + l] * b[i + l];
+    for (; i < n; i++)
+        acc[0] += a[i] * b[i];
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void f16_scalar(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = dsq__h2f(src[i]);
+}
+
+/* v = (q - z) * s = q * s + c with c = -z * s */
+static void i8_scalar(float *dst, const int8_t *q, float s, float c, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = (float)q[i] * s + c;
+}
+
+/* ------------------------------------------------------------------ AVX2 */
+
+#ifdef ATT_X86
+#define ATT_TARGET __attribute__((target("avx2,fma,f16c")))
+
+ATT_TARGET static float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+ATT_TARGET static float dot_avx2(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float r = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+ATT_TARGET static void axpy_avx2(float *y, float a, const float *x, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+ATT_TARGET static void f16_avx2(float *dst, const uint16_t *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = dsq__h2f(src[i]);
+}
+
+ATT_TARGET static void i8_avx2(float *dst, const int8_t *q, float s, float c, int n)
+{
+    __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(q + i));
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(f, vs, vc));
+    }
+    for (; i < n; i++)
+        dst[i] = (float)q[i] * s + c;
+}
+#endif
+
+/* -------------------------------------------------------------- the op */
+
+/* Dequantise head kh of slot t (K or V) into dst[head_dim]. */
+static void load_kv(float *dst, const dsq_kv_layer_t *kv, const void *base,
+                    const uint16_t *sc, const uint16_t *zr, int64_t t, int kh,
+                    int n_groups, const vec_ops_t *ops)
+{
+    const int D = kv->head_dim;
+    const int64_t e = (t * kv->n_kv_heads + kh) * (int64_t)D;
+    if (kv->dtype == DSQ_KV_F16) {
+        ops->f16(dst, (const uint16_t *)base + e, D);
+        return;
+    }
+    const int gs = D / n_groups;
+    const int64_t g0 = (t * kv->n_kv_heads + kh) * (int64_t)n_groups;
+    for (int g = 0; g < n_groups; g++) {
+        float s = dsq__h2f(sc[g0 + g]);
+        float c = -dsq__h2f(zr[g0 + g]) * s;
+        ops->i8(dst + g * gs, (const int8_t *)base + e + g * gs, s, c, gs);
+    }
+}
+
+/* Per-thread scratch. */
+typedef struct scratch {
+    float *acc;     /* [G][D]          */
+    float *kbuf;    /* [D]             */
+    float *sc;      /* [G][block_size] */
+    float *mx, *l;  /* [G]             */
+} scratch_t;
+
+static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
+                       int G, int kh, const int32_t *btab, int32_t pos,
+                       float scale, int n_groups, const vec_ops_t *ops,
+                       scratch_t *w)
+{
+    const int D = kv->head_dim, bs = kv->block_size;
+    for (int i = 0; i < G * D; i++)
+        w->acc[i] = 0.0f;
+    for (int g = 0; g < G; g++) {
+        w->mx[g] = -INFINITY;
+        w->l[g] = 0.0f;
+    }
+    const int n_blk = pos / bs + 1;
+    for (int b = 0; b < n_blk; b++) {
+        const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
+        const int64_t t0 = (int64_t)btab[b] * bs;
+        for (int j = 0; j < n_t; j++) {
+            load_kv(w->kbuf, kv, kv->k, kv->k_scale, kv->k_zero, t0 + j, kh,
+                    n_groups, ops);
+            for (int g = 0; g < G; g++)
+                w->sc[g * bs + j] = ops->dot(q + g * D, w->kbuf, D) * scale;
+        }
+        for (int g = 0; g < G; g++) {
+            float *s = w->sc + g * bs;
+            float bm = s[0];
+            for (int j = 1; j < n_t; j++)
+                bm = s[j] > bm ? s[j] : bm;
+            if (bm > w->mx[g]) {
+                float corr = expf(w->mx[g] - bm);   /* 0 on the first block */
+                w->l[g] *= corr;
+                float *a = w->acc + g * D;
+                for (int i = 0; i < D; i++)
+                    a[i] *= corr;
+                w->mx[g] = bm;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < n_t; j++) {
+                s[j] = expf(s[j] - w->mx[g]);
+                sum += s[j];
+            }
+            w->l[g] += sum;
+        }
+        for (int j = 0; j < n_t; j++) {
+            load_kv(w->kbuf, kv, kv->v, kv->v_scale, kv->v_zero, t0 + j, kh,
+                    n_groups, ops);
+            for (int g = 0; g < G; g++)
+                ops->axpy(w->acc + g * D, w->sc[g * bs + j], w->kbuf, D);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float inv = 1.0f / w->l[g];
+        for (int i = 0; i < D; i++)
+            out[g * D + i] = w->acc[g * D + i] * inv;
+    }
+}
+
+static int check_args(const float *out, const float *q, int64_t m, int n_heads,
+                      const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                      const int32_t *row_pos, const int32_t *block_tables,
+                      int max_blocks)
+{
+    if (!out || !q || !kv || !row_seq || !row_pos || !block_tables || m < 0 ||
+        n_heads < 1 || kv->n_kv_heads < 1 || n_heads % kv->n_kv_heads ||
+        kv->head_dim < 1 || kv->block_size < 1 || max_blocks < 1 ||
+        !kv->k || !kv->v)
+        return DSQ_EINVAL;
+    if (kv->dtype == DSQ_KV_INT8 &&
+        (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
+        return DSQ_EINVAL;
+    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
+        return DSQ_EINVAL;
+    for (int64_t i = 0; i < m; i++) {
+        if (row_seq[i] < 0)
+            return DSQ_EINVAL;
+        if (row_pos[i] < 0 || row_pos[i] >= (int64_t)max_blocks * kv->block_size)
+            return DSQ_ERANGE;
+        const int32_t *bt = block_tables + (int64_t)row_seq[i] * max_blocks;
+        for (int b = 0; b <= row_pos[i] / kv->block_size; b++)
+            if (bt[b] < 0 || bt[b] >= kv->n_blocks)
+                return DSQ_ERANGE;
+    }
+    return DSQ_OK;
+}
+
+int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
+                      const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                      const int32_t *row_pos, const int32_t *block_tables,
+                      int max_blocks, float scale)
+{
+    int rc = check_args(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                        max_blocks);
+    if (rc != DSQ_OK || m == 0)
+        return rc;
+
+    vec_ops_t ops = { dot_scalar, axpy_scalar, f16_scalar, i8_scalar };
+#ifdef ATT_X86
+    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
+        ops = (vec_ops_t){ dot_avx2, axpy_avx2, f16_avx2, i8_avx2 };
+#endif
+    const int n_kv = kv->n_kv_heads, D = kv->head_dim;
+    const int G = n_heads / n_kv;
+    const int n_groups = dsq_kv_n_groups(D);
+    const int64_t row = (int64_t)n_heads * D;
+    /* Few (row, kv head) tasks (a decode step of one sequence, MLA's single
+     * kv head): split the query heads of a kv head into chunks so every
+     * thread gets work, at the price of dequantising K/V once per chunk. */
+    const int n_thr = omp_get_max_threads();
+    int chunk = G;
+    while (chunk > 1 && m * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
+        chunk = (chunk + 1) / 2;
+    const int n_chunks = (G + chunk - 1) / chunk;
+    const int64_t n_tasks = m * n_kv * n_chunks;
+
+    #pragma omp parallel if (n_tasks > 1)
+    {
+        scratch_t w = {0};
+        float *mem = malloc(sizeof(*mem) * ((size_t)chunk * D + D +
+                                            (size_t)chunk * kv->block_size +
+                                            2 * (size_t)chunk));
+        if (!mem) {
+            #pragma omp atomic write
+            rc = DSQ_ENOMEM;
+        } else {
+            w.acc = mem;
+            w.kbuf = w.acc + (size_t)chunk * D;
+            w.sc = w.kbuf + D;
+            w.mx = w.sc + (size_t)chunk * kv->block_size;
+            w.l = w.mx + chunk;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < n_tasks; task++) {
+            if (!mem)
+                continue;
+            const int64_t i = task / ((int64_t)n_kv * n_chunks);
+            const int kh = (int)(task / n_chunks % n_kv);
+            const int c = (int)(task % n_chunks);
+            const int h0 = kh * G + c * chunk;
+            const int nh = (c + 1) * chunk <= G ? chunk : G - c * chunk;
+            const int64_t off = i * row + (int64_t)h0 * D;
+            attend_one(out + off, q + off, kv, nh, kh,
+                       block_tables + (int64_t)row_seq[i] * max_blocks,
+                       row_pos[i], scale, n_groups, &ops, &w);
+        }
+        free(mem);
+    }
+    return rc;
+}

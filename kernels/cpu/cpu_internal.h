@@ -1,0 +1,88 @@
+/* Internals shared by the CPU kernel files (not an API).
+ *
+ * Holds the instruction-set dispatch level, the fp16/bf16 scalar helpers the
+ * kernels use (kernels do not link the engine), and the activation
+ * quantisation shared by every matmul path: each activation row is
+ * quantised once per call to int8 per 32-element block (fp32 scale d, and
+ * s = d * sum(q)), so that the scalar path and every SIMD path compute the
+ * same integer dot products and differ only in fp32 summation order.
+ */
+#ifndef DSQ_CPU_INTERNAL_H
+#define DSQ_CPU_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef enum dsq__isa {
+    DSQ__ISA_SCALAR = 0,
+    DSQ__ISA_AVX2 = 1,     /* AVX2 + FMA + F16C                              */
+    DSQ__ISA_AVX512 = 2,   /* AVX-512 F/BW/VL + VNNI (+ the AVX2 set)         */
+} dsq__isa_t;
+
+/* Level in effect (CPUID at first use, lowered by DSQ_CPU_ISA or
+ * dsq_cpu_force_isa). */
+dsq__isa_t dsq__cpu_isa_level(void);
+
+/* IEEE binary16 -> binary32, exact. */
+static inline float dsq__h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        /* subnormal: value = man * 2^-24 */
+        float v = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &v, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float dsq__bf2f(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Activations of one matmul call, quantised per 32-block (see top). */
+typedef struct dsq__xq {
+    const float *x;      /* fp32 [m][k] original activations               */
+    int64_t m, k;
+    int64_t k_pad;       /* k rounded up to 32                              */
+    int64_t nb;          /* k_pad / 32                                       */
+    int8_t *q;           /* [m][k_pad], padding 0                            */
+    float *d;            /* [m][nb] block scale: amax / 127                  */
+    float *s;            /* [m][nb] d * sum(q of the block)                  */
+    int64_t n_groups;    /* INT4 only: groups of the weight (else 0)          */
+    int64_t cpg;         /* INT4 only: 32-blocks per group                    */
+    float *gsum;         /* INT4 only: [m][n_groups] sum of s over the group  */
+} dsq__xq_t;
+
+/* Computes y[m0..m1)[n0..n1) (row stride ldy) for one weight. m1 - m0 <= 4
+ * for the quantised kernels' register blocking; callers loop. */
+typedef void (*dsq__mm_tile_fn)(float *y, int64_t ldy, const dsq__xq_t *xq,
+                                int64_t m0, int64_t m1, const dsq_weight_t *w,
+                                int64_t n0, int64_t n1);
+
+/* Tile kernels by format: index DSQ_WFMT_*; NULL = use scalar. */
+void dsq__mm_scalar(dsq__mm_tile_fn tab[6]);
+void dsq__mm_avx2(dsq__mm_tile_fn tab[6]);
+void dsq__mm_avx512(dsq__mm_tile_fn tab[6]);
+
+/* Row bytes of Q8_0 weights: 34 bytes per 32 weights. */
+#define DSQ__Q8_0_BLOCK 34
+
+#endif

@@ -1,0 +1,54 @@
+// CUDA twin of kernels/cpu/rmsnorm.c: one thread block per row, fp32 sum of
+// squares reduced through warp shuffles and shared memory, eps inside the
+// square root (Zhang & Sennrich 2019).
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "engine/error.h"
+#include "kernels/kernels.h"
+}
+
+static __device__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + 31) / 32;
+    v = (int)threadIdx.x < n_warps ? red[threadIdx.x] : 0.0f;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0)
+        red[0] = v;
+    __syncthreads();
+    return red[0];
+}
+
+static __global__ void rmsnorm_kernel(float *y, const float *x, const float *w,
+                                      int64_t n, float eps)
+{
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        ss += xr[j] * xr[j];
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        yr[j] = xr[j] * r * w[j];
+}
+
+extern "C" int dsq_cuda_rmsnorm(float *y, const float *x, const float *w,
+                                int64_t m, int64_t n, float eps)
+{
+    if (!y || !x || !w || m < 0 || n < 1 || !(eps >= 0.0f) || m > 0x7fffffff)
+        return DSQ_EINVAL;
+    if (m == 0)
+        return DSQ_OK;
+    rmsnorm_kernel<<<(unsigned)m, 256>>>(y, x, w, n, eps);
+    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+}

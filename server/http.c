@@ -1,0 +1,1197 @@
+/* libmicrohttpd front end of dsqd: routing, auth, body limits, CORS, the
+ * OpenAI endpoints and SSE streaming. See http.h for the threading model.
+ *
+ * Every response goes through send_response() (CORS headers, status
+ * bookkeeping) and every error body through server/error.c. One struct conn
+ * per HTTP request holds all of that request's state; it is created on the
+ * first access-handler call and freed in the request-completed callback,
+ * which is also where engine requests are cancelled and the log line is
+ * written. */
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include "dsq_config.h"
+#include "engine/error.h"
+#include "engine/log.h"
+#include "engine/tokenizer.h"
+#include "server/error.h"
+#include "server/openai.h"
+
+#define WAIT_SLICE_MS 100
+#define CANCEL_GRACE_S 5.0
+
+/* ------------------------------------------------------------ waiters */
+
+/* A wake-up target for the engine's notify callback. Waiters are recycled
+ * through a free list and only freed with the daemon (after the engine is
+ * gone), because the engine may call notify for a request whose connection
+ * already ended: such a late call then only causes a spurious wake-up of a
+ * recycled waiter, which every waiter tolerates (it re-checks its state). */
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t seq;                /* bumped by every notify                  */
+    struct waiter *next_free;
+    struct waiter *next_all;
+} waiter_t;
+
+struct dsq_http {
+    struct MHD_Daemon *d;
+    dsq_http_config_t cfg;       /* strings owned (copied)                 */
+    char *cfg_strings[6];
+    dsq_metrics_t *metrics;
+    _Atomic(dsq_engine_t *) engine;
+    atomic_bool draining;
+    atomic_bool stopping;
+    atomic_int n_inflight;
+    int port;
+    unsigned char key_hash[SHA256_DIGEST_LENGTH];
+    bool have_key;
+    pthread_mutex_t pool_mu;
+    waiter_t *pool_free, *pool_all;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static waiter_t *waiter_get(dsq_http_t *h)
+{
+    waiter_t *w;
+    pthread_mutex_lock(&h->pool_mu);
+    w = h->pool_free;
+    if (w) {
+        h->pool_free = w->next_free;
+    } else if ((w = calloc(1, sizeof(*w)))) {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        w->next_all = h->pool_all;
+        h->pool_all = w;
+    }
+    pthread_mutex_unlock(&h->pool_mu);
+    return w;
+}
+
+static void waiter_put(dsq_http_t *h, waiter_t *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&h->pool_mu);
+    w->next_free = h->pool_free;
+    h->pool_free = w;
+    pthread_mutex_unlock(&h->pool_mu);
+}
+
+/* Engine thread: must not block (a short critical section only). */
+static void on_notify(dsq_req_t *req, void *user)
+{
+    waiter_t *w = user;
+    (void)req;
+    pthread_mutex_lock(&w->mu);
+    w->seq++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static uint64_t waiter_seq(waiter_t *w)
+{
+    uint64_t s;
+    pthread_mutex_lock(&w->mu);
+    s = w->seq;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+/* Wait until seq moves past `seen` or ms pass. */
+static void waiter_wait(waiter_t *w, uint64_t seen, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&w->mu);
+    while (w->seq == seen)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* ------------------------------------------------------------ per request */
+
+enum route {
+    R_NONE = 0, R_HEALTH, R_MODELS, R_METRICS, R_VERSION, R_COMPLETIONS,
+    R_TOKENIZE, R_DETOKENIZE, R_CHAT,
+};
+
+typedef struct choice_st {
+    char *text;                  /* non-streaming: accumulated text         */
+    size_t len, cap;
+    cJSON *lp;                   /* non-streaming logprobs accumulator      */
+    dsq_finish_t finish;
+    int64_t n_tokens;            /* counted from events                     */
+    int64_t final_tokens;        /* engine's completion_tokens, if given    */
+    double t_last;
+} choice_st;
+
+typedef struct conn {
+    dsq_http_t *h;
+    struct MHD_Connection *mc;
+    enum route route;
+    char method[12];
+    char path[96];
+    int status;
+    double t_start;
+    /* body */
+    char *body;
+    size_t body_len, body_cap;
+    bool too_large, responded;
+    uint64_t discarded;          /* body bytes dropped after too_large   */
+    /* completion */
+    dsq_completion_req_t req;
+    bool have_req;
+    dsq_engine_t *e;
+    const dsq_tokenizer_t *tok;
+    int n_ereqs;
+    dsq_req_t **ereqs;
+    bool *ereq_done;
+    int64_t *prompt_tokens;
+    int64_t *cached_tokens;
+    int n_choices;
+    choice_st *choices;
+    waiter_t *w;
+    char id[48];
+    int64_t created;
+    bool inflight;
+    bool cancelled;
+    double t_cancel;
+    double t_first;
+    /* streaming */
+    char *pend;
+    size_t pend_len, pend_off, pend_cap;
+    bool stream_finished;        /* usage + [DONE] queued                  */
+    bool eof;
+} conn_t;
+
+static void cancel_all(conn_t *c)
+{
+    if (c->cancelled)
+        return;
+    c->cancelled = true;
+    c->t_cancel = now_s();
+    for (int i = 0; i < c->n_ereqs; i++)
+        if (c->ereqs[i] && !c->ereq_done[i])
+            dsq_engine_cancel(c->e, c->ereqs[i]);
+}
+
+static bool client_gone(conn_t *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct pollfd p;
+    if (!ci)
+        return false;
+    p.fd = ci->connect_fd;
+    p.events = POLLRDHUP;
+    p.revents = 0;
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* ------------------------------------------------------------ responses */
+
+static void add_cors(conn_t *c, struct MHD_Response *r)
+{
+    const char *origin, *list = c->h->cfg.allowed_origins;
+    if (!list || !*list)
+        return;
+    origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    if (!strcmp(list, "*")) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        return;
+    }
+    if (!origin)
+        return;
+    size_t n = strlen(origin);
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        while (len && *p == ' ') { p++; len--; }
+        while (len && p[len - 1] == ' ') len--;
+        if ((len == 1 && *p == '*') || (len == n && !strncmp(p, origin, n))) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+            MHD_add_response_header(r, "Vary", "Origin");
+            return;
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+}
+
+/* Queue r with status; takes ownership of r. */
+static enum MHD_Result send_response(conn_t *c, int status,
+                                     struct MHD_Response *r)
+{
+    enum MHD_Result ret;
+    if (!r)
+        return MHD_NO;
+    add_cors(c, r);
+    c->status = status;
+    c->responded = true;
+    ret = MHD_queue_response(c->mc, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Takes ownership of body (malloc'd). */
+static enum MHD_Result send_body(conn_t *c, int status, char *body,
+                                 const char *ctype)
+{
+    struct MHD_Response *r;
+    if (!body)
+        return MHD_NO;
+    r = MHD_create_response_from_buffer(strlen(body), body,
+                                        MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    return send_response(c, status, r);
+}
+
+static enum MHD_Result send_json(conn_t *c, int status, cJSON *obj)
+{
+    char *s = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    return send_body(c, status, s, "application/json");
+}
+
+static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
+                                  const char *param, const char *msg)
+{
+    int status = dsq_apierr_status(kind);
+    char *body = dsq_apierr_json(kind, msg, param);
+    struct MHD_Response *r;
+    if (!body)
+        return MHD_NO;
+    r = MHD_create_response_from_buffer(strlen(body), body,
+                                        MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (kind == DSQ_APIERR_RATE_LIMIT || kind == DSQ_APIERR_UNAVAILABLE)
+        MHD_add_response_header(r, "Retry-After", "1");
+    if (kind == DSQ_APIERR_AUTH)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (kind == DSQ_APIERR_METHOD) {
+        const char *allow = "GET, HEAD";
+        if (c->route == R_COMPLETIONS || c->route == R_TOKENIZE ||
+            c->route == R_DETOKENIZE || c->route == R_CHAT)
+            allow = "POST";
+        if (c->h->cfg.allowed_origins)
+            allow = (!strcmp(allow, "POST")) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+        MHD_add_response_header(r, "Allow", allow);
+    }
+    if (kind == DSQ_APIERR_TOO_LARGE)
+        MHD_add_response_header(r, "Connection", "close");
+    return send_response(c, status, r);
+}
+
+static enum MHD_Result send_api_error(conn_t *c, const dsq_api_error_t *e)
+{
+    return send_error(c, e->kind, e->param, e->message);
+}
+
+/* ------------------------------------------------------------ auth */
+
+static bool authorized(conn_t *c)
+{
+    const char *a;
+    unsigned char got[SHA256_DIGEST_LENGTH];
+    if (!c->h->have_key)
+        return true;
+    a = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+        return false;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    /* Hash both sides so the comparison is constant-time in the key's
+     * length too, then compare the digests with CRYPTO_memcmp. */
+    SHA256((const unsigned char *)a, strlen(a), got);
+    return CRYPTO_memcmp(got, c->h->key_hash, sizeof(got)) == 0;
+}
+
+/* ------------------------------------------------------------ simple routes */
+
+static dsq_openai_limits_t limits(conn_t *c)
+{
+    dsq_openai_limits_t lim = {c->h->cfg.served_model_name,
+                               c->tok ? dsq_tokenizer_n_vocab(c->tok) : 0};
+    return lim;
+}
+
+static enum MHD_Result do_health(conn_t *c)
+{
+    if (!atomic_load(&c->h->engine))
+        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
+    if (atomic_load(&c->h->draining))
+        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is draining");
+    return send_body(c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
+}
+
+static enum MHD_Result do_models(conn_t *c)
+{
+    cJSON *o = cJSON_CreateObject(), *data, *m;
+    cJSON_AddStringToObject(o, "object", "list");
+    data = cJSON_AddArrayToObject(o, "data");
+    m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", c->h->cfg.served_model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)c->h->cfg.created);
+    cJSON_AddStringToObject(m, "owned_by", "dsq");
+    cJSON_AddStringToObject(m, "root", c->h->cfg.served_model_name);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len",
+                            c->e ? dsq_engine_max_model_len(c->e) : 0);
+    return send_json(c, 200, o);
+}
+
+static enum MHD_Result do_version(conn_t *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", DSQ_VERSION);
+    return send_json(c, 200, o);
+}
+
+static enum MHD_Result do_metrics(conn_t *c)
+{
+    dsq_engine_stats_t st;
+    char *s;
+    if (c->e)
+        dsq_engine_stats(c->e, &st);
+    s = dsq_metrics_render(c->h->metrics, c->e ? &st : NULL,
+                           c->h->cfg.served_model_name);
+    return send_body(c, 200, s, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static unsigned tok_flags(const dsq_tokenizer_t *t, bool add_special)
+{
+    return DSQ_TOK_PARSE_SPECIAL |
+           (add_special && dsq_tokenizer_add_bos(t) ? DSQ_TOK_ADD_BOS : 0u);
+}
+
+static enum MHD_Result do_tokenize(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_openai_limits_t lim = limits(c);
+    char *prompt = NULL;
+    size_t plen = 0, n_ids = 0;
+    bool add_special = true;
+    int32_t *ids = NULL;
+    enum MHD_Result ret;
+    cJSON *o, *arr;
+    if (dsq_openai_parse_tokenize(c->body, c->body_len, &lim, &prompt, &plen,
+                                  &add_special, &err))
+        return send_api_error(c, &err);
+    if (dsq_tokenizer_encode(c->tok, prompt, plen, tok_flags(c->tok, add_special),
+                             &ids, &n_ids)) {
+        free(prompt);
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
+    }
+    o = cJSON_CreateObject();
+    arr = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < n_ids; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", (double)n_ids);
+    cJSON_AddNumberToObject(o, "max_model_len", dsq_engine_max_model_len(c->e));
+    ret = send_json(c, 200, o);
+    free(ids);
+    free(prompt);
+    return ret;
+}
+
+static enum MHD_Result do_detokenize(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_openai_limits_t lim = limits(c);
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char *text = NULL, *clean;
+    size_t len = 0;
+    cJSON *o;
+    if (dsq_openai_parse_detokenize(c->body, c->body_len, &lim, &ids, &n_ids,
+                                    &err))
+        return send_api_error(c, &err);
+    if (dsq_tokenizer_decode(c->tok, ids, (size_t)n_ids, false, &text, &len)) {
+        free(ids);
+        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "tokens",
+                          "'tokens' holds an id outside the vocabulary");
+    }
+    free(ids);
+    clean = dsq_openai_utf8_clean(text, len, NULL);
+    free(text);
+    o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", clean ? clean : "");
+    free(clean);
+    return send_json(c, 200, o);
+}
+
+/* ------------------------------------------------------------ completions */
+
+static const char *token_text(void *u, int32_t id, size_t *len)
+{
+    return dsq_tokenizer_token_bytes(u, id, len);
+}
+
+static int append(char **p, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*cap ? *cap * 2 : 256);
+        while (nc < *len + n + 1)
+            nc *= 2;
+        char *q = realloc(*p, nc);
+        if (!q)
+            return DSQ_ENOMEM;
+        *p = q;
+        *cap = nc;
+    }
+    memcpy(*p + *len, s, n);
+    *len += n;
+    (*p)[*len] = '\0';
+    return DSQ_OK;
+}
+
+static int pend_add(conn_t *c, char *s)
+{
+    int rc = DSQ_ENOMEM;
+    if (s)
+        rc = append(&c->pend, &c->pend_len, &c->pend_cap, s, strlen(s));
+    free(s);
+    return rc;
+}
+
+/* Text of prompt p to echo (malloc'd). */
+static char *echo_text(conn_t *c, int p, size_t *len)
+{
+    const dsq_prompt_t *q = &c->req.prompts[p];
+    char *t = NULL;
+    if (q->text) {
+        *len = q->text_len;
+        return strndup(q->text, q->text_len);
+    }
+    if (dsq_tokenizer_decode(c->tok, q->ids, (size_t)q->n_ids, false, &t, len))
+        return NULL;
+    return t;
+}
+
+static void handle_output(conn_t *c, int p, dsq_output_t *o)
+{
+    double t = now_s();
+    int n = c->req.sp.n;
+    int idx = p * n + (o->index >= 0 && o->index < n ? o->index : 0);
+    choice_st *ch = &c->choices[idx];
+    dsq_metrics_t *m = c->h->metrics;
+
+    if (o->n_tokens > 0) {
+        if (c->t_first == 0) {
+            c->t_first = t;
+            dsq_metrics_observe(m, DSQ_HIST_TTFT, t - c->t_start);
+        }
+        if (ch->t_last > 0)
+            dsq_metrics_observe(m, DSQ_HIST_ITL, (t - ch->t_last) / o->n_tokens);
+        ch->t_last = t;
+        ch->n_tokens += o->n_tokens;
+    }
+    if (o->finish != DSQ_FINISH_NONE) {
+        ch->finish = o->finish;
+        if (o->completion_tokens > 0)
+            ch->final_tokens = o->completion_tokens;
+        if (o->cached_tokens > c->cached_tokens[p])
+            c->cached_tokens[p] = o->cached_tokens;
+    }
+    if (!c->req.stream) {
+        if (o->text_len)
+            append(&ch->text, &ch->len, &ch->cap, o->text, o->text_len);
+        if (ch->lp)
+            dsq_openai_logprobs_add(ch->lp, o, 0, token_text, (void *)c->tok);
+        return;
+    }
+    if (o->text_len || o->n_tokens || o->finish != DSQ_FINISH_NONE) {
+        cJSON *lp = NULL;
+        if (c->req.sp.logprobs >= 0 && (lp = dsq_openai_logprobs_new()))
+            dsq_openai_logprobs_add(lp, o, 0, token_text, (void *)c->tok);
+        pend_add(c, dsq_openai_chunk(c->id, c->created, c->h->cfg.served_model_name,
+                                     idx, o->text ? o->text : "", o->text_len, lp,
+                                     o->finish, c->req.include_usage));
+        cJSON_Delete(lp);
+    }
+}
+
+/* Pop every pending event. Returns true when every engine request ended. */
+static bool drain_events(conn_t *c)
+{
+    bool all = true;
+    for (int p = 0; p < c->n_ereqs; p++) {
+        dsq_output_t o;
+        int r;
+        while (!c->ereq_done[p]) {
+            memset(&o, 0, sizeof(o));
+            r = dsq_req_next(c->ereqs[p], &o);
+            if (r == 1) {
+                handle_output(c, p, &o);
+                dsq_output_free(&o);
+            } else if (r < 0) {
+                c->ereq_done[p] = true;
+            } else {
+                break;
+            }
+        }
+        all = all && c->ereq_done[p];
+    }
+    return all;
+}
+
+static void usage_of(conn_t *c, dsq_usage_t *u)
+{
+    memset(u, 0, sizeof(*u));
+    for (int p = 0; p < c->n_ereqs; p++) {
+        u->prompt_tokens += c->prompt_tokens[p];
+        u->cached_tokens += c->cached_tokens[p];
+    }
+    for (int i = 0; i < c->n_choices; i++)
+        u->completion_tokens += c->choices[i].final_tokens > 0
+                                    ? c->choices[i].final_tokens
+                                    : c->choices[i].n_tokens;
+    u->has_cached = c->h->cfg.prefix_caching;
+}
+
+typedef enum { W_DONE, W_DATA, W_GONE, W_TIMEOUT, W_STOPPING } wait_result_t;
+
+/* Block until every request ended (or, streaming, until there is something
+ * to send), watching the client, the timeout and the drain/stop flags. */
+static wait_result_t wait_progress(conn_t *c)
+{
+    dsq_http_t *h = c->h;
+    for (;;) {
+        uint64_t seen = waiter_seq(c->w);
+        bool done = drain_events(c);
+        if (done)
+            return W_DONE;
+        if (c->req.stream && c->pend_len > c->pend_off)
+            return W_DATA;
+        if (c->cancelled) {
+            if (now_s() - c->t_cancel > CANCEL_GRACE_S)
+                return W_STOPPING;
+        } else if (atomic_load(&h->stopping)) {
+            cancel_all(c);
+        } else if (client_gone(c)) {
+            cancel_all(c);
+            return W_GONE;
+        } else if (h->cfg.request_timeout_s > 0 &&
+                   now_s() - c->t_start > h->cfg.request_timeout_s) {
+            cancel_all(c);
+            if (!c->req.stream)
+                return W_TIMEOUT;
+        }
+        waiter_wait(c->w, seen, WAIT_SLICE_MS);
+    }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    conn_t *c = cls;
+    (void)pos;
+    for (;;) {
+        if (c->pend_len > c->pend_off) {
+            size_t n = c->pend_len - c->pend_off;
+            if (n > max)
+                n = max;
+            memcpy(buf, c->pend + c->pend_off, n);
+            c->pend_off += n;
+            if (c->pend_off == c->pend_len)
+                c->pend_off = c->pend_len = 0;
+            return (ssize_t)n;
+        }
+        if (c->stream_finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        wait_result_t w = wait_progress(c);
+        if (w == W_GONE)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w == W_DONE || w == W_STOPPING || w == W_TIMEOUT) {
+            if (c->req.include_usage) {
+                dsq_usage_t u;
+                usage_of(c, &u);
+                pend_add(c, dsq_openai_usage_chunk(c->id, c->created,
+                                                   c->h->cfg.served_model_name, &u));
+            }
+            pend_add(c, strdup("data: [DONE]\n\n"));
+            c->stream_finished = true;
+        }
+    }
+}
+
+static enum MHD_Result finish_nonstream(conn_t *c)
+{
+    wait_result_t w = wait_progress(c);
+    dsq_choice_out_t *outs;
+    dsq_usage_t u;
+    char *body;
+    if (w == W_GONE)
+        return MHD_NO;
+    if (w == W_TIMEOUT)
+        return send_error(c, DSQ_APIERR_TIMEOUT, NULL,
+                          "request ran past --request-timeout");
+    if (w == W_STOPPING)
+        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
+                          "server is shutting down");
+    outs = calloc((size_t)c->n_choices, sizeof(*outs));
+    if (!outs)
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    for (int i = 0; i < c->n_choices; i++) {
+        outs[i].index = i;
+        outs[i].text = c->choices[i].text ? c->choices[i].text : "";
+        outs[i].text_len = c->choices[i].len;
+        outs[i].logprobs = c->choices[i].lp;
+        outs[i].finish = c->choices[i].finish;
+    }
+    usage_of(c, &u);
+    body = dsq_openai_completion_body(c->id, c->created,
+                                      c->h->cfg.served_model_name, outs,
+                                      c->n_choices, &u);
+    free(outs);
+    return send_body(c, 200, body, "application/json");
+}
+
+static enum MHD_Result do_completions(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_openai_limits_t lim = limits(c);
+    dsq_completion_req_t *q = &c->req;
+    int max_len = dsq_engine_max_model_len(c->e);
+    char reason[256];
+
+    if (dsq_openai_parse_completion(c->body, c->body_len, &lim, q, &err))
+        return send_api_error(c, &err);
+    c->have_req = true;
+    /* tokenize, then check every prompt against the context before
+     * submitting anything */
+    for (int p = 0; p < q->n_prompts; p++) {
+        dsq_prompt_t *pr = &q->prompts[p];
+        if (pr->text) {
+            size_t n = 0;
+            if (dsq_tokenizer_encode(c->tok, pr->text, pr->text_len,
+                                     tok_flags(c->tok, true), &pr->ids, &n))
+                return send_error(c, DSQ_APIERR_INTERNAL, NULL,
+                                  "tokenizer failed");
+            pr->n_ids = (int)n;
+        }
+        if (pr->n_ids == 0)
+            return send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                              "the prompt is empty after tokenization");
+        if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
+            return send_api_error(c, &err);
+    }
+    c->n_ereqs = q->n_prompts;
+    c->n_choices = q->n_prompts * q->sp.n;
+    c->ereqs = calloc((size_t)c->n_ereqs, sizeof(*c->ereqs));
+    c->ereq_done = calloc((size_t)c->n_ereqs, sizeof(*c->ereq_done));
+    c->prompt_tokens = calloc((size_t)c->n_ereqs, sizeof(*c->prompt_tokens));
+    c->cached_tokens = calloc((size_t)c->n_ereqs, sizeof(*c->cached_tokens));
+    c->choices = calloc((size_t)c->n_choices, sizeof(*c->choices));
+    c->w = waiter_get(c->h);
+    if (!c->ereqs || !c->ereq_done || !c->prompt_tokens || !c->cached_tokens ||
+        !c->choices || !c->w || dsq_openai_new_id(c->id, sizeof(c->id), "cmpl-"))
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    c->created = (int64_t)time(NULL);
+    for (int i = 0; i < c->n_choices; i++) {
+        if (q->sp.logprobs >= 0 && !q->stream &&
+            !(c->choices[i].lp = dsq_openai_logprobs_new()))
+            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        if (q->echo) {
+            size_t len = 0;
+            char *t = echo_text(c, i / q->sp.n, &len);
+            if (t && q->stream)
+                pend_add(c, dsq_openai_chunk(c->id, c->created,
+                                             c->h->cfg.served_model_name, i, t,
+                                             len, NULL, DSQ_FINISH_NONE,
+                                             q->include_usage));
+            else if (t)
+                append(&c->choices[i].text, &c->choices[i].len,
+                       &c->choices[i].cap, t, len);
+            free(t);
+        }
+    }
+    for (int p = 0; p < c->n_ereqs; p++) {
+        dsq_prompt_t *pr = &q->prompts[p];
+        reason[0] = '\0';
+        c->prompt_tokens[p] = pr->n_ids;
+        c->ereqs[p] = dsq_req_create(pr->ids, pr->n_ids, &q->sp, on_notify,
+                                     c->w, reason, sizeof(reason));
+        if (!c->ereqs[p]) {
+            cancel_all(c);
+            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                              reason[0] ? reason : "invalid request");
+        }
+    }
+    for (int p = 0; p < c->n_ereqs; p++) {
+        int rc = dsq_engine_submit(c->e, c->ereqs[p]);
+        if (rc) {
+            /* requests never submitted report nothing: treat them as done */
+            for (int k = p; k < c->n_ereqs; k++)
+                c->ereq_done[k] = true;
+            cancel_all(c);
+            if (rc == DSQ_ERANGE) {
+                dsq_openai_check_context(q->prompts[p].n_ids, q->sp.max_tokens,
+                                         0, &err);
+                return send_api_error(c, &err);
+            }
+            if (rc == DSQ_EFULL)
+                return send_error(c, DSQ_APIERR_RATE_LIMIT, NULL,
+                                  "the server's waiting queue is full; retry later");
+            return send_error(c, dsq_apierr_from_code(rc), NULL, dsq_strerror(rc));
+        }
+    }
+    c->inflight = true;
+    atomic_fetch_add(&c->h->n_inflight, 1);
+    if (!q->stream)
+        return finish_nonstream(c);
+    {
+        struct MHD_Response *r = MHD_create_response_from_callback(
+            MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, c, NULL);
+        if (!r)
+            return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        return send_response(c, 200, r);
+    }
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+static enum route find_route(const char *url)
+{
+    static const struct { const char *path; enum route r; } routes[] = {
+        {"/health", R_HEALTH}, {"/v1/models", R_MODELS},
+        {"/metrics", R_METRICS}, {"/version", R_VERSION},
+        {"/v1/completions", R_COMPLETIONS}, {"/tokenize", R_TOKENIZE},
+        {"/detokenize", R_DETOKENIZE}, {"/v1/chat/completions", R_CHAT},
+    };
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (!strcmp(url, routes[i].path))
+            return routes[i].r;
+    return R_NONE;
+}
+
+static bool is_post_route(enum route r)
+{
+    return r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE ||
+           r == R_CHAT;
+}
+
+static bool json_content_type(conn_t *c)
+{
+    const char *ct = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND,
+                                                 "Content-Type");
+    if (!ct)
+        return true;    /* no type: take the body as JSON, as vLLM does */
+    while (*ct == ' ')
+        ct++;
+    return !strncasecmp(ct, "application/json", 16) &&
+           (ct[16] == '\0' || ct[16] == ';' || ct[16] == ' ');
+}
+
+static enum MHD_Result preflight(conn_t *c)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    return send_response(c, 204, r);
+}
+
+/* First call: everything that can be decided from the headers alone. */
+static enum MHD_Result on_headers(conn_t *c)
+{
+    dsq_http_t *h = c->h;
+    bool get = !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD");
+    bool post = !strcmp(c->method, "POST");
+    const char *cl;
+
+    if (!strcmp(c->method, "OPTIONS") && h->cfg.allowed_origins)
+        return preflight(c);
+    if (c->route == R_NONE)
+        return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
+    if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
+        return send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
+    if (c->route == R_HEALTH)
+        return MHD_YES;
+    if (!authorized(c))
+        return send_error(c, DSQ_APIERR_AUTH, NULL,
+                          "missing or invalid API key (Authorization: Bearer)");
+    if (!post)
+        return MHD_YES;
+    if (!json_content_type(c))
+        return send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
+                          "Content-Type must be application/json");
+    cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->cfg.max_request_bytes) {
+        c->too_large = true;
+        return send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
+                          "request body is larger than --max-request-bytes");
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(conn_t *c)
+{
+    dsq_http_t *h = c->h;
+    c->e = atomic_load(&h->engine);
+    c->tok = c->e ? dsq_engine_tokenizer(c->e) : NULL;
+    if (c->route == R_HEALTH)
+        return do_health(c);
+    if (atomic_load(&h->draining) && c->route != R_METRICS)
+        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
+                          "server is shutting down");
+    switch (c->route) {
+    case R_MODELS: return do_models(c);
+    case R_VERSION: return do_version(c);
+    case R_METRICS: return do_metrics(c);
+    case R_CHAT:
+        return send_error(c, DSQ_APIERR_NOT_FOUND, NULL,
+                          "/v1/chat/completions is not implemented yet");
+    default: break;
+    }
+    if (!c->e)
+        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
+    switch (c->route) {
+    case R_COMPLETIONS: return do_completions(c);
+    case R_TOKENIZE: return do_tokenize(c);
+    case R_DETOKENIZE: return do_detokenize(c);
+    default: return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
+    }
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
+                                 const char *url, const char *method,
+                                 const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls)
+{
+    dsq_http_t *h = cls;
+    conn_t *c = *con_cls;
+    (void)version;
+    if (!c) {
+        c = calloc(1, sizeof(*c));
+        if (!c)
+            return MHD_NO;
+        c->h = h;
+        c->mc = mc;
+        c->t_start = now_s();
+        c->route = find_route(url);
+        snprintf(c->method, sizeof(c->method), "%s", method);
+        snprintf(c->path, sizeof(c->path), "%s", url);
+        *con_cls = c;
+        return on_headers(c);
+    }
+    if (c->responded) {
+        /* response already queued (413/415/...): drop the rest unread */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (c->too_large) {
+            /* libmicrohttpd cannot answer in the middle of an upload, so a
+             * chunked body over the limit is read and dropped (never
+             * buffered) up to 4x the limit, then answered with 413; beyond
+             * that the connection is closed. */
+            c->discarded += n;
+            return c->discarded > 4 * (uint64_t)h->cfg.max_request_bytes ? MHD_NO
+                                                                         : MHD_YES;
+        }
+        if (c->body_len + n > (size_t)h->cfg.max_request_bytes) {
+            c->too_large = true;
+            c->discarded = c->body_len + n;
+            free(c->body);
+            c->body = NULL;
+            c->body_len = c->body_cap = 0;
+            return MHD_YES;
+        }
+        if (append(&c->body, &c->body_len, &c->body_cap, upload_data, n))
+            return MHD_NO;
+        return MHD_YES;
+    }
+    if (c->too_large)
+        return send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
+                          "request body is larger than --max-request-bytes");
+    if (!c->body && (c->body = strdup("")) == NULL)
+        return MHD_NO;
+    return on_request(c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    dsq_http_t *h = cls;
+    conn_t *c = *con_cls;
+    (void)mc;
+    if (!c)
+        return;
+    *con_cls = NULL;
+    if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        cancel_all(c);
+    for (int p = 0; p < c->n_ereqs; p++) {
+        if (c->ereqs[p] && !c->ereq_done[p])
+            dsq_engine_cancel(c->e, c->ereqs[p]);
+        dsq_req_unref(c->ereqs[p]);
+    }
+    if (c->n_choices && c->t_first > 0)
+        dsq_metrics_observe(h->metrics, DSQ_HIST_E2E, now_s() - c->t_start);
+    {
+        int st = c->status ? c->status : 499;   /* 499: client closed early */
+        double t = now_s();
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
+            st = 499;
+        dsq_metrics_count_request(h->metrics, st);
+        if (c->route == R_COMPLETIONS) {
+            dsq_usage_t u;
+            usage_of(c, &u);
+            dsq_log(DSQ_LOG_INFO,
+                    "req=%s method=%s path=%s status=%d prompt_tokens=%lld "
+                    "completion_tokens=%lld queue_ms=na ttft_ms=%.1f total_ms=%.1f",
+                    c->id[0] ? c->id : "-", c->method, c->path, st,
+                    (long long)u.prompt_tokens, (long long)u.completion_tokens,
+                    c->t_first > 0 ? (c->t_first - c->t_start) * 1e3 : -1.0,
+                    (t - c->t_start) * 1e3);
+        } else {
+            dsq_log(c->route == R_HEALTH || c->route == R_METRICS ? DSQ_LOG_DEBUG
+                                                                  : DSQ_LOG_INFO,
+                    "method=%s path=%s status=%d total_ms=%.1f", c->method,
+                    c->path, st, (t - c->t_start) * 1e3);
+        }
+    }
+    if (c->inflight)
+        atomic_fetch_sub(&h->n_inflight, 1);
+    waiter_put(h, c->w);
+    for (int i = 0; i < c->n_choices; i++) {
+        free(c->choices[i].text);
+        cJSON_Delete(c->choices[i].lp);
+    }
+    free(c->choices);
+    free(c->ereqs);
+    free(c->ereq_done);
+    free(c->prompt_tokens);
+    free(c->cached_tokens);
+    free(c->pend);
+    free(c->body);
+    if (c->have_req)
+        dsq_completion_req_deinit(&c->req);
+    free(c);
+}
+
+/* ------------------------------------------------------------ daemon */
+
+static char *dupstr(dsq_http_t *h, int slot, const char *s)
+{
+    if (!s)
+        return NULL;
+    h->cfg_strings[slot] = strdup(s);
+    return h->cfg_strings[slot];
+}
+
+static void log_mhd(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+    (void)cls;
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    dsq_log(DSQ_LOG_WARN, "mhd: %s", line);
+}
+
+dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
+                            char *err, size_t err_len)
+{
+    dsq_http_t *h = calloc(1, sizeof(*h));
+    struct addrinfo hints = {0}, *ai = NULL;
+    char port[16];
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    const union MHD_DaemonInfo *di;
+    int gai;
+
+    if (!h) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    h->cfg = *cfg;
+    h->cfg.host = dupstr(h, 0, cfg->host);
+    h->cfg.api_key = NULL;
+    h->cfg.allowed_origins = cfg->allowed_origins && *cfg->allowed_origins
+                                 ? dupstr(h, 2, cfg->allowed_origins) : NULL;
+    h->cfg.tls_cert_pem = dupstr(h, 3, cfg->tls_cert_pem);
+    h->cfg.tls_key_pem = dupstr(h, 4, cfg->tls_key_pem);
+    h->cfg.served_model_name = dupstr(h, 5, cfg->served_model_name ? cfg->served_model_name : "");
+    h->metrics = m;
+    pthread_mutex_init(&h->pool_mu, NULL);
+    if (cfg->api_key && *cfg->api_key) {
+        SHA256((const unsigned char *)cfg->api_key, strlen(cfg->api_key),
+               h->key_hash);
+        h->have_key = true;
+    }
+    if (h->cfg.tls_cert_pem || h->cfg.tls_key_pem) {
+        if (!h->cfg.tls_cert_pem || !h->cfg.tls_key_pem) {
+            snprintf(err, err_len, "TLS needs both --ssl-certfile and --ssl-keyfile");
+            goto fail;
+        }
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            snprintf(err, err_len, "this libmicrohttpd has no TLS support");
+            goto fail;
+        }
+        flags |= MHD_USE_TLS;
+    }
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    snprintf(port, sizeof(port), "%d", cfg->port);
+    gai = getaddrinfo(h->cfg.host && *h->cfg.host ? h->cfg.host : NULL, port,
+                      &hints, &ai);
+    if (gai) {
+        snprintf(err, err_len, "--host %s: %s", h->cfg.host ? h->cfg.host : "",
+                 gai_strerror(gai));
+        goto fail;
+    }
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    if (h->cfg.tls_cert_pem)
+        h->d = MHD_start_daemon(
+            flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
+            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+            MHD_OPTION_HTTPS_MEM_CERT, h->cfg.tls_cert_pem,
+            MHD_OPTION_HTTPS_MEM_KEY, h->cfg.tls_key_pem,
+            MHD_OPTION_END);
+    else
+        h->d = MHD_start_daemon(
+            flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
+            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!h->d) {
+        snprintf(err, err_len, "cannot listen on %s:%d (address in use, bad "
+                 "address or bad TLS certificate/key)",
+                 h->cfg.host ? h->cfg.host : "*", cfg->port);
+        goto fail;
+    }
+    di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : cfg->port;
+    return h;
+fail:
+    dsq_http_destroy(h);
+    return NULL;
+}
+
+void dsq_http_set_engine(dsq_http_t *h, dsq_engine_t *e)
+{
+    atomic_store(&h->engine, e);
+}
+
+int dsq_http_port(const dsq_http_t *h)
+{
+    return h->port;
+}
+
+void dsq_http_drain(dsq_http_t *h)
+{
+    atomic_store(&h->draining, true);
+}
+
+int dsq_http_n_inflight(dsq_http_t *h)
+{
+    return atomic_load(&h->n_inflight);
+}
+
+void dsq_http_stop(dsq_http_t *h)
+{
+    if (!h || !h->d)
+        return;
+    atomic_store(&h->draining, true);
+    atomic_store(&h->stopping, true);
+    /* wake every waiter so it sees `stopping` now, not in 100 ms */
+    pthread_mutex_lock(&h->pool_mu);
+    for (waiter_t *w = h->pool_all; w; w = w->next_all)
+        on_notify(NULL, w);
+    pthread_mutex_unlock(&h->pool_mu);
+    /* Let the cancelled requests end properly (final chunk with
+     * finish_reason "abort", then [DONE]) before MHD_stop_daemon shuts
+     * their sockets down; bounded by the cancel grace period. */
+    for (int i = 0; i < (int)(CANCEL_GRACE_S * 20) + 20 &&
+                    atomic_load(&h->n_inflight) > 0; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    MHD_stop_daemon(h->d);
+    h->d = NULL;
+}
+
+void dsq_http_destroy(dsq_http_t *h)
+{
+    waiter_t *w, *next;
+    if (!h)
+        return;
+    dsq_http_stop(h);
+    for (w = h->pool_all; w; w = next) {
+        next = w->next_all;
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+    }
+    pthread_mutex_destroy(&h->pool_mu);
+    for (size_t i = 0; i < sizeof(h->cfg_strings) / sizeof(h->cfg_strings[0]); i++)
+        free(h->cfg_strings[i]);
+    free(h);
+}

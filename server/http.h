@@ -1,0 +1,69 @@
+/* The HTTP daemon: routes, auth, limits, CORS, TLS, streaming, drain.
+ *
+ * Threading (why THREAD_PER_CONNECTION): libmicrohttpd runs with
+ * MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, so each
+ * open connection has its own thread and may block. A completion waits on a
+ * per-connection condition variable that the engine's notify callback
+ * signals (never blocking the engine thread: a short mutex + broadcast), with
+ * a 100 ms timeout during which it also polls the socket for a hang-up, the
+ * request timeout and the drain flag. Concurrency is therefore bounded only
+ * by the connection limit, not by a worker-pool size, and a client that goes
+ * away is noticed within 100 ms even during a long non-streaming request or
+ * a long prefill (suspend/resume could not notice that: MHD does not poll a
+ * suspended connection). The cost is one thread (small stack) per open
+ * connection, which is fine for the hundreds of clients one engine serves.
+ *
+ * Lifecycle: create (listening; /health says 503) -> set_engine (ready) ->
+ * drain (new requests get 503; in-flight ones continue) -> stop (aborts
+ * what is left, joins every connection thread) -> the caller destroys the
+ * engine -> destroy. */
+#ifndef DSQ_SERVER_HTTP_H
+#define DSQ_SERVER_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+typedef struct dsq_http_config {
+    const char *host;                /* numeric address or name, e.g. 127.0.0.1 */
+    int port;                        /* 0 = any free port (see dsq_http_port) */
+    const char *api_key;             /* NULL/"" = no auth                    */
+    int64_t max_request_bytes;       /* 413 above                            */
+    double request_timeout_s;        /* 0 = none                             */
+    const char *allowed_origins;     /* NULL = CORS off; "a,b" or "*"        */
+    const char *tls_cert_pem;        /* PEM contents (not paths), both or none */
+    const char *tls_key_pem;
+    const char *served_model_name;
+    int64_t created;                 /* unix time for /v1/models             */
+    bool prefix_caching;             /* report cached_tokens in usage        */
+} dsq_http_config_t;
+
+typedef struct dsq_http dsq_http_t;
+
+/* Start listening. Strings in cfg are copied. metrics is borrowed and must
+ * outlive the daemon. NULL with a reason in err (bind failed, TLS not
+ * supported by this libmicrohttpd, ...). */
+dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
+                            char *err, size_t err_len);
+/* The engine is loaded: serve requests with it (borrowed until
+ * dsq_http_stop returns). /health turns 200. */
+void dsq_http_set_engine(dsq_http_t *h, dsq_engine_t *e);
+/* Bound TCP port (useful with port 0). */
+int dsq_http_port(const dsq_http_t *h);
+/* Stop taking new work: every new request but /health and /metrics gets
+ * 503, /health too. In-flight completions continue. */
+void dsq_http_drain(dsq_http_t *h);
+/* Completions in flight (submitted, response not finished). */
+int dsq_http_n_inflight(dsq_http_t *h);
+/* Cancel whatever is still in flight and stop the daemon (joins all
+ * connection threads). After it returns nothing calls the engine any more.
+ * Idempotent. */
+void dsq_http_stop(dsq_http_t *h);
+/* Free everything (calls dsq_http_stop first). Call after the engine is
+ * destroyed: the engine may call notify until then. NULL is a no-op. */
+void dsq_http_destroy(dsq_http_t *h);
+
+#endif

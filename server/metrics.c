@@ -1,0 +1,214 @@
+/* Fixed-bucket histograms and counters rendered in the Prometheus text
+ * format. Buckets are vLLM's for the same metrics so dashboards carry over. */
+#include "server/metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                                10.0, 20.0, 40.0, 80.0};
+static const double itl_b[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                               0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                               10.0, 20.0, 40.0, 80.0};
+static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                               15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                               240.0, 480.0, 960.0};
+#define MAXB 19
+
+static const struct {
+    const char *name, *help;
+    const double *b;
+    int n;
+} hists[DSQ_HIST_COUNT_] = {
+    [DSQ_HIST_TTFT] = {"dsq:time_to_first_token_seconds",
+                       "Time from request arrival to its first token.", ttft_b, 19},
+    [DSQ_HIST_ITL] = {"dsq:inter_token_latency_seconds",
+                      "Time between successive output events of a choice.", itl_b, 19},
+    [DSQ_HIST_E2E] = {"dsq:e2e_request_latency_seconds",
+                      "Time from request arrival to its last token.", e2e_b, 19},
+    [DSQ_HIST_QUEUE] = {"dsq:request_queue_time_seconds",
+                        "Time a request waited before its first scheduling.", ttft_b, 19},
+};
+
+typedef struct hist {
+    uint64_t counts[MAXB + 1];   /* per bucket, last = +Inf overflow */
+    uint64_t count;
+    double sum;
+} hist_t;
+
+static const int status_codes[] = {200, 400, 401, 404, 405, 408, 413, 415,
+                                   429, 500, 503};
+#define N_STATUS (sizeof(status_codes) / sizeof(status_codes[0]))
+
+struct dsq_metrics {
+    pthread_mutex_t lock;
+    hist_t h[DSQ_HIST_COUNT_];
+    uint64_t by_status[N_STATUS + 1];
+};
+
+dsq_metrics_t *dsq_metrics_create(void)
+{
+    dsq_metrics_t *m = calloc(1, sizeof(*m));
+    if (m)
+        pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+void dsq_metrics_destroy(dsq_metrics_t *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+void dsq_metrics_observe(dsq_metrics_t *m, dsq_hist_t h, double s)
+{
+    int b = 0;
+    if (!m || (int)h < 0 || h >= DSQ_HIST_COUNT_)
+        return;
+    while (b < hists[h].n && s > hists[h].b[b])
+        b++;
+    pthread_mutex_lock(&m->lock);
+    m->h[h].counts[b]++;
+    m->h[h].count++;
+    m->h[h].sum += s;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void dsq_metrics_count_request(dsq_metrics_t *m, int status)
+{
+    size_t i = 0;
+    if (!m)
+        return;
+    while (i < N_STATUS && status_codes[i] != status)
+        i++;
+    pthread_mutex_lock(&m->lock);
+    m->by_status[i]++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* Growable text buffer. */
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} buf_t;
+
+static void bprintf(buf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void bprintf(buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (b->oom)
+        return;
+    for (;;) {
+        va_start(ap, fmt);
+        n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len)
+            break;
+        size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    b->len += (size_t)n;
+}
+
+static void gauge(buf_t *b, const char *type, const char *name,
+                  const char *help, const char *lbl, double v)
+{
+    bprintf(b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %.17g\n", name, help, name,
+            type, name, lbl, v);
+}
+
+char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
+                         const char *model_name)
+{
+    buf_t b = {0};
+    char lbl[300];
+    dsq_metrics_t snap;
+    dsq_engine_stats_t zero = {0};
+    b.cap = 8192;
+    b.p = malloc(b.cap);
+    if (!b.p)
+        return NULL;
+    b.p[0] = '\0';
+    snprintf(lbl, sizeof(lbl), "model_name=\"%.200s\"", model_name ? model_name : "");
+    for (char *c = lbl + 12; *c; c++)  /* keep the label value parseable */
+        if (*c == '"' || *c == '\\' || *c == '\n')
+            *c = '_';
+    lbl[strlen(lbl) - 1] = '"';
+    if (!st)
+        st = &zero;
+    pthread_mutex_lock(&m->lock);
+    memcpy(snap.h, m->h, sizeof(snap.h));
+    memcpy(snap.by_status, m->by_status, sizeof(snap.by_status));
+    pthread_mutex_unlock(&m->lock);
+
+    gauge(&b, "gauge", "dsq:num_requests_running",
+          "Requests in the running batch.", lbl, st->n_running);
+    gauge(&b, "gauge", "dsq:num_requests_waiting",
+          "Requests waiting to be scheduled.", lbl, st->n_waiting);
+    gauge(&b, "gauge", "dsq:kv_cache_blocks_used", "KV cache blocks in use.",
+          lbl, (double)st->kv_blocks_used);
+    gauge(&b, "gauge", "dsq:kv_cache_blocks_total", "KV cache blocks in all.",
+          lbl, (double)st->kv_blocks_total);
+    gauge(&b, "gauge", "dsq:kv_cache_usage_perc",
+          "Fraction of KV cache blocks in use.", lbl,
+          st->kv_blocks_total ? (double)st->kv_blocks_used / (double)st->kv_blocks_total : 0.0);
+    gauge(&b, "counter", "dsq:prompt_tokens_total", "Prefill tokens processed.",
+          lbl, (double)st->prompt_tokens_total);
+    gauge(&b, "counter", "dsq:generation_tokens_total", "Tokens generated.",
+          lbl, (double)st->generation_tokens_total);
+    gauge(&b, "counter", "dsq:num_preemptions_total",
+          "Sequences preempted (recomputed).", lbl, (double)st->preemptions_total);
+    gauge(&b, "counter", "dsq:request_success_total",
+          "Requests the engine finished.", lbl, (double)st->requests_finished_total);
+
+    bprintf(&b, "# HELP dsq:http_requests_total HTTP requests by status.\n"
+                "# TYPE dsq:http_requests_total counter\n");
+    for (size_t i = 0; i <= N_STATUS; i++) {
+        char code[8];
+        snprintf(code, sizeof(code), "%s", i < N_STATUS ? "" : "other");
+        if (i < N_STATUS)
+            snprintf(code, sizeof(code), "%d", status_codes[i]);
+        bprintf(&b, "dsq:http_requests_total{%s,status=\"%s\"} %llu\n", lbl,
+                code, (unsigned long long)snap.by_status[i]);
+    }
+
+    for (int h = 0; h < DSQ_HIST_COUNT_; h++) {
+        uint64_t cum = 0;
+        bprintf(&b, "# HELP %s %s\n# TYPE %s histogram\n", hists[h].name,
+                hists[h].help, hists[h].name);
+        for (int i = 0; i < hists[h].n; i++) {
+            cum += snap.h[h].counts[i];
+            bprintf(&b, "%s_bucket{%s,le=\"%g\"} %llu\n", hists[h].name, lbl,
+                    hists[h].b[i], (unsigned long long)cum);
+        }
+        bprintf(&b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", hists[h].name, lbl,
+                (unsigned long long)snap.h[h].count);
+        bprintf(&b, "%s_sum{%s} %.17g\n%s_count{%s} %llu\n", hists[h].name,
+                lbl, snap.h[h].sum, hists[h].name, lbl,
+                (unsigned long long)snap.h[h].count);
+    }
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

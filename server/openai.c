@@ -1,0 +1,856 @@
+/* OpenAI completions schema <-> C structs. Validation is table-free but
+ * field-by-field in the order of the API reference, each failure naming its
+ * field as `param`, so the unit tests can walk the reference. */
+#include "server/openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+#include "engine/error.h"
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsNull(v)) return "null";
+    if (cJSON_IsBool(v)) return "boolean";
+    if (cJSON_IsNumber(v)) return "number";
+    if (cJSON_IsString(v)) return "string";
+    if (cJSON_IsArray(v)) return "array";
+    if (cJSON_IsObject(v)) return "object";
+    return "invalid";
+}
+
+static bool is_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) &&
+           v->valuedouble == floor(v->valuedouble) &&
+           fabs(v->valuedouble) < 9.007199254740992e15;
+}
+
+/* Present and not null. */
+static const cJSON *field(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* Optional number in [lo, hi] (open ends when lo_open/hi_open). */
+static int get_num(const cJSON *obj, const char *name, double lo, bool lo_open,
+                   double hi, bool hi_open, double *out, dsq_api_error_t *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return DSQ_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
+                                 "'%s' must be a number, got %s", name,
+                                 type_name(v));
+    double x = v->valuedouble;
+    if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
+                                 "'%s' must be in %s%g, %g%s, got %g", name,
+                                 lo_open ? "(" : "[", lo, hi,
+                                 hi_open ? ")" : "]", x);
+    *out = x;
+    return DSQ_OK;
+}
+
+static int get_int(const cJSON *obj, const char *name, double lo, double hi,
+                   int64_t *out, dsq_api_error_t *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return DSQ_OK;
+    if (!is_int(v))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
+                                 "'%s' must be an integer, got %s", name,
+                                 cJSON_IsNumber(v) ? "a fraction"
+                                                   : type_name(v));
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
+                                 "'%s' must be in [%.0f, %.0f], got %.0f",
+                                 name, lo, hi, v->valuedouble);
+    *out = (int64_t)v->valuedouble;
+    return DSQ_OK;
+}
+
+static int get_bool(const cJSON *obj, const char *name, bool *out,
+                    dsq_api_error_t *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return DSQ_OK;
+    if (!cJSON_IsBool(v))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
+                                 "'%s' must be a boolean, got %s", name,
+                                 type_name(v));
+    *out = cJSON_IsTrue(v);
+    return DSQ_OK;
+}
+
+static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    while (root && end && end < body + len &&
+           (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t' ||
+            *end == '\0'))
+        end++;
+    if (root && end && end < body + len) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    if (!root) {
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
+                          "request body is not valid JSON");
+    } else if (!cJSON_IsObject(root)) {
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
+                          "request body must be a JSON object, got %s",
+                          type_name(root));
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    return root;
+}
+
+static int check_model(const cJSON *root, const dsq_openai_limits_t *lim,
+                       bool required, dsq_api_error_t *err)
+{
+    const cJSON *m = field(root, "model");
+    if (!m) {
+        if (!required)
+            return DSQ_OK;
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "model",
+                                 "'model' is required");
+    }
+    if (!cJSON_IsString(m))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "model",
+                                 "'model' must be a string, got %s",
+                                 type_name(m));
+    if (lim->served_model_name && strcmp(m->valuestring, lim->served_model_name))
+        return dsq_api_error_set(err, DSQ_APIERR_MODEL_NOT_FOUND, "model",
+                                 "The model '%.200s' does not exist; this "
+                                 "server serves '%.200s'",
+                                 m->valuestring, lim->served_model_name);
+    return DSQ_OK;
+}
+
+/* Token-id array -> malloc'd ids. allow_empty for detokenize. */
+static int parse_ids(const cJSON *arr, const dsq_openai_limits_t *lim,
+                     const char *param, bool allow_empty, int32_t **ids,
+                     int *n_ids, dsq_api_error_t *err)
+{
+    int n = cJSON_GetArraySize(arr), i = 0;
+    const cJSON *it;
+    int32_t *v;
+    if (n == 0 && !allow_empty)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                 "'%s' must not be an empty array", param);
+    v = malloc(sizeof(*v) * (size_t)(n ? n : 1));
+    if (!v)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL,
+                                 "out of memory");
+    cJSON_ArrayForEach(it, arr) {
+        if (!is_int(it) || it->valuedouble < 0 ||
+            (lim->n_vocab > 0 && it->valuedouble >= lim->n_vocab) ||
+            it->valuedouble > INT32_MAX) {
+            free(v);
+            if (!is_int(it))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                         "'%s' must hold integer token ids, "
+                                         "got %s", param, type_name(it));
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                     "token id %.0f in '%s' is out of the "
+                                     "vocabulary [0, %d)", it->valuedouble,
+                                     param, (int)lim->n_vocab);
+        }
+        v[i++] = (int32_t)it->valuedouble;
+    }
+    *ids = v;
+    *n_ids = n;
+    return DSQ_OK;
+}
+
+/* ------------------------------------------------------------ prompts */
+
+static int parse_prompt(const cJSON *root, const dsq_openai_limits_t *lim,
+                        dsq_completion_req_t *r, dsq_api_error_t *err)
+{
+    const cJSON *p = field(root, "prompt"), *it;
+    int n = 0, rc = DSQ_OK;
+    if (!p)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                                 "'prompt' is required");
+    if (cJSON_IsString(p))
+        n = 1;
+    else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0)
+        n = is_int(p->child) ? 1 : cJSON_GetArraySize(p);
+    else
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                                 "'prompt' must be a string, an array of "
+                                 "strings, an array of token ids or an array "
+                                 "of token-id arrays (non-empty), got %s",
+                                 cJSON_IsArray(p) ? "an empty array"
+                                                  : type_name(p));
+    if (n > DSQ_OPENAI_MAX_PROMPTS)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                                 "at most %d prompts per request, got %d",
+                                 DSQ_OPENAI_MAX_PROMPTS, n);
+    r->prompts = calloc((size_t)n, sizeof(*r->prompts));
+    if (!r->prompts)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    r->n_prompts = n;
+    if (cJSON_IsString(p)) {
+        r->prompts[0].text = strdup(p->valuestring);
+        r->prompts[0].text_len = strlen(p->valuestring);
+        if (!r->prompts[0].text)
+            rc = dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return rc;
+    }
+    if (n == 1 && is_int(p->child))
+        return parse_ids(p, lim, "prompt", false, &r->prompts[0].ids,
+                         &r->prompts[0].n_ids, err);
+    /* array of strings, or array of id arrays: one kind throughout */
+    bool strings = cJSON_IsString(p->child);
+    int i = 0;
+    cJSON_ArrayForEach(it, p) {
+        dsq_prompt_t *q = &r->prompts[i++];
+        if (strings && cJSON_IsString(it)) {
+            q->text = strdup(it->valuestring);
+            q->text_len = strlen(it->valuestring);
+            if (!q->text)
+                return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL,
+                                         "out of memory");
+        } else if (!strings && cJSON_IsArray(it)) {
+            rc = parse_ids(it, lim, "prompt", false, &q->ids, &q->n_ids, err);
+            if (rc)
+                return rc;
+        } else {
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                                     "'prompt' array elements must all be "
+                                     "strings or all be token-id arrays, "
+                                     "found %s", type_name(it));
+        }
+    }
+    return DSQ_OK;
+}
+
+/* ------------------------------------------------------------ sampling */
+
+static int parse_stop(const cJSON *root, dsq_completion_req_t *r,
+                      dsq_api_error_t *err)
+{
+    const cJSON *s = field(root, "stop"), *it;
+    int n, i = 0;
+    if (!s)
+        return DSQ_OK;
+    if (cJSON_IsString(s))
+        n = 1;
+    else if (cJSON_IsArray(s))
+        n = cJSON_GetArraySize(s);
+    else
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
+                                 "'stop' must be a string or an array of "
+                                 "strings, got %s", type_name(s));
+    if (n > DSQ_OPENAI_MAX_STOP)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
+                                 "'stop' takes at most %d sequences, got %d",
+                                 DSQ_OPENAI_MAX_STOP, n);
+    if (n == 0)
+        return DSQ_OK;
+    r->stop = calloc((size_t)n, sizeof(*r->stop));
+    if (!r->stop)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    r->sp.n_stop = n;
+    r->sp.stop = (const char *const *)r->stop;
+    for (it = cJSON_IsString(s) ? s : s->child; it && i < n; it = it->next) {
+        if (!cJSON_IsString(it) || !it->valuestring[0])
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
+                                     "'stop' sequences must be non-empty "
+                                     "strings, got %s",
+                                     cJSON_IsString(it) ? "\"\"" : type_name(it));
+        r->stop[i] = strdup(it->valuestring);
+        if (!r->stop[i++])
+            return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL,
+                                     "out of memory");
+        if (cJSON_IsString(s))
+            break;
+    }
+    return DSQ_OK;
+}
+
+static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
+                            dsq_completion_req_t *r, dsq_api_error_t *err)
+{
+    const cJSON *b = field(root, "logit_bias"), *it;
+    int n, i = 0;
+    if (!b)
+        return DSQ_OK;
+    if (!cJSON_IsObject(b))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "logit_bias",
+                                 "'logit_bias' must be an object mapping "
+                                 "token ids to numbers, got %s", type_name(b));
+    n = cJSON_GetArraySize(b);
+    if (n == 0)
+        return DSQ_OK;
+    r->logit_bias_ids = malloc(sizeof(*r->logit_bias_ids) * (size_t)n);
+    r->logit_bias = malloc(sizeof(*r->logit_bias) * (size_t)n);
+    if (!r->logit_bias_ids || !r->logit_bias)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    cJSON_ArrayForEach(it, b) {
+        char *end = NULL;
+        long id = strtol(it->string, &end, 10);
+        if (!it->string[0] || *end || it->string[0] == '-' ||
+            it->string[0] == '+' || it->string[0] == ' ' || id < 0 ||
+            (lim->n_vocab > 0 && id >= lim->n_vocab) || id > INT32_MAX)
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                     "logit_bias",
+                                     "'logit_bias' key '%.40s' is not a token "
+                                     "id in [0, %d)", it->string,
+                                     (int)lim->n_vocab);
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+            it->valuedouble < -100 || it->valuedouble > 100)
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                     "logit_bias",
+                                     "'logit_bias' values must be numbers in "
+                                     "[-100, 100] (token %ld)", id);
+        r->logit_bias_ids[i] = (int32_t)id;
+        r->logit_bias[i++] = (float)it->valuedouble;
+    }
+    r->sp.n_logit_bias = n;
+    r->sp.logit_bias_ids = r->logit_bias_ids;
+    r->sp.logit_bias = r->logit_bias;
+    return DSQ_OK;
+}
+
+int dsq_openai_parse_completion(const char *body, size_t len,
+                                const dsq_openai_limits_t *lim,
+                                dsq_completion_req_t *out,
+                                dsq_api_error_t *err)
+{
+    int rc;
+    int64_t iv;
+    double dv;
+    const cJSON *v;
+    dsq_completion_req_t *r = out;
+    cJSON *root;
+
+    memset(r, 0, sizeof(*r));
+    r->sp.max_tokens = 16;
+    r->sp.temperature = 1.0f;
+    r->sp.top_p = 1.0f;
+    r->sp.top_k = 0;
+    r->sp.min_p = 0.0f;
+    r->sp.repetition_penalty = 1.0f;
+    r->sp.logprobs = -1;
+    r->sp.n = 1;
+    root = parse_object(body, len, err);
+    if (!root)
+        return DSQ_EINVAL;
+
+    if ((rc = check_model(root, lim, true, err)))
+        goto fail;
+    if ((rc = parse_prompt(root, lim, r, err)))
+        goto fail;
+    v = field(root, "suffix");
+    if (v && !(cJSON_IsString(v) && !v->valuestring[0])) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "suffix",
+                               "'suffix' (insertion) is not supported");
+        goto fail;
+    }
+    if ((rc = get_bool(root, "echo", &r->echo, err)))
+        goto fail;
+    iv = -1;
+    if ((rc = get_int(root, "max_tokens", 0, 1 << 30, &iv, err)))
+        goto fail;
+    if (iv >= 0)
+        r->sp.max_tokens = (int)iv;
+    if (r->sp.max_tokens == 0 && !r->echo) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "max_tokens",
+                               "'max_tokens' must be at least 1 (0 is only "
+                               "allowed with echo)");
+        goto fail;
+    }
+    dv = 1.0;
+    if ((rc = get_num(root, "temperature", 0, false, 2, false, &dv, err)))
+        goto fail;
+    r->sp.temperature = (float)dv;
+    dv = 1.0;
+    if ((rc = get_num(root, "top_p", 0, true, 1, false, &dv, err)))
+        goto fail;
+    r->sp.top_p = (float)dv;
+    iv = -1;
+    if ((rc = get_int(root, "top_k", -1, 1 << 30, &iv, err)))
+        goto fail;
+    r->sp.top_k = iv <= 0 ? 0 : (int)iv;
+    dv = 0.0;
+    if ((rc = get_num(root, "min_p", 0, false, 1, false, &dv, err)))
+        goto fail;
+    r->sp.min_p = (float)dv;
+    dv = 0.0;
+    if ((rc = get_num(root, "presence_penalty", -2, false, 2, false, &dv, err)))
+        goto fail;
+    r->sp.presence_penalty = (float)dv;
+    dv = 0.0;
+    if ((rc = get_num(root, "frequency_penalty", -2, false, 2, false, &dv, err)))
+        goto fail;
+    r->sp.frequency_penalty = (float)dv;
+    dv = 1.0;
+    if ((rc = get_num(root, "repetition_penalty", 0, true, 2, false, &dv, err)))
+        goto fail;
+    r->sp.repetition_penalty = (float)dv;
+    iv = 1;
+    if ((rc = get_int(root, "n", 1, DSQ_OPENAI_MAX_N, &iv, err)))
+        goto fail;
+    r->sp.n = (int)iv;
+    iv = r->sp.n;
+    if ((rc = get_int(root, "best_of", 1, DSQ_OPENAI_MAX_N, &iv, err)))
+        goto fail;
+    if (iv < r->sp.n) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "best_of",
+                               "'best_of' (%d) must be >= 'n' (%d)", (int)iv,
+                               r->sp.n);
+        goto fail;
+    }
+    if (iv > r->sp.n) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "best_of",
+                               "'best_of' > 'n' is not supported; use n");
+        goto fail;
+    }
+    r->best_of = (int)iv;
+    v = field(root, "seed");
+    if (v) {
+        if (!is_int(v)) {
+            rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "seed",
+                                   "'seed' must be an integer, got %s",
+                                   cJSON_IsNumber(v) ? "a fraction"
+                                                     : type_name(v));
+            goto fail;
+        }
+        r->sp.has_seed = true;
+        r->sp.seed = (uint64_t)(int64_t)v->valuedouble;
+    }
+    iv = -1;
+    if ((rc = get_int(root, "logprobs", 0, DSQ_OPENAI_MAX_LOGPROBS, &iv, err)))
+        goto fail;
+    r->sp.logprobs = (int)iv;
+    if (r->echo && r->sp.logprobs >= 0) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "echo",
+                               "'echo' together with 'logprobs' is not "
+                               "supported (prompt logprobs)");
+        goto fail;
+    }
+    if ((rc = parse_stop(root, r, err)))
+        goto fail;
+    v = field(root, "stop_token_ids");
+    if (v) {
+        if (!cJSON_IsArray(v)) {
+            rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                   "stop_token_ids",
+                                   "'stop_token_ids' must be an array of "
+                                   "token ids, got %s", type_name(v));
+            goto fail;
+        }
+        if ((rc = parse_ids(v, lim, "stop_token_ids", true, &r->stop_token_ids,
+                            &r->sp.n_stop_token_ids, err)))
+            goto fail;
+        r->sp.stop_token_ids = r->stop_token_ids;
+    }
+    if ((rc = parse_logit_bias(root, lim, r, err)))
+        goto fail;
+    if ((rc = get_bool(root, "ignore_eos", &r->sp.ignore_eos, err)))
+        goto fail;
+    if ((rc = get_bool(root, "stream", &r->stream, err)))
+        goto fail;
+    v = field(root, "stream_options");
+    if (v) {
+        if (!cJSON_IsObject(v)) {
+            rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                   "stream_options",
+                                   "'stream_options' must be an object, got %s",
+                                   type_name(v));
+            goto fail;
+        }
+        if (!r->stream) {
+            rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                   "stream_options",
+                                   "'stream_options' is only allowed when "
+                                   "'stream' is true");
+            goto fail;
+        }
+        if ((rc = get_bool(v, "include_usage", &r->include_usage, err))) {
+            snprintf(err->param, sizeof(err->param), "stream_options");
+            goto fail;
+        }
+    }
+    v = field(root, "user");
+    if (v && !cJSON_IsString(v)) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "user",
+                               "'user' must be a string, got %s", type_name(v));
+        goto fail;
+    }
+    v = field(root, "model");
+    r->model = strdup(v->valuestring);
+    if (!r->model) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    cJSON_Delete(root);
+    return DSQ_OK;
+fail:
+    cJSON_Delete(root);
+    dsq_completion_req_deinit(r);
+    return DSQ_EINVAL;
+}
+
+void dsq_completion_req_deinit(dsq_completion_req_t *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    for (int i = 0; r->stop && i < r->sp.n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_token_ids);
+    free(r->logit_bias_ids);
+    free(r->logit_bias);
+    free(r->model);
+    memset(r, 0, sizeof(*r));
+}
+
+int dsq_openai_check_context(int n_prompt, int max_tokens, int max_model_len,
+                             dsq_api_error_t *err)
+{
+    if ((int64_t)n_prompt + max_tokens <= max_model_len)
+        return DSQ_OK;
+    dsq_api_error_set(err, DSQ_APIERR_CONTEXT_LENGTH, n_prompt >= max_model_len
+                      ? "prompt" : "max_tokens",
+                      "This model's maximum context length is %d tokens. "
+                      "However, you requested %lld tokens (%d in the prompt, "
+                      "%d for the completion). Please reduce the prompt or "
+                      "max_tokens.", max_model_len,
+                      (long long)n_prompt + max_tokens, n_prompt, max_tokens);
+    return DSQ_ERANGE;
+}
+
+int dsq_openai_parse_tokenize(const char *body, size_t len,
+                              const dsq_openai_limits_t *lim, char **prompt,
+                              size_t *prompt_len, bool *add_special,
+                              dsq_api_error_t *err)
+{
+    int rc;
+    const cJSON *p;
+    cJSON *root = parse_object(body, len, err);
+    *prompt = NULL;
+    *add_special = true;
+    if (!root)
+        return DSQ_EINVAL;
+    if ((rc = check_model(root, lim, false, err)))
+        goto done;
+    if ((rc = get_bool(root, "add_special_tokens", add_special, err)))
+        goto done;
+    p = field(root, "prompt");
+    if (!cJSON_IsString(p)) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                               "'prompt' must be a string, got %s",
+                               p ? type_name(p) : "nothing");
+        goto done;
+    }
+    *prompt = strdup(p->valuestring);
+    *prompt_len = strlen(p->valuestring);
+    if (!*prompt)
+        rc = dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+done:
+    cJSON_Delete(root);
+    return rc ? DSQ_EINVAL : DSQ_OK;
+}
+
+int dsq_openai_parse_detokenize(const char *body, size_t len,
+                                const dsq_openai_limits_t *lim,
+                                int32_t **ids, int *n_ids,
+                                dsq_api_error_t *err)
+{
+    int rc;
+    const cJSON *t;
+    cJSON *root = parse_object(body, len, err);
+    *ids = NULL;
+    *n_ids = 0;
+    if (!root)
+        return DSQ_EINVAL;
+    if ((rc = check_model(root, lim, false, err)))
+        goto done;
+    t = field(root, "tokens");
+    if (!cJSON_IsArray(t)) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tokens",
+                               "'tokens' must be an array of token ids, got %s",
+                               t ? type_name(t) : "nothing");
+        goto done;
+    }
+    rc = parse_ids(t, lim, "tokens", true, ids, n_ids, err);
+done:
+    cJSON_Delete(root);
+    return rc ? DSQ_EINVAL : DSQ_OK;
+}
+
+/* ------------------------------------------------------------ output */
+
+int dsq_openai_new_id(char *buf, size_t len, const char *prefix)
+{
+    unsigned char raw[16];
+    size_t pl = strlen(prefix);
+    if (len < pl + 33 || RAND_bytes(raw, sizeof(raw)) != 1)
+        return DSQ_EIO;
+    memcpy(buf, prefix, pl);
+    for (int i = 0; i < 16; i++)
+        snprintf(buf + pl + 2 * i, 3, "%02x", raw[i]);
+    return DSQ_OK;
+}
+
+const char *dsq_openai_finish_reason(dsq_finish_t f)
+{
+    switch (f) {
+    case DSQ_FINISH_STOP: return "stop";
+    case DSQ_FINISH_LENGTH: return "length";
+    case DSQ_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+/* Length of the UTF-8 sequence at s (1..4) with *ok telling whether it is
+ * valid (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). An invalid
+ * one has the length of its maximal valid prefix (at least 1), so it
+ * becomes one U+FFFD, as the Unicode standard (sec. 3.9, "maximal subpart")
+ * and Python's errors="replace" do. */
+static size_t utf8_seq(const unsigned char *s, size_t n, bool *ok)
+{
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
+    size_t len, k = 1;
+    *ok = false;
+    if (c < 0x80) {
+        *ok = true;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4;
+    else return 1;
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (n > 1 && s[1] >= lo && s[1] <= hi) {
+        k = 2;
+        while (k < len && k < n && (s[k] & 0xC0) == 0x80)
+            k++;
+    }
+    *ok = k == len;
+    return k;
+}
+
+char *dsq_openai_utf8_clean(const char *s, size_t len, size_t *out_len)
+{
+    char *out = malloc(len * 3 + 1);
+    size_t o = 0;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < len;) {
+        bool ok;
+        size_t k = utf8_seq((const unsigned char *)s + i, len - i, &ok);
+        if (!ok) {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        } else if (!(k == 1 && s[i] == '\0')) {   /* drop NULs */
+            memcpy(out + o, s + i, k);
+            o += k;
+        }
+        i += k;
+    }
+    out[o] = '\0';
+    if (out_len)
+        *out_len = o;
+    return out;
+}
+
+static cJSON *clean_string(const char *s, size_t len)
+{
+    char *c = dsq_openai_utf8_clean(s ? s : "", s ? len : 0, NULL);
+    cJSON *j = c ? cJSON_CreateString(c) : NULL;
+    free(c);
+    return j;
+}
+
+cJSON *dsq_openai_logprobs_new(void)
+{
+    cJSON *lp = cJSON_CreateObject();
+    if (lp && (!cJSON_AddArrayToObject(lp, "tokens") ||
+               !cJSON_AddArrayToObject(lp, "token_logprobs") ||
+               !cJSON_AddArrayToObject(lp, "top_logprobs") ||
+               !cJSON_AddArrayToObject(lp, "text_offset"))) {
+        cJSON_Delete(lp);
+        lp = NULL;
+    }
+    return lp;
+}
+
+static cJSON *token_string(int32_t id, dsq_token_text_fn fn, void *u)
+{
+    size_t len = 0;
+    const char *s = fn ? fn(u, id, &len) : NULL;
+    return clean_string(s, s ? len : 0);
+}
+
+int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
+                            size_t offset_base, dsq_token_text_fn fn, void *u)
+{
+    cJSON *tokens = cJSON_GetObjectItem(lp, "tokens");
+    cJSON *lps = cJSON_GetObjectItem(lp, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs");
+    cJSON *offs = cJSON_GetObjectItem(lp, "text_offset");
+    if (!tokens || !lps || !tops || !offs)
+        return DSQ_EINVAL;
+    for (int i = 0; i < o->n_tokens; i++) {
+        int32_t id = o->tokens[i];
+        cJSON *top = cJSON_CreateObject();
+        bool seen = false;
+        double lpv = o->logprobs ? o->logprobs[i] : 0.0;
+        if (!top)
+            return DSQ_ENOMEM;
+        cJSON_AddItemToArray(tokens, token_string(id, fn, u));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lpv));
+        for (int k = 0; o->top && k < o->n_top; k++) {
+            const dsq_top_logprob_t *t = &o->top[(size_t)i * (size_t)o->n_top + (size_t)k];
+            cJSON *ts = token_string(t->token, fn, u);
+            if (!ts)
+                continue;
+            if (!cJSON_GetObjectItemCaseSensitive(top, ts->valuestring))
+                cJSON_AddNumberToObject(top, ts->valuestring, t->logprob);
+            if (t->token == id)
+                seen = true;
+            cJSON_Delete(ts);
+        }
+        if (!seen) {
+            cJSON *ts = token_string(id, fn, u);
+            if (ts && !cJSON_GetObjectItemCaseSensitive(top, ts->valuestring))
+                cJSON_AddNumberToObject(top, ts->valuestring, lpv);
+            cJSON_Delete(ts);
+        }
+        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber(
+            (double)(offset_base + (o->token_text_offset ? o->token_text_offset[i] : 0))));
+    }
+    return DSQ_OK;
+}
+
+static void add_usage(cJSON *obj, const dsq_usage_t *u)
+{
+    cJSON *us = cJSON_AddObjectToObject(obj, "usage");
+    if (!us)
+        return;
+    cJSON_AddNumberToObject(us, "prompt_tokens", (double)u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "completion_tokens", (double)u->completion_tokens);
+    cJSON_AddNumberToObject(us, "total_tokens",
+                            (double)(u->prompt_tokens + u->completion_tokens));
+    if (u->has_cached) {
+        cJSON *d = cJSON_AddObjectToObject(us, "prompt_tokens_details");
+        if (d)
+            cJSON_AddNumberToObject(d, "cached_tokens", (double)u->cached_tokens);
+    }
+}
+
+static cJSON *head(const char *id, int64_t created, const char *model)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model);
+    return o;
+}
+
+static cJSON *choice(int index, const char *text, size_t len, cJSON *lp,
+                     dsq_finish_t f)
+{
+    cJSON *c = cJSON_CreateObject();
+    const char *fr = dsq_openai_finish_reason(f);
+    if (!c)
+        return NULL;
+    cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddItemToObject(c, "text", clean_string(text, len));
+    if (lp)
+        cJSON_AddItemToObject(c, "logprobs", cJSON_Duplicate(lp, true));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    if (fr)
+        cJSON_AddStringToObject(c, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    return c;
+}
+
+char *dsq_openai_completion_body(const char *id, int64_t created,
+                                 const char *model,
+                                 const dsq_choice_out_t *choices,
+                                 int n_choices, const dsq_usage_t *usage)
+{
+    char *out = NULL;
+    cJSON *o = head(id, created, model), *arr;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; arr && i < n_choices; i++)
+        cJSON_AddItemToArray(arr, choice(choices[i].index, choices[i].text,
+                                         choices[i].text_len,
+                                         choices[i].logprobs,
+                                         choices[i].finish));
+    add_usage(o, usage);
+    out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return out;
+}
+
+static char *sse(cJSON *o)
+{
+    char *json = cJSON_PrintUnformatted(o), *out = NULL;
+    if (json && asprintf(&out, "data: %s\n\n", json) < 0)
+        out = NULL;
+    free(json);
+    cJSON_Delete(o);
+    return out;
+}
+
+char *dsq_openai_chunk(const char *id, int64_t created, const char *model,
+                       int index, const char *text, size_t text_len,
+                       cJSON *logprobs, dsq_finish_t finish, bool usage_null)
+{
+    cJSON *o = head(id, created, model), *arr;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    if (arr)
+        cJSON_AddItemToArray(arr, choice(index, text, text_len, logprobs, finish));
+    if (usage_null)
+        cJSON_AddNullToObject(o, "usage");
+    return sse(o);
+}
+
+char *dsq_openai_usage_chunk(const char *id, int64_t created,
+                             const char *model, const dsq_usage_t *usage)
+{
+    cJSON *o = head(id, created, model);
+    if (!o)
+        return NULL;
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, usage);
+    return sse(o);
+}

@@ -1,0 +1,149 @@
+/* OpenAI request and response JSON for the HTTP edge.
+ *
+ * Parsing turns a request body into a validated C struct, or into a
+ * dsq_api_error_t naming the field (OpenAI's `param`); building turns engine
+ * output into completion bodies and SSE chunks. Pure functions over cJSON:
+ * no sockets, no engine state, so every rule is unit-tested on its own
+ * (tests/unit/test_openai.c). Field meanings and bounds follow the OpenAI
+ * Completions API reference; where OpenAI is silent (top_k, min_p,
+ * repetition_penalty, stop_token_ids, ignore_eos) they follow vLLM's
+ * SamplingParams. docs/api.md lists every rule. */
+#ifndef DSQ_SERVER_OPENAI_H
+#define DSQ_SERVER_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/engine.h"
+#include "server/error.h"
+
+#define DSQ_OPENAI_MAX_STOP 4        /* OpenAI: "up to 4 sequences"          */
+#define DSQ_OPENAI_MAX_LOGPROBS 20   /* vLLM's default max_logprobs          */
+#define DSQ_OPENAI_MAX_N 128         /* OpenAI's bound on n                  */
+#define DSQ_OPENAI_MAX_PROMPTS 1024  /* prompts in one request               */
+
+/* One prompt: either text (tokenized later by the caller, who then fills
+ * ids/n_ids) or token ids as sent. All memory malloc'd, owned by the
+ * dsq_completion_req_t. */
+typedef struct dsq_prompt {
+    char *text;                  /* NUL-terminated; NULL for id prompts     */
+    size_t text_len;
+    int32_t *ids;
+    int n_ids;
+} dsq_prompt_t;
+
+/* A validated POST /v1/completions request. sp's pointer fields point into
+ * storage owned by this struct; free it all with dsq_completion_req_deinit. */
+typedef struct dsq_completion_req {
+    char *model;
+    int n_prompts;
+    dsq_prompt_t *prompts;
+    dsq_sampling_t sp;           /* sp.n = choices per prompt               */
+    int best_of;                 /* == sp.n (best_of > n is rejected)       */
+    bool echo;
+    bool stream;
+    bool include_usage;          /* stream_options.include_usage            */
+    /* storage behind sp */
+    int32_t *logit_bias_ids;
+    float *logit_bias;
+    int32_t *stop_token_ids;
+    char **stop;
+} dsq_completion_req_t;
+
+/* What the parser checks against. */
+typedef struct dsq_openai_limits {
+    const char *served_model_name;   /* "model" must equal this             */
+    int32_t n_vocab;                 /* token ids must be < n_vocab; 0: any */
+} dsq_openai_limits_t;
+
+/* Parse and validate a completions body (len bytes, need not be
+ * NUL-terminated). Returns 0 and fills *out, or DSQ_EINVAL with *err set
+ * (kind, param, message); *out is then empty. Unknown fields are ignored
+ * (as vLLM does); `suffix` and best_of > n are rejected as unsupported;
+ * echo together with logprobs is rejected (needs prompt logprobs). */
+int dsq_openai_parse_completion(const char *body, size_t len,
+                                const dsq_openai_limits_t *lim,
+                                dsq_completion_req_t *out,
+                                dsq_api_error_t *err);
+void dsq_completion_req_deinit(dsq_completion_req_t *r);
+
+/* Check n_prompt + max_tokens <= max_model_len. Returns 0, or DSQ_ERANGE
+ * with err = CONTEXT_LENGTH naming both numbers (never truncates). */
+int dsq_openai_check_context(int n_prompt, int max_tokens, int max_model_len,
+                             dsq_api_error_t *err);
+
+/* POST /tokenize body {model?, prompt: string, add_special_tokens?: bool
+ * (default true)}. *prompt is malloc'd (caller frees). 0 or DSQ_EINVAL. */
+int dsq_openai_parse_tokenize(const char *body, size_t len,
+                              const dsq_openai_limits_t *lim, char **prompt,
+                              size_t *prompt_len, bool *add_special,
+                              dsq_api_error_t *err);
+/* POST /detokenize body {model?, tokens: [int]}. *ids malloc'd (caller
+ * frees). 0 or DSQ_EINVAL. */
+int dsq_openai_parse_detokenize(const char *body, size_t len,
+                                const dsq_openai_limits_t *lim,
+                                int32_t **ids, int *n_ids,
+                                dsq_api_error_t *err);
+
+/* A fresh id "<prefix><32 hex digits>" from OpenSSL RAND_bytes into buf
+ * (len >= strlen(prefix) + 33). Returns 0 or DSQ_EIO if the CSPRNG fails. */
+int dsq_openai_new_id(char *buf, size_t len, const char *prefix);
+
+/* "stop", "length" or "abort" (DSQ_FINISH_ABORT), NULL for NONE. */
+const char *dsq_openai_finish_reason(dsq_finish_t f);
+
+/* Copy of len bytes with every invalid UTF-8 sequence replaced by U+FFFD;
+ * malloc'd, NUL-terminated, length in *out_len (may be NULL). */
+char *dsq_openai_utf8_clean(const char *s, size_t len, size_t *out_len);
+
+/* Gives the display bytes of a token id for logprobs (not NUL-terminated),
+ * NULL if unknown. u is the caller's context (the tokenizer). */
+typedef const char *(*dsq_token_text_fn)(void *u, int32_t id, size_t *len);
+
+/* New completions-format logprobs object {"tokens":[],"token_logprobs":[],
+ * "top_logprobs":[],"text_offset":[]}; NULL on ENOMEM. */
+cJSON *dsq_openai_logprobs_new(void);
+/* Append output event o's tokens to lp: token text, logprob, a dict of the
+ * top alternatives (plus the sampled token, as vLLM does) and its byte
+ * offset o->token_text_offset[i] + offset_base (offset_base = length of the
+ * echoed prompt). Returns 0 or DSQ_ENOMEM. */
+int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
+                            size_t offset_base, dsq_token_text_fn fn,
+                            void *u);
+
+/* One finished choice of a non-streaming response. */
+typedef struct dsq_choice_out {
+    int index;
+    const char *text;
+    size_t text_len;
+    cJSON *logprobs;             /* borrowed; NULL -> "logprobs": null      */
+    dsq_finish_t finish;
+} dsq_choice_out_t;
+
+typedef struct dsq_usage {
+    int64_t prompt_tokens;
+    int64_t completion_tokens;
+    int64_t cached_tokens;
+    bool has_cached;             /* add prompt_tokens_details.cached_tokens */
+} dsq_usage_t;
+
+/* Whole text_completion body. malloc'd string, NULL on ENOMEM. */
+char *dsq_openai_completion_body(const char *id, int64_t created,
+                                 const char *model,
+                                 const dsq_choice_out_t *choices,
+                                 int n_choices, const dsq_usage_t *usage);
+
+/* One SSE event "data: {chunk}\n\n" carrying one choice's delta; finish may
+ * be DSQ_FINISH_NONE (JSON null). logprobs is borrowed (NULL = null).
+ * usage_null adds "usage": null (stream_options.include_usage). malloc'd. */
+char *dsq_openai_chunk(const char *id, int64_t created, const char *model,
+                       int index, const char *text, size_t text_len,
+                       cJSON *logprobs, dsq_finish_t finish, bool usage_null);
+/* The final usage event ("choices": []). malloc'd. */
+char *dsq_openai_usage_chunk(const char *id, int64_t created,
+                             const char *model, const dsq_usage_t *usage);
+
+#endif

@@ -1,0 +1,424 @@
+/* The dsqd option table and the three sources that feed it (config file,
+ * environment, flags). Every value, whatever its source, goes through
+ * set_value(), so types and bounds are checked in one place. */
+#include "server/options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/error.h"
+
+typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_BYTES } opt_type_t;
+
+typedef struct opt {
+    const char *name;            /* flag without "--"                      */
+    opt_type_t type;
+    size_t offset;               /* into dsq_options_t                     */
+    const char *def;             /* default as text, NULL = unset          */
+    double min, max;             /* bounds for INT/FLOAT/BYTES             */
+    const char *choices;         /* "a|b|c" for enumerated strings         */
+    const char *help;
+    const char *env;             /* env var when not DSQ_<NAME>            */
+} opt_t;
+
+#define O(f) offsetof(dsq_options_t, f)
+static const opt_t table[] = {
+    {"host", T_STR, O(host), "127.0.0.1", 0, 0, NULL, "address to listen on", NULL},
+    {"port", T_INT, O(port), "8000", 0, 65535, NULL, "TCP port (0 = any free port)", NULL},
+    {"model", T_STR, O(model), NULL, 0, 0, NULL, "model: .gguf file, HF directory or llama2.c .bin", NULL},
+    {"tokenizer", T_STR, O(tokenizer), NULL, 0, 0, NULL, "separate tokenizer (tokenizer.json or directory)", NULL},
+    {"served-model-name", T_STR, O(served_model_name), NULL, 0, 0, NULL, "model id in the API (default: model file basename)", NULL},
+    {"max-model-len", T_INT, O(max_model_len), "0", 0, 1 << 24, NULL, "context length in tokens (0 = model's)", NULL},
+    {"max-num-seqs", T_INT, O(max_num_seqs), "0", 0, 65536, NULL, "max running sequences (0 = engine default)", NULL},
+    {"max-num-batched-tokens", T_INT, O(max_num_batched_tokens), "0", 0, 1 << 24, NULL, "token budget per engine step (0 = engine default)", NULL},
+    {"gpu-memory-utilization", T_FLOAT, O(gpu_memory_utilization), "0.9", 0.01, 1.0, NULL, "fraction of GPU memory to use", NULL},
+    {"api-key", T_STR, O(api_key), NULL, 0, 0, NULL, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
+    {"kv-cache-dtype", T_STR, O(kv_cache_dtype), "auto", 0, 0, "auto|fp16|int8", "KV cache element type", NULL},
+    {"block-size", T_INT, O(block_size), "16", 1, 1024, NULL, "tokens per KV block", NULL},
+    {"enable-prefix-caching", T_BOOL, O(enable_prefix_caching), "false", 0, 0, NULL, "share KV blocks of common prompt prefixes", NULL},
+    {"max-request-bytes", T_BYTES, O(max_request_bytes), "1MiB", 1, 1073741824.0, NULL, "largest request body accepted (413 above)", NULL},
+    {"max-waiting-requests", T_INT, O(max_waiting_requests), "0", 0, 1 << 24, NULL, "waiting queue size, 429 when full (0 = engine default)", NULL},
+    {"shutdown-timeout", T_FLOAT, O(shutdown_timeout), "30", 0, 86400, NULL, "seconds in-flight requests may finish after SIGTERM", NULL},
+    {"request-timeout", T_FLOAT, O(request_timeout), "0", 0, 86400 * 7, NULL, "seconds a request may run (0 = no limit)", NULL},
+    {"threads", T_INT, O(threads), "0", 0, 4096, NULL, "CPU threads for the engine (0 = physical cores)", NULL},
+    {"device", T_STR, O(device), "auto", 0, 0, "auto|cpu|cuda", "compute device", NULL},
+    {"quantize", T_STR, O(quantize), "none", 0, 0, "none|int4", "quantize weights at load",
+     /* DSQ_QUANTIZE names the dsq-quantize binary in the test environment */
+     "DSQ_LOAD_QUANTIZE"},
+    {"group-size", T_INT, O(group_size), "128", 32, 128, NULL, "group size for --quantize int4 (32, 64, 128)", NULL},
+    {"memory-limit", T_BYTES, O(memory_limit), "0", 0, 9.0e18, NULL, "CPU memory budget for weights + KV (0 = none)", NULL},
+    {"kv-cache-memory", T_BYTES, O(kv_cache_memory), "0", 0, 9.0e18, NULL, "explicit KV cache budget (0 = planner decides)", NULL},
+    {"log-level", T_STR, O(log_level), "info", 0, 0, "error|warn|info|debug", "log threshold", NULL},
+    {"ssl-certfile", T_STR, O(ssl_certfile), NULL, 0, 0, NULL, "PEM certificate: serve HTTPS", NULL},
+    {"ssl-keyfile", T_STR, O(ssl_keyfile), NULL, 0, 0, NULL, "PEM private key for --ssl-certfile", NULL},
+    {"allowed-origins", T_STR, O(allowed_origins), NULL, 0, 0, NULL, "CORS: comma-separated origins or '*' (off when unset)", NULL},
+    {"chat-template", T_STR, O(chat_template), NULL, 0, 0, NULL, "chat template file (overrides the model's)", NULL},
+    {"config", T_STR, O(config), NULL, 0, 0, NULL, "JSON config file; keys are these option names", NULL},
+    {"plan", T_BOOL, O(plan), "false", 0, 0, NULL, "print the memory plan and exit", NULL},
+    {"help", T_BOOL, O(help), "false", 0, 0, NULL, "print this help and exit", NULL},
+    {"version", T_BOOL, O(version), "false", 0, 0, NULL, "print the version and exit", NULL},
+};
+#undef O
+#define N_OPTS (sizeof(table) / sizeof(table[0]))
+
+static void fail(char *err, size_t err_len, const char *fmt, const char *a,
+                 const char *b)
+{
+    if (err && err_len)
+        snprintf(err, err_len, fmt, a, b);
+}
+
+/* Match names treating '-' and '_' alike; n = length of s to compare. */
+static bool name_eq(const char *name, const char *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        char a = name[i], b = s[i];
+        if (a == '\0')
+            return false;
+        if (b == '_')
+            b = '-';
+        if (a != b)
+            return false;
+    }
+    return name[i] == '\0';
+}
+
+static const opt_t *find(const char *s, size_t n)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (name_eq(table[i].name, s, n))
+            return &table[i];
+    return NULL;
+}
+
+int dsq_options_parse_bytes(const char *s, int64_t *out)
+{
+    static const struct { const char *suf; double mul; } sufs[] = {
+        {"", 1}, {"b", 1}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12},
+        {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+        {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0},
+        {"tib", 1099511627776.0},
+    };
+    char *end = NULL;
+    double v;
+    if (!s || !*s || isspace((unsigned char)*s) || *s == '-')
+        return DSQ_EINVAL;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return DSQ_EINVAL;
+    for (size_t i = 0; i < sizeof(sufs) / sizeof(sufs[0]); i++) {
+        if (strcasecmp(end, sufs[i].suf) == 0) {
+            double b = v * sufs[i].mul;
+            if (b > 9.2e18 || b != floor(b))
+                return DSQ_EINVAL;
+            *out = (int64_t)b;
+            return DSQ_OK;
+        }
+    }
+    return DSQ_EINVAL;
+}
+
+static bool in_choices(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    const char *p = choices;
+    while (p && *p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncasecmp(p, v, n) == 0)
+            return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+/* Set option o from text (from argv, env, a config string or a default).
+ * src names the source for error messages. */
+static int set_value(dsq_options_t *opts, const opt_t *o, const char *text,
+                     const char *src, char *err, size_t err_len)
+{
+    void *field = (char *)opts + o->offset;
+    char *end = NULL;
+    int rc = DSQ_OK;
+    switch (o->type) {
+    case T_STR: {
+        char **p = field;
+        if (o->choices && !in_choices(o->choices, text)) {
+            fail(err, err_len, "%s: must be one of %s", src, o->choices);
+            rc = DSQ_EINVAL;
+            break;
+        }
+        char *dup = strdup(text);
+        if (!dup) {
+            rc = DSQ_ENOMEM;
+            break;
+        }
+        if (o->choices)
+            for (char *c = dup; *c; c++)
+                *c = (char)tolower((unsigned char)*c);
+        free(*p);
+        *p = dup;
+        break;
+    }
+    case T_INT: {
+        long v;
+        errno = 0;
+        v = strtol(text, &end, 10);
+        if (errno || end == text || *end || isspace((unsigned char)*text)) {
+            fail(err, err_len, "%s: expected an integer, got '%s'", src, text);
+            rc = DSQ_EINVAL;
+        } else if (v < o->min || v > o->max) {
+            fail(err, err_len, "%s: value %s out of range", src, text);
+            rc = DSQ_EINVAL;
+        } else {
+            *(int *)field = (int)v;
+        }
+        break;
+    }
+    case T_FLOAT: {
+        double v;
+        errno = 0;
+        v = strtod(text, &end);
+        if (errno || end == text || *end || !isfinite(v) ||
+            isspace((unsigned char)*text)) {
+            fail(err, err_len, "%s: expected a number, got '%s'", src, text);
+            rc = DSQ_EINVAL;
+        } else if (v < o->min || v > o->max) {
+            fail(err, err_len, "%s: value %s out of range", src, text);
+            rc = DSQ_EINVAL;
+        } else {
+            *(double *)field = v;
+        }
+        break;
+    }
+    case T_BOOL:
+        if (!strcasecmp(text, "true") || !strcmp(text, "1") ||
+            !strcasecmp(text, "yes") || !strcasecmp(text, "on")) {
+            *(bool *)field = true;
+        } else if (!strcasecmp(text, "false") || !strcmp(text, "0") ||
+                   !strcasecmp(text, "no") || !strcasecmp(text, "off")) {
+            *(bool *)field = false;
+        } else {
+            fail(err, err_len, "%s: expected true or false, got '%s'", src,
+                 text);
+            rc = DSQ_EINVAL;
+        }
+        break;
+    case T_BYTES: {
+        int64_t v = 0;
+        if (dsq_options_parse_bytes(text, &v) != DSQ_OK) {
+            fail(err, err_len, "%s: expected a byte size like 512MiB, got '%s'",
+                 src, text);
+            rc = DSQ_EINVAL;
+        } else if ((double)v < o->min || (double)v > o->max) {
+            fail(err, err_len, "%s: value %s out of range", src, text);
+            rc = DSQ_EINVAL;
+        } else {
+            *(int64_t *)field = v;
+        }
+        break;
+    }
+    }
+    return rc;
+}
+
+static int apply_json(dsq_options_t *opts, const char *path, char *err,
+                      size_t err_len)
+{
+    int rc = DSQ_EINVAL;
+    char *buf = NULL;
+    long size;
+    cJSON *root = NULL, *it;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail(err, err_len, "--config %s: %s", path, strerror(errno));
+        return DSQ_EINVAL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 ||
+        fseek(f, 0, SEEK_SET) != 0 || size > (1 << 24)) {
+        fail(err, err_len, "--config %s: %s", path, "cannot read");
+        goto undo_file;
+    }
+    buf = malloc((size_t)size + 1);
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        fail(err, err_len, "--config %s: %s", path, "cannot read");
+        goto undo_file;
+    }
+    buf[size] = '\0';
+    root = cJSON_Parse(buf);
+    if (!cJSON_IsObject(root)) {
+        fail(err, err_len, "--config %s: %s", path, "not a JSON object");
+        goto undo_file;
+    }
+    rc = DSQ_OK;
+    cJSON_ArrayForEach(it, root) {
+        char text[64], src[160];
+        const char *val = text;
+        const opt_t *o = find(it->string, strlen(it->string));
+        snprintf(src, sizeof(src), "config key \"%.100s\"", it->string);
+        if (!o || !strcmp(o->name, "config") || !strcmp(o->name, "help") ||
+            !strcmp(o->name, "version")) {
+            fail(err, err_len, "--config %s: unknown key \"%s\"", path,
+                 it->string);
+            rc = DSQ_EINVAL;
+            break;
+        }
+        if (cJSON_IsString(it))
+            val = it->valuestring;
+        else if (cJSON_IsBool(it))
+            snprintf(text, sizeof(text), "%s", cJSON_IsTrue(it) ? "true" : "false");
+        else if (cJSON_IsNumber(it))
+            snprintf(text, sizeof(text), "%.17g", it->valuedouble);
+        else if (cJSON_IsNull(it))
+            continue;
+        else {
+            fail(err, err_len, "%s: %s", src, "expected a string, number or boolean");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        if (o->type == T_STR && !cJSON_IsString(it)) {
+            fail(err, err_len, "%s: %s", src, "expected a string");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        rc = set_value(opts, o, val, src, err, err_len);
+        if (rc != DSQ_OK)
+            break;
+    }
+undo_file:
+    cJSON_Delete(root);
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+static void env_name(const opt_t *o, char *buf, size_t len)
+{
+    size_t i = 0, j;
+    if (o->env) {
+        snprintf(buf, len, "%s", o->env);
+        return;
+    }
+    snprintf(buf, len, "DSQ_");
+    j = 4;
+    for (; o->name[i] && j + 1 < len; i++, j++)
+        buf[j] = o->name[i] == '-' ? '_' : (char)toupper((unsigned char)o->name[i]);
+    buf[j] = '\0';
+}
+
+int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
+                     dsq_getenv_fn getenv_fn, char *err, size_t err_len)
+{
+    int rc = DSQ_OK;
+    const char *config = NULL;
+    memset(o, 0, sizeof(*o));
+    for (size_t i = 0; i < N_OPTS && rc == DSQ_OK; i++)
+        if (table[i].def)
+            rc = set_value(o, &table[i], table[i].def, table[i].name, err,
+                           err_len);
+    if (rc != DSQ_OK)
+        return rc;
+
+    /* The config file comes first in precedence order, so find it early:
+     * the last --config on the command line, else DSQ_CONFIG. */
+    if (getenv_fn)
+        config = getenv_fn("DSQ_CONFIG");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config = argv[i + 1];
+        else if (!strncmp(argv[i], "--config=", 9))
+            config = argv[i] + 9;
+    }
+    if (config && *config) {
+        rc = apply_json(o, config, err, err_len);
+        if (rc == DSQ_OK)
+            rc = set_value(o, find("config", 6), config, "--config", err, err_len);
+        if (rc != DSQ_OK)
+            return rc;
+    }
+
+    for (size_t i = 0; getenv_fn && i < N_OPTS && rc == DSQ_OK; i++) {
+        char name[64];
+        const char *v;
+        size_t off = table[i].offset;
+        if (off == offsetof(dsq_options_t, config) ||
+            off == offsetof(dsq_options_t, help) ||
+            off == offsetof(dsq_options_t, version))
+            continue;
+        env_name(&table[i], name, sizeof(name));
+        v = getenv_fn(name);
+        if (v && *v)
+            rc = set_value(o, &table[i], v, name, err, err_len);
+    }
+
+    for (int i = 1; i < argc && rc == DSQ_OK; i++) {
+        const char *a = argv[i], *eq, *val = NULL;
+        const opt_t *opt;
+        char src[128];
+        if (strncmp(a, "--", 2) != 0) {
+            fail(err, err_len, "unexpected argument '%s'%s", a, "");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        a += 2;
+        eq = strchr(a, '=');
+        opt = find(a, eq ? (size_t)(eq - a) : strlen(a));
+        if (!opt) {
+            fail(err, err_len, "unknown option '%s' (see --help)%s", argv[i], "");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        snprintf(src, sizeof(src), "--%s", opt->name);
+        if (eq)
+            val = eq + 1;
+        else if (opt->type == T_BOOL)
+            val = "true";
+        else if (i + 1 < argc)
+            val = argv[++i];
+        else {
+            fail(err, err_len, "%s needs a value%s", src, "");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        rc = set_value(o, opt, val, src, err, err_len);
+    }
+    return rc;
+}
+
+void dsq_options_deinit(dsq_options_t *o)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (table[i].type == T_STR) {
+            char **p = (char **)((char *)o + table[i].offset);
+            free(*p);
+            *p = NULL;
+        }
+    }
+}
+
+void dsq_options_help(FILE *f)
+{
+    fprintf(f, "usage: dsqd --model PATH [options]\n\n"
+               "OpenAI-compatible completion server. Every option is also a key of the\n"
+               "--config JSON file and an environment variable DSQ_<NAME>; precedence:\n"
+               "flags > environment > config file > defaults.\n\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_t *o = &table[i];
+        char lhs[64], env[64];
+        static const char *tn[] = {"STR", "INT", "NUM", "", "BYTES"};
+        const char *meta = o->choices ? o->choices : tn[o->type];
+        snprintf(lhs, sizeof(lhs), "--%s%s%s", o->name, *meta ? " " : "", meta);
+        env_name(o, env, sizeof(env));
+        fprintf(f, "  %-34s %s", lhs, o->help);
+        if (o->def && o->type != T_BOOL)
+            fprintf(f, " [default: %s]", o->def);
+        fprintf(f, " (env %s)\n", env);
+    }
+}

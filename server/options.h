@@ -1,0 +1,75 @@
+/* dsqd options: ONE table (name, type, default, bounds, help, env name)
+ * drives the command-line flags, the --config JSON file and --help.
+ *
+ * Precedence, lowest to highest: built-in defaults < --config file <
+ * DSQ_* environment variables < command-line flags. Each option `--foo-bar`
+ * is the config key "foo-bar" (or "foo_bar") and the env var DSQ_FOO_BAR.
+ * Pure code (cJSON only) so it is unit-testable without an engine. */
+#ifndef DSQ_SERVER_OPTIONS_H
+#define DSQ_SERVER_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Parsed options. Strings are malloc'd (or NULL) and freed by
+ * dsq_options_deinit(). Sizes in bytes, timeouts in seconds. */
+typedef struct dsq_options {
+    char *host;
+    int port;
+    char *model;
+    char *tokenizer;
+    char *served_model_name;     /* NULL: basename of model                */
+    int max_model_len;           /* 0: engine default                      */
+    int max_num_seqs;
+    int max_num_batched_tokens;
+    double gpu_memory_utilization;
+    char *api_key;
+    char *kv_cache_dtype;        /* auto | fp16 | int8                     */
+    int block_size;
+    bool enable_prefix_caching;
+    int64_t max_request_bytes;
+    int max_waiting_requests;
+    double shutdown_timeout;     /* s                                      */
+    double request_timeout;      /* s, 0 = none                            */
+    int threads;
+    char *device;                /* auto | cpu | cuda                      */
+    char *quantize;              /* none | int4                            */
+    int group_size;
+    int64_t memory_limit;        /* bytes, 0 = none                        */
+    int64_t kv_cache_memory;     /* bytes, 0 = planner decides             */
+    char *log_level;
+    char *ssl_certfile;
+    char *ssl_keyfile;
+    char *allowed_origins;       /* comma-separated, "*" allowed           */
+    char *chat_template;
+    char *config;
+    bool plan;
+    bool help;
+    bool version;
+} dsq_options_t;
+
+/* Looks up an environment variable (getenv signature); tests pass a fake. */
+typedef const char *(*dsq_getenv_fn)(const char *name);
+
+/* Fill *o from defaults, the config file (--config PATH or DSQ_CONFIG),
+ * the environment (through getenv_fn; NULL = no environment) and argv[1..].
+ * Returns 0, or DSQ_EINVAL (unknown flag, missing value, bad type or out of
+ * bounds, unreadable/invalid config file) with a one-line reason in err.
+ * On failure *o is still valid and must be dsq_options_deinit()ed. */
+int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
+                     dsq_getenv_fn getenv_fn, char *err, size_t err_len);
+
+/* Free the strings in *o. Safe on a zeroed struct. */
+void dsq_options_deinit(dsq_options_t *o);
+
+/* Write the --help text (generated from the table) to f. */
+void dsq_options_help(FILE *f);
+
+/* Parse a byte size: a non-negative integer with an optional suffix
+ * K/M/G/T (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024),
+ * case-insensitive. Returns 0 or DSQ_EINVAL. */
+int dsq_options_parse_bytes(const char *s, int64_t *out);
+
+#endif

@@ -1,0 +1,82 @@
+"""Startup and shutdown: /health is 503 until the model is loaded; SIGTERM
+stops new work (503) while in-flight streams finish, then dsqd exits 0;
+--help/--version/--plan and bad options exit cleanly."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import requests
+
+from conftest import MODEL_NAME, Daemon, sse_events
+
+
+def test_drain_on_sigterm():
+    d = Daemon("--shutdown-timeout", "120")
+    body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 48, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    result = {}
+
+    def run():
+        r = requests.post(d.url("/v1/completions"), json=body, stream=True, timeout=300)
+        result["events"] = sse_events(r)
+
+    t = threading.Thread(target=run)
+    t.start()
+    # wait for the stream to be under way, then ask for a shutdown
+    for _ in range(200):
+        m = requests.get(d.url("/metrics")).text
+        if "dsq:num_requests_running{" in m and not any(
+                l.startswith("dsq:num_requests_running{") and l.endswith(" 0")
+                for l in m.splitlines()):
+            break
+        time.sleep(0.05)
+    d.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    if d.proc.poll() is None:
+        assert requests.get(d.url("/health")).status_code == 503
+        r = requests.post(d.url("/v1/completions"), json=dict(body, stream=False))
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "service_unavailable"
+    t.join(300)
+    ev = result["events"]
+    assert ev[-1] == "[DONE]"
+    assert ev[-2]["choices"][0]["finish_reason"] == "length"
+    assert d.proc.wait(60) == 0
+
+
+def test_shutdown_timeout_aborts_and_exits_zero():
+    d = Daemon("--shutdown-timeout", "0.5")
+    body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 2000, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    r = requests.post(d.url("/v1/completions"), json=body, stream=True, timeout=300)
+    it = r.iter_lines()
+    next(it)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(60) == 0
+    rest = [l for l in it if l]
+    assert rest[-1] == b"data: [DONE]"
+    assert b'"finish_reason":"abort"' in rest[-2]
+
+
+def run_cli(*args):
+    exe = os.environ["DSQD"]
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "--max-request-bytes" in r.stdout and "DSQ_API_KEY" in r.stdout
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dsqd ")
+    r = run_cli("--no-such-flag")
+    assert r.returncode == 2 and "--no-such-flag" in r.stderr
+    r = run_cli("--port", "x")
+    assert r.returncode == 2
+    r = run_cli()
+    assert r.returncode == 2 and "--model" in r.stderr
+    r = run_cli("--model", "/nonexistent/model.gguf", "--port", "0")
+    assert r.returncode == 1
+    r = run_cli("--plan", "--model", "/nonexistent/model.gguf")
+    assert r.returncode != 0 and "plan" in r.stderr

@@ -1,0 +1,347 @@
+/* GPU check for kernels/cuda/{rmsnorm,rope,swiglu,add,softmax,kv_write,
+ * attention}.cu: each CUDA op against its CPU twin (the reference) on random
+ * inputs with a fixed seed. Device outputs are poisoned (0xFF bytes = NaN)
+ * before each launch so an element the kernel forgets to write fails.
+ * Prints the max abs difference of every comparison.
+ *
+ * Without a CUDA device the whole test is skipped (TAP "1..0 # SKIP"),
+ * unless DSQ_REQUIRE_GPU=1, which turns that into a failure (tests/gpu/run
+ * sets it on GPU machines). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/error.h"
+#include "kernels/kernels.h"
+
+static uint64_t rng = 0x13198a2e03707344ull;
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float frand(float a) { return (float)((urand() * 2.0 - 1.0) * a); }
+
+static void *dev_dup(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
+    if (bytes)
+        assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+static void *dev_poison(size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, bytes), cudaSuccess);
+    assert_int_equal(cudaMemset(d, 0xff, bytes), cudaSuccess);
+    return d;
+}
+static void dev_get(void *h, const void *d, size_t bytes)
+{
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+static double max_diff(const float *a, const float *b, int64_t n)
+{
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d))
+            return INFINITY;
+        e = d > e ? d : e;
+    }
+    return e;
+}
+static void report(const char *what, double err, double tol)
+{
+    printf("# %-34s max_abs_diff=%.3e tol=%.1e\n", what, err, tol);
+    assert_true(err <= tol);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    const int64_t m = 5, ns[2] = {4096, 1000};
+    for (int c = 0; c < 2; c++) {
+        const int64_t n = ns[c];
+        float *x = malloc(sizeof(*x) * m * n), *w = malloc(sizeof(*w) * n);
+        float *y = malloc(sizeof(*y) * m * n), *yg = malloc(sizeof(*yg) * m * n);
+        for (int64_t i = 0; i < m * n; i++)
+            x[i] = frand(3.0f);
+        for (int64_t i = 0; i < n; i++)
+            w[i] = frand(2.0f);
+        float *dx = dev_dup(x, sizeof(*x) * m * n), *dw = dev_dup(w, sizeof(*w) * n);
+        float *dy = dev_poison(sizeof(*dy) * m * n);
+        assert_int_equal(dsq_cpu_rmsnorm(y, x, w, m, n, 1e-6f), DSQ_OK);
+        assert_int_equal(dsq_cuda_rmsnorm(dy, dx, dw, m, n, 1e-6f), DSQ_OK);
+        dev_get(yg, dy, sizeof(*yg) * m * n);
+        report(c ? "rmsnorm n=1000" : "rmsnorm n=4096", max_diff(y, yg, m * n), 1e-5);
+        cudaFree(dx); cudaFree(dw); cudaFree(dy);
+        free(x); free(w); free(y); free(yg);
+    }
+}
+
+static void rope_case(const char *what, const dsq_rope_t *p, int n_heads, int head_dim)
+{
+    enum { M = 6 };
+    const int32_t pos[M] = {0, 1, 15, 4095, 40000, 163839};
+    const int64_t n = (int64_t)M * n_heads * head_dim;
+    float *x = malloc(sizeof(*x) * n), *xg = malloc(sizeof(*xg) * n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = frand(2.0f);
+    float *dx = dev_dup(x, sizeof(*x) * n);
+    int32_t *dp = dev_dup(pos, sizeof(pos));
+    assert_int_equal(dsq_cpu_rope(x, M, n_heads, head_dim, pos, p), DSQ_OK);
+    assert_int_equal(dsq_cuda_rope(dx, M, n_heads, head_dim, dp, p), DSQ_OK);
+    dev_get(xg, dx, sizeof(*xg) * n);
+    report(what, max_diff(x, xg, n), 1e-5);
+    cudaFree(dx); cudaFree(dp);
+    free(x); free(xg);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    dsq_rope_t p;
+    assert_int_equal(dsq_rope_init(&p, 64, false, 10000.0, 0, 1, 0, 0, 0, 0, 0), DSQ_OK);
+    rope_case("rope normal", &p, 4, 64);
+    assert_int_equal(dsq_rope_init(&p, 128, true, 1e6, 0, 1, 0, 0, 0, 0, 0), DSQ_OK);
+    rope_case("rope neox", &p, 3, 128);
+    assert_int_equal(dsq_rope_init(&p, 64, true, 1e5, 1, 4.0, 0, 0, 0, 0, 0), DSQ_OK);
+    rope_case("rope neox partial linear x4", &p, 2, 192);
+    assert_int_equal(dsq_rope_init(&p, 64, false, 10000.0, 3, 40.0, 4096, 32, 1,
+                                   1.0, 0.707), DSQ_OK);
+    rope_case("rope yarn (deepseek-v2-lite-like)", &p, 16, 64);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    const int64_t m = 3, n = 50001;
+    float *a = malloc(sizeof(*a) * m * n), *b = malloc(sizeof(*b) * m * n);
+    float *r = malloc(sizeof(*r) * m * n), *rg = malloc(sizeof(*rg) * m * n);
+    for (int64_t i = 0; i < m * n; i++) {
+        a[i] = frand(10.0f);
+        b[i] = frand(2.0f);
+    }
+    float *da = dev_dup(a, sizeof(*a) * m * n), *db = dev_dup(b, sizeof(*b) * m * n);
+    float *dr = dev_poison(sizeof(*dr) * m * n);
+    /* swiglu */
+    assert_int_equal(dsq_cpu_swiglu(r, a, b, m, n), DSQ_OK);
+    assert_int_equal(dsq_cuda_swiglu(dr, da, db, m, n), DSQ_OK);
+    dev_get(rg, dr, sizeof(*rg) * m * n);
+    report("swiglu", max_diff(r, rg, m * n), 1e-5);
+    /* add (in place on a copy of b) */
+    memcpy(r, b, sizeof(*r) * m * n);
+    assert_int_equal(cudaMemcpy(dr, db, sizeof(*dr) * m * n, cudaMemcpyDeviceToDevice),
+                     cudaSuccess);
+    assert_int_equal(dsq_cpu_add(r, a, m * n), DSQ_OK);
+    assert_int_equal(dsq_cuda_add(dr, da, m * n), DSQ_OK);
+    dev_get(rg, dr, sizeof(*rg) * m * n);
+    report("add", max_diff(r, rg, m * n), 0.0);
+    /* softmax, with a fully masked row 2 */
+    memcpy(r, a, sizeof(*r) * m * n);
+    for (int64_t j = 0; j < n; j++)
+        r[2 * n + j] = -INFINITY;
+    r[7] = 300.0f;
+    assert_int_equal(cudaMemcpy(dr, r, sizeof(*r) * m * n, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    assert_int_equal(dsq_cpu_softmax(r, m, n), DSQ_OK);
+    assert_int_equal(dsq_cuda_softmax(dr, m, n), DSQ_OK);
+    dev_get(rg, dr, sizeof(*rg) * m * n);
+    report("softmax", max_diff(r, rg, m * n), 1e-6);
+    cudaFree(da); cudaFree(db); cudaFree(dr);
+    free(a); free(b); free(r); free(rg);
+}
+
+/* ------------------------------------------------- kv_write + attention */
+
+typedef struct acase {
+    dsq_kv_dtype_t dt;
+    int bs, n_kv, G, D;
+} acase_t;
+
+static void kv_case(const acase_t *c)
+{
+    enum { NS = 4, MAXL = 70 };
+    const int len[NS] = {1, 13, 37, 70};
+    const int bs = c->bs, n_kv = c->n_kv, D = c->D, G = c->G;
+    const int row = n_kv * D, n_heads = n_kv * G, qrow = n_heads * D;
+    const int max_blocks = MAXL / bs + 2;
+    const int n_groups = dsq_kv_n_groups(D);
+    int64_t nb = 2;
+    for (int s = 0; s < NS; s++)
+        nb += (len[s] + bs - 1) / bs;
+    int32_t *pool = malloc(sizeof(*pool) * nb);
+    for (int64_t i = 0; i < nb; i++)
+        pool[i] = (int32_t)i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        int32_t t = pool[i];
+        pool[i] = pool[j];
+        pool[j] = t;
+    }
+    int32_t *bt = malloc(sizeof(*bt) * NS * max_blocks);
+    int64_t next = 0;
+    for (int s = 0; s < NS; s++)
+        for (int b = 0; b < max_blocks; b++)
+            bt[s * max_blocks + b] = b * bs < len[s] ? pool[next++] : -1;
+    int64_t T = 0;
+    for (int s = 0; s < NS; s++)
+        T += len[s];
+    float *K = malloc(sizeof(*K) * T * row), *V = malloc(sizeof(*V) * T * row);
+    int32_t *slot = malloc(sizeof(*slot) * T);
+    int64_t t = 0;
+    for (int s = 0; s < NS; s++)
+        for (int p = 0; p < len[s]; p++, t++)
+            slot[t] = bt[s * max_blocks + p / bs] * bs + p % bs;
+    for (int64_t i = 0; i < T * row; i++) {
+        K[i] = frand(1.5f);
+        V[i] = frand(1.0f);
+    }
+    /* host cache via the CPU op */
+    const size_t es = c->dt == DSQ_KV_F16 ? 2 : 1;
+    const size_t n_el = (size_t)nb * bs * row, n_sc = (size_t)nb * bs * n_kv * n_groups;
+    dsq_kv_layer_t hk = { .dtype = c->dt, .block_size = bs, .n_kv_heads = n_kv,
+                          .head_dim = D, .n_blocks = nb };
+    hk.k = calloc(n_el, es);
+    hk.v = calloc(n_el, es);
+    if (c->dt == DSQ_KV_INT8) {
+        hk.k_scale = calloc(n_sc, 2); hk.k_zero = calloc(n_sc, 2);
+        hk.v_scale = calloc(n_sc, 2); hk.v_zero = calloc(n_sc, 2);
+    }
+    assert_int_equal(dsq_cpu_kv_write(&hk, K, V, slot, T), DSQ_OK);
+    /* device cache via the CUDA op, from zeroed storage */
+    dsq_kv_layer_t dk = hk;
+    void *zero = calloc(n_el, es);
+    dk.k = dev_dup(zero, n_el * es);
+    dk.v = dev_dup(zero, n_el * es);
+    if (c->dt == DSQ_KV_INT8) {
+        dk.k_scale = dev_dup(zero, n_sc * 2); dk.k_zero = dev_dup(zero, n_sc * 2);
+        dk.v_scale = dev_dup(zero, n_sc * 2); dk.v_zero = dev_dup(zero, n_sc * 2);
+    }
+    float *dK = dev_dup(K, sizeof(*K) * T * row), *dV = dev_dup(V, sizeof(*V) * T * row);
+    int32_t *dslot = dev_dup(slot, sizeof(*slot) * T);
+    assert_int_equal(dsq_cuda_kv_write(&dk, dK, dV, dslot, T), DSQ_OK);
+    /* compare the stored bytes */
+    uint8_t *got = malloc(n_el * es);
+    int64_t bad = 0, off_by_one = 0;
+    for (int kvsel = 0; kvsel < 2; kvsel++) {
+        dev_get(got, kvsel ? dk.v : dk.k, n_el * es);
+        const uint8_t *want = kvsel ? hk.v : hk.k;
+        if (c->dt == DSQ_KV_F16) {
+            bad += memcmp(got, want, n_el * es) != 0;
+        } else {
+            for (size_t i = 0; i < n_el; i++) {
+                int dq = abs((int)(int8_t)got[i] - (int)(int8_t)want[i]);
+                off_by_one += dq == 1;
+                bad += dq > 1;
+            }
+        }
+    }
+    if (c->dt == DSQ_KV_INT8) {
+        uint16_t *sc = malloc(n_sc * 2);
+        uint16_t *hs[4] = {hk.k_scale, hk.k_zero, hk.v_scale, hk.v_zero};
+        uint16_t *ds[4] = {dk.k_scale, dk.k_zero, dk.v_scale, dk.v_zero};
+        for (int i = 0; i < 4; i++) {
+            dev_get(sc, ds[i], n_sc * 2);
+            bad += memcmp(sc, hs[i], n_sc * 2) != 0;
+        }
+        free(sc);
+    }
+    printf("# kv_write %s bs=%d D=%d: mismatches=%lld int8 q off by one=%lld\n",
+           c->dt == DSQ_KV_F16 ? "f16" : "int8", bs, D, (long long)bad,
+           (long long)off_by_one);
+    assert_int_equal(bad, 0);
+
+    /* attention on identical caches: upload the CPU-written one */
+    assert_int_equal(cudaMemcpy(dk.k, hk.k, n_el * es, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dk.v, hk.v, n_el * es, cudaMemcpyHostToDevice), cudaSuccess);
+    if (c->dt == DSQ_KV_INT8) {
+        cudaMemcpy(dk.k_scale, hk.k_scale, n_sc * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dk.k_zero, hk.k_zero, n_sc * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dk.v_scale, hk.v_scale, n_sc * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dk.v_zero, hk.v_zero, n_sc * 2, cudaMemcpyHostToDevice);
+    }
+    enum { M = 20 };
+    int32_t rseq[M], rpos[M];
+    rseq[0] = 3; rpos[0] = 69;
+    for (int i = 0; i < 17; i++) {
+        rseq[1 + i] = 2;
+        rpos[1 + i] = 20 + i;
+    }
+    rseq[18] = 0; rpos[18] = 0;
+    rseq[19] = 1; rpos[19] = 12;
+    float *q = malloc(sizeof(*q) * M * qrow);
+    float *o = malloc(sizeof(*o) * M * qrow), *og = malloc(sizeof(*og) * M * qrow);
+    for (int64_t i = 0; i < (int64_t)M * qrow; i++)
+        q[i] = frand(1.0f);
+    const float scale = 1.0f / sqrtf((float)D);
+    float *dq = dev_dup(q, sizeof(*q) * M * qrow), *dout = dev_poison(sizeof(*o) * M * qrow);
+    int32_t *drs = dev_dup(rseq, sizeof(rseq)), *drp = dev_dup(rpos, sizeof(rpos));
+    int32_t *dbt = dev_dup(bt, sizeof(*bt) * NS * max_blocks);
+    assert_int_equal(dsq_cpu_attention(o, q, M, n_heads, &hk, rseq, rpos, bt,
+                                       max_blocks, scale), DSQ_OK);
+    assert_int_equal(dsq_cuda_attention(dout, dq, M, n_heads, &dk, drs, drp, dbt,
+                                        max_blocks, scale), DSQ_OK);
+    dev_get(og, dout, sizeof(*og) * M * qrow);
+    char what[96];
+    snprintf(what, sizeof(what), "attention %s bs=%d G=%d D=%d",
+             c->dt == DSQ_KV_F16 ? "f16" : "int8", bs, G, D);
+    report(what, max_diff(o, og, (int64_t)M * qrow), 2e-5);
+
+    cudaFree(dq); cudaFree(dout); cudaFree(drs); cudaFree(drp); cudaFree(dbt);
+    cudaFree(dK); cudaFree(dV); cudaFree(dslot);
+    cudaFree(dk.k); cudaFree(dk.v);
+    cudaFree(dk.k_scale); cudaFree(dk.k_zero); cudaFree(dk.v_scale); cudaFree(dk.v_zero);
+    free(hk.k); free(hk.v);
+    free(hk.k_scale); free(hk.k_zero); free(hk.v_scale); free(hk.v_zero);
+    free(zero); free(got); free(q); free(o); free(og);
+    free(K); free(V); free(slot); free(bt); free(pool);
+}
+
+static void test_kv_attention(void **state)
+{
+    (void)state;
+    const acase_t cases[] = {
+        {DSQ_KV_F16, 16, 2, 1, 64},
+        {DSQ_KV_F16, 4, 2, 4, 128},
+        {DSQ_KV_F16, 16, 1, 16, 576},     /* MLA-like wide head */
+        {DSQ_KV_INT8, 4, 2, 3, 64},
+        {DSQ_KV_INT8, 16, 2, 4, 128},
+        {DSQ_KV_INT8, 16, 3, 1, 40},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        kv_case(&cases[i]);
+}
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        const char *req = getenv("DSQ_REQUIRE_GPU");
+        if (req && strcmp(req, "1") == 0) {
+            printf("1..1\nnot ok 1 - no CUDA device but DSQ_REQUIRE_GPU=1\n");
+            return 1;
+        }
+        printf("1..0 # SKIP no CUDA device\n");
+        return 0;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_kv_attention),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,411 @@
+/* tests for kernels/cpu/kv_write.c and kernels/cpu/attention.c.
+ *
+ * kv_write: fp16 bits against the compiler's _Float16 conversion (round to
+ * nearest even), INT8 against the documented bound |v - v'| <= s/2 with s
+ * recomputed here from the group's min/max, slot validation.
+ * attention: several sequences of different lengths in one call, sharing a
+ * shuffled block pool (block_size 16 and 4), GQA ratios 1, 3, 4, a prefill
+ * chunk crossing block boundaries mixed with decode rows, FP16 and INT8 KV.
+ * Two FP64 references: (a) on the values the cache holds (decoded here from
+ * the stored bits with the format's formula): tolerance 2e-5; (b) on the
+ * original fp32 K/V: a bound derived from the quantisation step. With
+ * per-element K error eps_k and V error eps_v, each score moves by at most
+ * D = scale * sum|q_d| * eps_k, so the softmax weights move by at most a
+ * factor e^(2D) and |out' - out| <= eps_v + (e^(2D) - 1) * max|v|.
+ * Also the scalar and the AVX2 paths must agree to 1e-5, and rows run one
+ * at a time (which splits heads across threads) must match the batch. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels.h"
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float frand(float a) { return (float)((urand() * 2.0 - 1.0) * a); }
+
+static double h2d(uint16_t b)
+{
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return (double)h;
+}
+static uint16_t d2h(float f)
+{
+    _Float16 h = (_Float16)f;
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+
+/* A KV layer with its own storage. */
+typedef struct kvbuf {
+    dsq_kv_layer_t l;
+    int n_groups;
+    size_t n_elem, n_sc;
+} kvbuf_t;
+
+static void kv_alloc(kvbuf_t *b, dsq_kv_dtype_t dt, int bs, int n_kv, int D,
+                     int64_t n_blocks)
+{
+    memset(b, 0, sizeof(*b));
+    b->n_groups = (D % 64 == 0) ? D / 64 : 1;
+    assert_int_equal(dsq_kv_n_groups(D), b->n_groups);
+    b->n_elem = (size_t)n_blocks * bs * n_kv * D;
+    b->n_sc = (size_t)n_blocks * bs * n_kv * b->n_groups;
+    size_t es = dt == DSQ_KV_F16 ? 2 : 1;
+    b->l = (dsq_kv_layer_t){ .dtype = dt, .block_size = bs, .n_kv_heads = n_kv,
+                             .head_dim = D, .n_blocks = n_blocks };
+    b->l.k = calloc(b->n_elem, es);
+    b->l.v = calloc(b->n_elem, es);
+    if (dt == DSQ_KV_INT8) {
+        b->l.k_scale = calloc(b->n_sc, 2);
+        b->l.k_zero = calloc(b->n_sc, 2);
+        b->l.v_scale = calloc(b->n_sc, 2);
+        b->l.v_zero = calloc(b->n_sc, 2);
+    }
+}
+
+static void kv_free(kvbuf_t *b)
+{
+    free(b->l.k); free(b->l.v);
+    free(b->l.k_scale); free(b->l.k_zero); free(b->l.v_scale); free(b->l.v_zero);
+}
+
+/* Value the cache holds for (slot t, head h, dim d), decoded independently. */
+static double kv_get(const kvbuf_t *b, int is_v, int64_t t, int h, int d)
+{
+    const dsq_kv_layer_t *l = &b->l;
+    int64_t e = (t * l->n_kv_heads + h) * l->head_dim + d;
+    const void *base = is_v ? l->v : l->k;
+    if (l->dtype == DSQ_KV_F16)
+        return h2d(((const uint16_t *)base)[e]);
+    int gs = l->head_dim / b->n_groups;
+    int64_t g = (t * l->n_kv_heads + h) * b->n_groups + d / gs;
+    double s = h2d((is_v ? l->v_scale : l->k_scale)[g]);
+    double z = h2d((is_v ? l->v_zero : l->k_zero)[g]);
+    return (((const int8_t *)base)[e] - z) * s;
+}
+
+/* Quantisation error bound of one element, from its group's original data:
+ * fp16 rounding for F16; s/2 for INT8 with s recomputed from min/max. */
+static double elem_bound(dsq_kv_dtype_t dt, const float *grp, int n, float v)
+{
+    if (dt == DSQ_KV_F16)
+        return fabs(v) * (1.0 / 2048) + 6e-8;
+    double lo = grp[0], hi = grp[0];
+    for (int i = 1; i < n; i++) {
+        lo = fmin(lo, grp[i]);
+        hi = fmax(hi, grp[i]);
+    }
+    double amax = fmax(fabs(lo), fabs(hi));
+    double s = fmax((hi - lo) / 254.0, amax / 1000.0);
+    return 0.5 * s * (1.0 + 1.0 / 512) + amax * 1e-6;
+}
+
+/* ------------------------------------------------------------ kv_write */
+
+static void test_kv_write_f16(void **state)
+{
+    (void)state;
+    const int bs = 4, n_kv = 3, D = 40, row = n_kv * D;
+    const int64_t nb = 5, m = 9;
+    static const char *isas[] = {"scalar", NULL};
+    isas[1] = dsq_cpu_isa();
+    float *k = malloc(sizeof(*k) * m * row), *v = malloc(sizeof(*v) * m * row);
+    for (int64_t i = 0; i < m * row; i++) {
+        k[i] = frand(4.0f);
+        v[i] = frand(1e-5f);           /* subnormal fp16 territory */
+    }
+    const float special[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, 1e9f,
+                             -1e9f, 6.1035156e-05f, 5.9604645e-08f, 2.9e-08f,
+                             3.0e-08f, 1.0009765625f, 1.00146484375f, 0.33333334f};
+    memcpy(k, special, sizeof(special));
+    const int32_t slot[9] = {19, 0, 7, 3, 12, 4, 18, 9, 1};
+    for (int p = 0; p < 2; p++) {
+        assert_int_equal(dsq_cpu_force_isa(isas[p]), DSQ_OK);
+        kvbuf_t b;
+        kv_alloc(&b, DSQ_KV_F16, bs, n_kv, D, nb);
+        assert_int_equal(dsq_cpu_kv_write(&b.l, k, v, slot, m), DSQ_OK);
+        int bad = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int j = 0; j < row; j++) {
+                bad += ((uint16_t *)b.l.k)[slot[i] * row + j] != d2h(k[i * row + j]);
+                bad += ((uint16_t *)b.l.v)[slot[i] * row + j] != d2h(v[i * row + j]);
+            }
+        printf("# kv_write f16 isa=%s mismatched_bits=%d\n", isas[p], bad);
+        assert_int_equal(bad, 0);
+        /* a bad slot anywhere: nothing is written */
+        memset(b.l.k, 0, b.n_elem * 2);
+        const int32_t bad_slot[2] = {0, 20};
+        assert_int_equal(dsq_cpu_kv_write(&b.l, k, v, bad_slot, 2), DSQ_ERANGE);
+        const int32_t neg_slot[1] = {-1};
+        assert_int_equal(dsq_cpu_kv_write(&b.l, k, v, neg_slot, 1), DSQ_ERANGE);
+        for (size_t i = 0; i < b.n_elem; i++)
+            assert_int_equal(((uint16_t *)b.l.k)[i], 0);
+        kv_free(&b);
+    }
+    assert_int_equal(dsq_cpu_force_isa(isas[1]), DSQ_OK);
+    free(k); free(v);
+}
+
+static void test_kv_write_int8(void **state)
+{
+    (void)state;
+    const int bs = 16;
+    const int dims[3] = {128, 64, 40};     /* 2 groups, 1 group, 1 odd group */
+    for (int c = 0; c < 3; c++) {
+        const int D = dims[c], n_kv = 2, row = n_kv * D;
+        const int64_t m = 6;
+        kvbuf_t b;
+        kv_alloc(&b, DSQ_KV_INT8, bs, n_kv, D, 2);
+        float *k = malloc(sizeof(*k) * m * row), *v = malloc(sizeof(*v) * m * row);
+        for (int64_t i = 0; i < m * row; i++) {
+            k[i] = frand(3.0f);
+            v[i] = frand(0.5f);
+        }
+        for (int j = 0; j < D; j++) {
+            k[j] = 0.0f;                          /* all-zero group     */
+            k[row + j] = 100.0f + (float)urand() * 0.5f; /* far from 0  */
+            v[j] = -7.0f + (float)urand() * 1e-3f;
+        }
+        k[2 * row + 3] = 50.0f;                   /* an outlier        */
+        const int32_t slot[6] = {31, 2, 17, 0, 16, 15};
+        assert_int_equal(dsq_cpu_kv_write(&b.l, k, v, slot, m), DSQ_OK);
+        const int gs = D / b.n_groups;
+        double err = 0, worst = 0;
+        for (int is_v = 0; is_v < 2; is_v++)
+            for (int64_t i = 0; i < m; i++)
+                for (int h = 0; h < n_kv; h++)
+                    for (int d = 0; d < D; d++) {
+                        const float *src = (is_v ? v : k) + i * row + h * D;
+                        const float *grp = src + (d / gs) * gs;
+                        double e = fabs(kv_get(&b, is_v, slot[i], h, d) - src[d]);
+                        double bnd = elem_bound(DSQ_KV_INT8, grp, gs, src[d]);
+                        err = fmax(err, e);
+                        worst = fmax(worst, e / bnd);
+                    }
+        printf("# kv_write int8 D=%-3d max_abs_err=%.3e max err/bound=%.3f (<= 1)\n",
+               D, err, worst);
+        assert_true(worst <= 1.0);
+        for (int d = 0; d < D; d++)
+            assert_true(kv_get(&b, 0, 31, 0, d) == 0.0);
+        kv_free(&b);
+        free(k); free(v);
+    }
+}
+
+/* ----------------------------------------------------------- attention */
+
+typedef struct acase {
+    dsq_kv_dtype_t dt;
+    int bs, n_kv, G, D;
+} acase_t;
+
+static void run_case(const acase_t *c)
+{
+    enum { NS = 4 };
+    const int len[NS] = {1, 13, 37, 70};
+    const int n_kv = c->n_kv, D = c->D, bs = c->bs, G = c->G;
+    const int n_heads = n_kv * G, row = n_kv * D, qrow = n_heads * D;
+    const int max_blocks = 70 / bs + 2;
+    int64_t nb = 3;
+    for (int s = 0; s < NS; s++)
+        nb += (len[s] + bs - 1) / bs;
+    /* shuffled pool */
+    int32_t *pool = malloc(sizeof(*pool) * nb);
+    for (int64_t i = 0; i < nb; i++)
+        pool[i] = (int32_t)i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        int32_t t = pool[i];
+        pool[i] = pool[j];
+        pool[j] = t;
+    }
+    int32_t *bt = malloc(sizeof(*bt) * NS * max_blocks);
+    int64_t next = 0;
+    for (int s = 0; s < NS; s++)
+        for (int b = 0; b < max_blocks; b++)
+            bt[s * max_blocks + b] = b * bs < len[s] ? pool[next++] : -1;
+
+    kvbuf_t kb;
+    kv_alloc(&kb, c->dt, bs, n_kv, D, nb);
+    /* original K/V [NS][70][row], written in two calls */
+    float *K = malloc(sizeof(*K) * NS * 70 * row), *V = malloc(sizeof(*V) * NS * 70 * row);
+    for (int64_t i = 0; i < (int64_t)NS * 70 * row; i++) {
+        K[i] = frand(1.5f);
+        V[i] = frand(1.0f);
+    }
+    for (int s = 0; s < NS; s++) {
+        int32_t *slot = malloc(sizeof(*slot) * len[s]);
+        for (int p = 0; p < len[s]; p++)
+            slot[p] = bt[s * max_blocks + p / bs] * bs + p % bs;
+        int half = len[s] / 2;
+        const float *ks = K + (int64_t)s * 70 * row, *vs = V + (int64_t)s * 70 * row;
+        assert_int_equal(dsq_cpu_kv_write(&kb.l, ks, vs, slot, half), DSQ_OK);
+        assert_int_equal(dsq_cpu_kv_write(&kb.l, ks + half * row, vs + half * row,
+                                          slot + half, len[s] - half), DSQ_OK);
+        free(slot);
+    }
+
+    /* rows: decode seq 3, prefill chunk of seq 2 (positions 20..36),
+     * decode seq 0 and seq 1 */
+    enum { M = 20 };
+    int32_t rseq[M], rpos[M];
+    rseq[0] = 3; rpos[0] = 69;
+    for (int i = 0; i < 17; i++) {
+        rseq[1 + i] = 2;
+        rpos[1 + i] = 20 + i;
+    }
+    rseq[18] = 0; rpos[18] = 0;
+    rseq[19] = 1; rpos[19] = 12;
+    float *q = malloc(sizeof(*q) * M * qrow), *out = malloc(sizeof(*out) * M * qrow);
+    float *out_s = malloc(sizeof(*out_s) * M * qrow);
+    for (int64_t i = 0; i < (int64_t)M * qrow; i++) {
+        q[i] = frand(1.0f);
+        out[i] = NAN;
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    assert_int_equal(dsq_cpu_attention(out, q, M, n_heads, &kb.l, rseq, rpos, bt,
+                                       max_blocks, scale), DSQ_OK);
+    const char *isa = dsq_cpu_isa();
+    assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
+    assert_int_equal(dsq_cpu_attention(out_s, q, M, n_heads, &kb.l, rseq, rpos, bt,
+                                       max_blocks, scale), DSQ_OK);
+    assert_int_equal(dsq_cpu_force_isa(isa), DSQ_OK);
+
+    /* global per-element quantisation bounds of K and V */
+    const int gs = c->dt == DSQ_KV_INT8 ? D / kb.n_groups : 1;
+    double eps_k = 0, eps_v = 0, vmax = 0;
+    for (int s = 0; s < NS; s++)
+        for (int p = 0; p < len[s]; p++)
+            for (int j = 0; j < row; j++) {
+                int64_t e = ((int64_t)s * 70 + p) * row + j;
+                int64_t g0 = ((int64_t)s * 70 + p) * row + (j / D) * D + ((j % D) / gs) * gs;
+                eps_k = fmax(eps_k, elem_bound(c->dt, K + g0, gs, K[e]));
+                eps_v = fmax(eps_v, elem_bound(c->dt, V + g0, gs, V[e]));
+                vmax = fmax(vmax, fabs(V[e]));
+            }
+
+    double err_held = 0, err_orig = 0, ratio = 0, err_isa = 0;
+    double *sc = malloc(sizeof(*sc) * 70), *sc2 = malloc(sizeof(*sc2) * 70);
+    for (int i = 0; i < M; i++)
+        for (int h = 0; h < n_heads; h++) {
+            const int kh = h / G, s = rseq[i], P = rpos[i];
+            const float *qh = q + (int64_t)i * qrow + h * D;
+            double mx = -INFINITY, mx2 = -INFINITY, qabs = 0;
+            for (int d = 0; d < D; d++)
+                qabs += fabs(qh[d]);
+            for (int p = 0; p <= P; p++) {
+                int64_t t = (int64_t)bt[s * max_blocks + p / bs] * bs + p % bs;
+                const float *kp = K + ((int64_t)s * 70 + p) * row + kh * D;
+                double a = 0, a2 = 0;
+                for (int d = 0; d < D; d++) {
+                    a += qh[d] * kv_get(&kb, 0, t, kh, d);
+                    a2 += (double)qh[d] * kp[d];
+                }
+                sc[p] = a * scale;
+                sc2[p] = a2 * scale;
+                mx = fmax(mx, sc[p]);
+                mx2 = fmax(mx2, sc2[p]);
+            }
+            double l = 0, l2 = 0;
+            for (int p = 0; p <= P; p++) {
+                sc[p] = exp(sc[p] - mx);
+                sc2[p] = exp(sc2[p] - mx2);
+                l += sc[p];
+                l2 += sc2[p];
+            }
+            double bound = eps_v + (exp(2.0 * scale * qabs * eps_k) - 1.0) * vmax + 1e-5;
+            for (int d = 0; d < D; d++) {
+                double w = 0, w2 = 0;
+                for (int p = 0; p <= P; p++) {
+                    int64_t t = (int64_t)bt[s * max_blocks + p / bs] * bs + p % bs;
+                    w += sc[p] * kv_get(&kb, 1, t, kh, d);
+                    w2 += sc2[p] * V[((int64_t)s * 70 + p) * row + kh * D + d];
+                }
+                double got = out[(int64_t)i * qrow + h * D + d];
+                double gs_ = out_s[(int64_t)i * qrow + h * D + d];
+                err_held = fmax(err_held, fabs(got - w / l));
+                double eo = fabs(got - w2 / l2);
+                err_orig = fmax(err_orig, eo);
+                ratio = fmax(ratio, eo / bound);
+                err_isa = fmax(err_isa, fabs(got - gs_));
+            }
+        }
+    printf("# attn %s bs=%-2d G=%d D=%-3d held-KV err=%.2e (tol 2e-5) "
+           "orig-KV err=%.2e (err/bound %.3f <= 1) %s-vs-scalar %.2e (tol 1e-5)\n",
+           c->dt == DSQ_KV_F16 ? "f16 " : "int8", bs, G, D, err_held, err_orig,
+           ratio, isa, err_isa);
+    assert_true(err_held <= 2e-5);
+    assert_true(ratio <= 1.0);
+    assert_true(err_isa <= 1e-5);
+
+    /* one row at a time (few tasks: the op splits a kv head's query heads
+     * into chunks across threads) must give the same numbers */
+    double err_row = 0;
+    float *o1 = malloc(sizeof(*o1) * qrow);
+    for (int i = 0; i < M; i++) {
+        assert_int_equal(dsq_cpu_attention(o1, q + (int64_t)i * qrow, 1, n_heads, &kb.l,
+                                           rseq + i, rpos + i, bt, max_blocks, scale),
+                         DSQ_OK);
+        for (int j = 0; j < qrow; j++)
+            err_row = fmax(err_row, fabs(o1[j] - out[(int64_t)i * qrow + j]));
+    }
+    free(o1);
+    printf("# attn single-row vs batched max_abs_diff=%.2e (tol 1e-6)\n", err_row);
+    assert_true(err_row <= 1e-6);
+
+    /* errors: position past the table, unmapped block, bad GQA ratio */
+    int32_t p_bad = max_blocks * bs;
+    assert_int_equal(dsq_cpu_attention(out, q, 1, n_heads, &kb.l, rseq, &p_bad, bt,
+                                       max_blocks, scale), DSQ_ERANGE);
+    int32_t s0 = 0, p_unmapped = bs;   /* seq 0 has one block only */
+    assert_int_equal(dsq_cpu_attention(out, q, 1, n_heads, &kb.l, &s0, &p_unmapped,
+                                       bt, max_blocks, scale), DSQ_ERANGE);
+    if (n_kv > 1)
+        assert_int_equal(dsq_cpu_attention(out, q, 1, n_kv + 1, &kb.l, rseq, rpos, bt,
+                                           max_blocks, scale), DSQ_EINVAL);
+
+    free(sc); free(sc2); free(q); free(out); free(out_s);
+    free(K); free(V); free(bt); free(pool);
+    kv_free(&kb);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    const acase_t cases[] = {
+        {DSQ_KV_F16, 16, 2, 1, 64},
+        {DSQ_KV_F16, 4, 2, 4, 64},
+        {DSQ_KV_F16, 4, 1, 3, 40},
+        {DSQ_KV_INT8, 4, 2, 3, 64},
+        {DSQ_KV_INT8, 16, 2, 4, 128},
+        {DSQ_KV_INT8, 16, 3, 1, 40},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_case(&cases[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_write_f16),
+        cmocka_unit_test(test_kv_write_int8),
+        cmocka_unit_test(test_attention),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,372 @@
+/* tests for kernels/cpu/matmul.c (+ the AVX2 / AVX-512 tile kernels).
+ *
+ * Weights of every format are built here from random integers / floats and
+ * dequantised by this file's own reading of the layouts in kernels.h; the
+ * reference is y = W·x (+ bias) in FP64. Tolerances:
+ *   quantised formats (INT4, Q8_0, INT8): the kernels quantise x to int8 per
+ *     32-block, d = amax/127, so |x - x^| <= amax/254 per element and
+ *     |y - y_ref| <= sum_blocks amax_b/254 * sum_{j in b} |w_j| (exactly the
+ *     activation-rounding error), plus fp32 summation error;
+ *   fp32 summation error, every format: 2*(k+nb)*u * mag, u = 2^-24, where
+ *     mag = sum of the magnitudes of all terms summed (|w||x|; for INT4 the
+ *     scale and zero-point terms separately), the standard bound for any
+ *     summation order (Higham, Accuracy and Stability, ch. 4).
+ * Every ISA level the CPU has (forced with dsq_cpu_force_isa) is compared
+ * with the FP64 reference and with the scalar path. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "gguf.h"
+#include "kernels.h"
+#include "quant.h"
+#include "tensor.h"
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint32_t rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33);
+}
+static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+
+typedef struct built {
+    dsq_weight_t w;
+    void *data;
+    uint16_t *scales, *zeros;
+    float *bias;
+    double *wref;     /* [n][k] dequantised, FP64 */
+    double *wmag;     /* [n][k] magnitude of the terms that make w */
+} built_t;
+
+static void free_built(built_t *b)
+{
+    free(b->data); free(b->scales); free(b->zeros); free(b->bias);
+    free(b->wref); free(b->wmag);
+}
+
+static built_t build(dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int64_t n, int64_t k, int bias)
+{
+    built_t b;
+    memset(&b, 0, sizeof(b));
+    b.w.format = f;
+    b.w.n = n;
+    b.w.k = k;
+    b.wref = calloc((size_t)(n * k), sizeof(double));
+    b.wmag = calloc((size_t)(n * k), sizeof(double));
+    const int64_t kp = (k + 31) / 32 * 32;
+    switch (f) {
+    case DSQ_WFMT_F32: {
+        float *d = malloc((size_t)(n * k) * 4);
+        for (int64_t i = 0; i < n * k; i++) {
+            d[i] = rndf(-0.5f, 0.5f);
+            b.wref[i] = d[i];
+        }
+        b.data = d;
+        break;
+    }
+    case DSQ_WFMT_F16: case DSQ_WFMT_BF16: {
+        uint16_t *d = malloc((size_t)(n * k) * 2);
+        for (int64_t i = 0; i < n * k; i++) {
+            float v = rndf(-0.5f, 0.5f);
+            d[i] = f == DSQ_WFMT_F16 ? dsq_fp32_to_fp16(v) : dsq_fp32_to_bf16(v);
+            b.wref[i] = f == DSQ_WFMT_F16 ? dsq_fp16_to_fp32(d[i]) : dsq_bf16_to_fp32(d[i]);
+        }
+        b.data = d;
+        break;
+    }
+    case DSQ_WFMT_Q8_0: {
+        b.w.group_size = 32;
+        uint8_t *d = malloc((size_t)(n * k / 32 * 34));
+        for (int64_t blk = 0; blk < n * k / 32; blk++) {
+            uint16_t h = dsq_fp32_to_fp16(rndf(0.0005f, 0.01f));
+            d[blk * 34] = (uint8_t)h;
+            d[blk * 34 + 1] = (uint8_t)(h >> 8);
+            for (int j = 0; j < 32; j++) {
+                int8_t q = (int8_t)(rnd() % 256);   /* includes -128 */
+                d[blk * 34 + 2 + j] = (uint8_t)q;
+                b.wref[blk * 32 + j] = (double)q * dsq_fp16_to_fp32(h);
+            }
+        }
+        b.data = d;
+        break;
+    }
+    case DSQ_WFMT_INT8: {
+        int8_t *d = malloc((size_t)(n * k));
+        b.scales = malloc((size_t)n * 2);
+        for (int64_t r = 0; r < n; r++) {
+            b.scales[r] = dsq_fp32_to_fp16(rndf(0.001f, 0.01f));
+            for (int64_t j = 0; j < k; j++) {
+                d[r * k + j] = (int8_t)((int)(rnd() % 255) - 127);
+                b.wref[r * k + j] = (double)d[r * k + j] * dsq_fp16_to_fp32(b.scales[r]);
+            }
+        }
+        b.data = d;
+        break;
+    }
+    case DSQ_WFMT_INT4: {
+        b.w.group_size = gs;
+        b.w.zp_mode = zp;
+        const int64_t G = (k + gs - 1) / gs;
+        uint8_t *d = calloc((size_t)(n * kp / 2), 1);
+        b.scales = malloc((size_t)(n * G) * 2);
+        if (zp != DSQ_ZP_SYM)
+            b.zeros = malloc((size_t)(n * G) * 2);
+        for (int64_t i = 0; i < n * G; i++) {
+            b.scales[i] = dsq_fp32_to_fp16(rndf(0.002f, 0.05f));
+            if (zp == DSQ_ZP_INT)
+                b.zeros[i] = dsq_fp32_to_fp16((float)(rnd() % 16));
+            else if (zp == DSQ_ZP_MIN)
+                b.zeros[i] = dsq_fp32_to_fp16(rndf(-0.3f, 0.1f));
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < k; j++) {
+                unsigned q = rnd() % 16;
+                uint8_t *p = d + r * kp / 2 + (j / 32) * 16 + (j % 16);
+                *p |= (uint8_t)(j % 32 < 16 ? q : q << 4);
+                double s = dsq_fp16_to_fp32(b.scales[r * G + j / gs]);
+                double z = b.zeros ? dsq_fp16_to_fp32(b.zeros[r * G + j / gs]) : 0.0;
+                double v = zp == DSQ_ZP_SYM ? ((double)q - 8) * s
+                         : zp == DSQ_ZP_INT ? ((double)q - z) * s : (double)q * s + z;
+                b.wref[r * k + j] = v;
+                b.wmag[r * k + j] = zp == DSQ_ZP_SYM ? (q + 8.0) * s
+                                  : zp == DSQ_ZP_INT ? (q + z) * s : q * s + fabs(z);
+            }
+        b.data = d;
+        break;
+    }
+    }
+    for (int64_t i = 0; i < n * k; i++)
+        if (b.wmag[i] == 0.0)
+            b.wmag[i] = fabs(b.wref[i]);
+    if (bias) {
+        b.bias = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++)
+            b.bias[i] = rndf(-1, 1);
+    }
+    b.w.data = b.data;
+    b.w.scales = b.scales;
+    b.w.zeros = b.zeros;
+    b.w.bias = b.bias;
+    return b;
+}
+
+static const char *isas[3] = {"scalar", "avx2", "avx512"};
+static int n_isa_run;
+
+/* Runs all ISA levels for one weight and m; returns max abs error vs FP64. */
+static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
+{
+    const int64_t n = b->w.n, k = b->w.k, nb = (k + 31) / 32;
+    const bool quant = b->w.format == DSQ_WFMT_INT4 || b->w.format == DSQ_WFMT_Q8_0 ||
+                       b->w.format == DSQ_WFMT_INT8;
+    float *x = malloc((size_t)(m * k) * 4);
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = rndf(-1, 1) * (i % 17 == 0 ? 4.0f : 1.0f);
+    float *y = malloc((size_t)(m * n) * 4), *ys = malloc((size_t)(m * n) * 4);
+    double *ref = malloc((size_t)(m * n) * 8), *tol = malloc((size_t)(m * n) * 8);
+    double *tolfp = malloc((size_t)(m * n) * 8);
+    const double u = ldexp(1.0, -24);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < n; c++) {
+            double acc = b->bias ? b->bias[c] : 0.0, qe = 0.0, mag = b->bias ? fabs(b->bias[c]) : 0.0;
+            for (int64_t blk = 0; blk < nb; blk++) {
+                double amax = 0.0, sw = 0.0;
+                for (int64_t j = blk * 32; j < k && j < blk * 32 + 32; j++) {
+                    amax = fmax(amax, fabs(x[r * k + j]));
+                    sw += fabs(b->wref[c * k + j]);
+                    acc += b->wref[c * k + j] * x[r * k + j];
+                    mag += b->wmag[c * k + j] * fabs(x[r * k + j]);
+                }
+                qe += amax / 254.0 * sw;
+            }
+            ref[r * n + c] = acc;
+            tolfp[r * n + c] = 2.0 * (double)(k + nb + 2) * u * mag * 1.01 + 1e-7;
+            tol[r * n + c] = (quant ? qe * (1.0 + 1e-5) : 0.0) + tolfp[r * n + c];
+        }
+    for (int i = 0; i < 3; i++) {
+        if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
+            continue;
+        n_isa_run = i + 1 > n_isa_run ? i + 1 : n_isa_run;
+        memset(y, 0xff, (size_t)(m * n) * 4);
+        assert_int_equal(dsq_cpu_matmul(y, x, m, &b->w), DSQ_OK);
+        if (i == 0)
+            memcpy(ys, y, (size_t)(m * n) * 4);
+        for (int64_t e = 0; e < m * n; e++) {
+            double err = fabs((double)y[e] - ref[e]);
+            if (!(err <= tol[e]))
+                fail_msg("fmt %d zp %d gs %d k %lld n %lld m %lld isa %s: y[%lld]=%.9g ref %.9g err %.3g > tol %.3g",
+                         b->w.format, b->w.zp_mode, b->w.group_size, (long long)k, (long long)n,
+                         (long long)m, isas[i], (long long)e, y[e], ref[e], err, tol[e]);
+            /* fast path vs scalar: same integer dots, only fp32 order differs */
+            double ds = fabs((double)y[e] - (double)ys[e]);
+            if (!(ds <= 2.0 * tolfp[e]))
+                fail_msg("isa %s vs scalar: fmt %d m %lld e %lld: %.9g vs %.9g (tol %.3g)", isas[i],
+                         b->w.format, (long long)m, (long long)e, y[e], ys[e], 2.0 * tolfp[e]);
+            *max_abs = fmax(*max_abs, err);
+            *max_rel = fmax(*max_rel, err / tol[e]);
+        }
+    }
+    /* back to the best level the CPU has */
+    if (dsq_cpu_force_isa(isas[2]) != DSQ_OK)
+        dsq_cpu_force_isa(isas[1]);
+    free(x); free(y); free(ys); free(ref); free(tol); free(tolfp);
+}
+
+static const int64_t ms[] = {1, 2, 3, 8, 17, 64, 70};
+
+static void run_format(dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int64_t n, int64_t k, int bias)
+{
+    built_t b = build(f, zp, gs, n, k, bias);
+    double ma = 0.0, mr = 0.0;
+    for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+        check(&b, ms[i], &ma, &mr);
+    printf("# fmt %d zp %d gs %3d n %3lld k %3lld bias %d: max abs err %.3g, max err/tolerance %.3g\n",
+           f, zp, gs, (long long)n, (long long)k, bias, ma, mr);
+    free_built(&b);
+}
+
+static void test_int4(void **state)
+{
+    (void)state;
+    const int gsz[3] = {32, 64, 128};
+    for (int z = 0; z < 3; z++)
+        for (int g = 0; g < 3; g++) {
+            run_format(DSQ_WFMT_INT4, (dsq_zp_mode_t)z, gsz[g], 37, 172, z == 1);
+            run_format(DSQ_WFMT_INT4, (dsq_zp_mode_t)z, gsz[g], 24, 576, z != 1);
+        }
+}
+
+static void test_q8_0(void **state)
+{
+    (void)state;
+    run_format(DSQ_WFMT_Q8_0, 0, 32, 37, 576, 0);
+    run_format(DSQ_WFMT_Q8_0, 0, 32, 20, 96, 1);
+}
+
+static void test_int8(void **state)
+{
+    (void)state;
+    run_format(DSQ_WFMT_INT8, 0, 0, 37, 172, 1);
+    run_format(DSQ_WFMT_INT8, 0, 0, 16, 576, 0);
+}
+
+static void test_float(void **state)
+{
+    (void)state;
+    for (int f = DSQ_WFMT_F32; f <= DSQ_WFMT_BF16; f++) {
+        run_format((dsq_wformat_t)f, 0, 0, 37, 172, 1);
+        run_format((dsq_wformat_t)f, 0, 0, 19, 576, 0);
+    }
+    printf("# ISA levels tested: %d (best: %s)\n", n_isa_run, dsq_cpu_isa());
+}
+
+/* Real SmolLM2 tensors repacked by engine/quant.c (Q4_1 -> INT4 MIN, Q8_0
+ * tied embedding / lm_head, n = 49152): reference from the GGUF bytes. */
+static void test_real_model(void **state)
+{
+    (void)state;
+    const char *dir = getenv("DSQ_MODELS_DIR");
+    char path[1024], err[256] = "";
+    snprintf(path, sizeof(path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir ? dir : "models");
+    dsq_gguf_t *g = dsq_gguf_open(path, err, sizeof(err));
+    if (!g)
+        fail_msg("missing test model %s: %s", path, err);
+    const char *names[2] = {"blk.0.ffn_down.weight", "token_embd.weight"};
+    for (int t = 0; t < 2; t++) {
+        const dsq_tensor_t *ten = dsq_gguf_find_tensor(g, names[t]);
+        assert_non_null(ten);
+        built_t b;
+        memset(&b, 0, sizeof(b));
+        void *st = NULL;
+        assert_int_equal(dsq_quant_from_gguf(ten, &b.w, &st, err, sizeof(err)), DSQ_OK);
+        const int64_t n = b.w.n, k = b.w.k;
+        b.wref = malloc((size_t)(n * k) * sizeof(double));
+        b.wmag = malloc((size_t)(n * k) * sizeof(double));
+        const uint8_t *src = ten->data;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < k; j++) {
+                int64_t blk = r * (k / 32) + j / 32;
+                int e = (int)(j % 32);
+                if (ten->type == DSQ_TYPE_Q4_1) {
+                    const uint8_t *bb = src + blk * 20;
+                    double d = dsq_fp16_to_fp32((uint16_t)(bb[0] | (bb[1] << 8)));
+                    double mm = dsq_fp16_to_fp32((uint16_t)(bb[2] | (bb[3] << 8)));
+                    int q = e < 16 ? (bb[4 + e] & 15) : (bb[4 + e - 16] >> 4);
+                    b.wref[r * k + j] = q * d + mm;
+                    b.wmag[r * k + j] = q * fabs(d) + fabs(mm);
+                } else {
+                    assert_int_equal(ten->type, DSQ_TYPE_Q8_0);
+                    const uint8_t *bb = src + blk * 34;
+                    double d = dsq_fp16_to_fp32((uint16_t)(bb[0] | (bb[1] << 8)));
+                    b.wref[r * k + j] = (int8_t)bb[2 + e] * d;
+                    b.wmag[r * k + j] = fabs(b.wref[r * k + j]);
+                }
+            }
+        double ma = 0.0, mr = 0.0;
+        check(&b, 1, &ma, &mr);
+        check(&b, 3, &ma, &mr);
+        printf("# real %s (%s, n %lld k %lld): max abs err %.3g, max err/tolerance %.3g\n",
+               names[t], dsq_type_name(ten->type), (long long)n, (long long)k, ma, mr);
+        free(b.wref);
+        free(b.wmag);
+        free(st);
+    }
+    dsq_gguf_close(g);
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    /* same result (bitwise) with 1 and 2 threads: tiles are independent */
+    built_t b = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 100, 576, 1);
+    float x[3 * 576], y1[300], y2[300];
+    for (int i = 0; i < 3 * 576; i++) x[i] = rndf(-1, 1);
+    int t0 = dsq_cpu_get_threads();
+    assert_int_equal(dsq_cpu_set_threads(1), DSQ_OK);
+    assert_int_equal(dsq_cpu_matmul(y1, x, 3, &b.w), DSQ_OK);
+    assert_int_equal(dsq_cpu_set_threads(2), DSQ_OK);
+    assert_int_equal(dsq_cpu_matmul(y2, x, 3, &b.w), DSQ_OK);
+    assert_memory_equal(y1, y2, sizeof(y1));
+    assert_int_equal(dsq_cpu_set_threads(0), DSQ_EINVAL);
+    assert_int_equal(dsq_cpu_set_threads(t0), DSQ_OK);
+    free_built(&b);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    built_t b = build(DSQ_WFMT_INT4, DSQ_ZP_INT, 32, 8, 64, 0);
+    float x[64], y[8];
+    memset(x, 0, sizeof(x));
+    assert_int_equal(dsq_cpu_matmul(y, x, 0, &b.w), DSQ_OK);
+    assert_int_equal(dsq_cpu_matmul(NULL, x, 1, &b.w), DSQ_EINVAL);
+    b.w.group_size = 48;
+    assert_int_equal(dsq_cpu_matmul(y, x, 1, &b.w), DSQ_EINVAL);
+    b.w.group_size = 32;
+    b.w.zeros = NULL;
+    assert_int_equal(dsq_cpu_matmul(y, x, 1, &b.w), DSQ_EINVAL);
+    assert_int_equal(dsq_cpu_force_isa("sse9"), DSQ_EINVAL);
+    free_built(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_int4),
+        cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_int8),
+        cmocka_unit_test(test_float),
+        cmocka_unit_test(test_real_model),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,467 @@
+/* tests for server/openai.c and server/error.c: every completions field,
+ * its bad types and ranges -> status, param and code as the OpenAI API
+ * reference (and vLLM where OpenAI is silent) prescribe; the response and
+ * SSE builders; the error object shape. Expected values are written out by
+ * hand from the API reference, not produced by the code under test. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/error.h"
+#include "server/error.h"
+#include "server/openai.h"
+
+static const dsq_openai_limits_t LIM = {"smol", 1000};
+
+typedef struct bad_case {
+    const char *body;
+    int status;
+    const char *param;     /* NULL = JSON null */
+    const char *code;      /* NULL = JSON null */
+} bad_case_t;
+
+#define M "\"model\":\"smol\","
+static const bad_case_t bad[] = {
+    /* body shape */
+    {"", 400, NULL, NULL},
+    {"{", 400, NULL, NULL},
+    {"[1,2]", 400, NULL, NULL},
+    {"\"x\"", 400, NULL, NULL},
+    {"{\"model\":\"smol\",\"prompt\":\"a\"} trailing", 400, NULL, NULL},
+    /* model */
+    {"{\"prompt\":\"a\"}", 400, "model", NULL},
+    {"{\"model\":5,\"prompt\":\"a\"}", 400, "model", NULL},
+    {"{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 400, "model", "model_not_found"},
+    /* prompt */
+    {"{" M "\"max_tokens\":1}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":5}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":{}}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":true}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[1,\"a\"]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[\"a\",1]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[\"a\",[1]]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[[1],[]]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[[1],\"a\"]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[1.5]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[-1]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[1000]}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[[3,1000]]}", 400, "prompt", NULL},
+    /* suffix */
+    {"{" M "\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"suffix\":3}", 400, "suffix", "unsupported_parameter"},
+    /* max_tokens */
+    {"{" M "\"prompt\":\"a\",\"max_tokens\":\"5\"}", 400, "max_tokens", NULL},
+    {"{" M "\"prompt\":\"a\",\"max_tokens\":1.5}", 400, "max_tokens", NULL},
+    {"{" M "\"prompt\":\"a\",\"max_tokens\":-1}", 400, "max_tokens", NULL},
+    {"{" M "\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens", NULL},
+    {"{" M "\"prompt\":\"a\",\"max_tokens\":true}", 400, "max_tokens", NULL},
+    /* temperature [0, 2] */
+    {"{" M "\"prompt\":\"a\",\"temperature\":-0.1}", 400, "temperature", NULL},
+    {"{" M "\"prompt\":\"a\",\"temperature\":2.01}", 400, "temperature", NULL},
+    {"{" M "\"prompt\":\"a\",\"temperature\":\"hot\"}", 400, "temperature", NULL},
+    /* top_p (0, 1] */
+    {"{" M "\"prompt\":\"a\",\"top_p\":0}", 400, "top_p", NULL},
+    {"{" M "\"prompt\":\"a\",\"top_p\":1.1}", 400, "top_p", NULL},
+    {"{" M "\"prompt\":\"a\",\"top_p\":[1]}", 400, "top_p", NULL},
+    /* top_k: -1, 0 (off) or >= 1 */
+    {"{" M "\"prompt\":\"a\",\"top_k\":-2}", 400, "top_k", NULL},
+    {"{" M "\"prompt\":\"a\",\"top_k\":2.5}", 400, "top_k", NULL},
+    {"{" M "\"prompt\":\"a\",\"top_k\":\"5\"}", 400, "top_k", NULL},
+    /* min_p [0, 1] */
+    {"{" M "\"prompt\":\"a\",\"min_p\":-0.01}", 400, "min_p", NULL},
+    {"{" M "\"prompt\":\"a\",\"min_p\":1.01}", 400, "min_p", NULL},
+    /* penalties */
+    {"{" M "\"prompt\":\"a\",\"presence_penalty\":2.5}", 400, "presence_penalty", NULL},
+    {"{" M "\"prompt\":\"a\",\"presence_penalty\":-2.5}", 400, "presence_penalty", NULL},
+    {"{" M "\"prompt\":\"a\",\"frequency_penalty\":3}", 400, "frequency_penalty", NULL},
+    {"{" M "\"prompt\":\"a\",\"frequency_penalty\":\"x\"}", 400, "frequency_penalty", NULL},
+    {"{" M "\"prompt\":\"a\",\"repetition_penalty\":0}", 400, "repetition_penalty", NULL},
+    {"{" M "\"prompt\":\"a\",\"repetition_penalty\":-1}", 400, "repetition_penalty", NULL},
+    /* n, best_of */
+    {"{" M "\"prompt\":\"a\",\"n\":0}", 400, "n", NULL},
+    {"{" M "\"prompt\":\"a\",\"n\":129}", 400, "n", NULL},
+    {"{" M "\"prompt\":\"a\",\"n\":1.5}", 400, "n", NULL},
+    {"{" M "\"prompt\":\"a\",\"n\":3,\"best_of\":2}", 400, "best_of", NULL},
+    {"{" M "\"prompt\":\"a\",\"n\":1,\"best_of\":2}", 400, "best_of", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"best_of\":\"2\"}", 400, "best_of", NULL},
+    /* seed */
+    {"{" M "\"prompt\":\"a\",\"seed\":1.5}", 400, "seed", NULL},
+    {"{" M "\"prompt\":\"a\",\"seed\":\"1\"}", 400, "seed", NULL},
+    /* logprobs 0..20 */
+    {"{" M "\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs", NULL},
+    {"{" M "\"prompt\":\"a\",\"logprobs\":-1}", 400, "logprobs", NULL},
+    {"{" M "\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs", NULL},
+    /* echo */
+    {"{" M "\"prompt\":\"a\",\"echo\":1}", 400, "echo", NULL},
+    {"{" M "\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", 400, "echo", "unsupported_parameter"},
+    /* stop: string or <= 4 non-empty strings */
+    {"{" M "\"prompt\":\"a\",\"stop\":5}", 400, "stop", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop\":[\"a\",5]}", 400, "stop", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop\":\"\"}", 400, "stop", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop\":{}}", 400, "stop", NULL},
+    /* stop_token_ids */
+    {"{" M "\"prompt\":\"a\",\"stop_token_ids\":5}", 400, "stop_token_ids", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop_token_ids\":[1000]}", 400, "stop_token_ids", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop_token_ids\":[\"1\"]}", 400, "stop_token_ids", NULL},
+    /* logit_bias: {"id": -100..100} */
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":[1]}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"-1\":1}}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"1000\":1}}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", NULL},
+    /* booleans */
+    {"{" M "\"prompt\":\"a\",\"ignore_eos\":\"yes\"}", 400, "ignore_eos", NULL},
+    {"{" M "\"prompt\":\"a\",\"stream\":1}", 400, "stream", NULL},
+    /* stream_options */
+    {"{" M "\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options", NULL},
+    {"{" M "\"prompt\":\"a\",\"stream\":true,\"stream_options\":5}", 400, "stream_options", NULL},
+    {"{" M "\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400, "stream_options", NULL},
+    /* user */
+    {"{" M "\"prompt\":\"a\",\"user\":5}", 400, "user", NULL},
+};
+
+static void check_error_json(const dsq_api_error_t *e, int status,
+                             const char *param, const char *code)
+{
+    char *s = dsq_apierr_json(e->kind, e->message, e->param);
+    cJSON *root = cJSON_Parse(s), *err, *p, *c, *m, *t;
+    assert_non_null(root);
+    err = cJSON_GetObjectItem(root, "error");
+    assert_non_null(err);
+    m = cJSON_GetObjectItem(err, "message");
+    t = cJSON_GetObjectItem(err, "type");
+    p = cJSON_GetObjectItem(err, "param");
+    c = cJSON_GetObjectItem(err, "code");
+    assert_true(cJSON_IsString(m) && m->valuestring[0]);
+    assert_true(cJSON_IsString(t));
+    assert_non_null(p);
+    assert_non_null(c);
+    assert_int_equal(dsq_apierr_status(e->kind), status);
+    if (param)
+        assert_string_equal(p->valuestring ? p->valuestring : "(null)", param);
+    else
+        assert_true(cJSON_IsNull(p));
+    if (code)
+        assert_string_equal(c->valuestring ? c->valuestring : "(null)", code);
+    cJSON_Delete(root);
+    free(s);
+}
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dsq_completion_req_t r;
+        dsq_api_error_t e;
+        memset(&e, 0, sizeof(e));
+        int rc = dsq_openai_parse_completion(bad[i].body, strlen(bad[i].body),
+                                             &LIM, &r, &e);
+        if (rc != DSQ_EINVAL)
+            fail_msg("case %zu accepted: %s", i, bad[i].body);
+        if (bad[i].param && strcmp(e.param, bad[i].param))
+            fail_msg("case %zu (%s): param '%s', want '%s'", i, bad[i].body,
+                     e.param, bad[i].param);
+        check_error_json(&e, bad[i].status, bad[i].param, bad[i].code);
+        /* the parser leaves nothing allocated behind on failure */
+        assert_null(r.prompts);
+        assert_null(r.model);
+    }
+}
+
+static void test_defaults(void **state)
+{
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *b = "{\"model\":\"smol\",\"prompt\":\"Hello\"}";
+    (void)state;
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_string_equal(r.model, "smol");
+    assert_int_equal(r.n_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "Hello");
+    assert_int_equal(r.sp.max_tokens, 16);          /* OpenAI default */
+    assert_true(r.sp.temperature == 1.0f);          /* OpenAI default */
+    assert_true(r.sp.top_p == 1.0f);
+    assert_int_equal(r.sp.top_k, 0);
+    assert_true(r.sp.min_p == 0.0f);
+    assert_true(r.sp.repetition_penalty == 1.0f);
+    assert_int_equal(r.sp.n, 1);
+    assert_int_equal(r.best_of, 1);
+    assert_int_equal(r.sp.logprobs, -1);
+    assert_false(r.sp.has_seed);
+    assert_false(r.echo);
+    assert_false(r.stream);
+    assert_int_equal(r.sp.n_stop, 0);
+    dsq_completion_req_deinit(&r);
+}
+
+static void test_all_fields(void **state)
+{
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *b =
+        "{\"model\":\"smol\",\"prompt\":[[1,2,3],[4]],\"max_tokens\":7,"
+        "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,"
+        "\"n\":2,\"best_of\":2,\"stop\":[\"\\n\",\"END\"],"
+        "\"stop_token_ids\":[7,8],\"seed\":-3,\"logprobs\":3,"
+        "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+        "\"repetition_penalty\":1.1,\"logit_bias\":{\"11\":-100,\"12\":5.5},"
+        "\"ignore_eos\":true,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true},\"user\":\"u\","
+        "\"suffix\":null,\"unknown_field\":1}";
+    (void)state;
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 2);
+    assert_null(r.prompts[0].text);
+    assert_int_equal(r.prompts[0].n_ids, 3);
+    assert_int_equal(r.prompts[0].ids[2], 3);
+    assert_int_equal(r.prompts[1].n_ids, 1);
+    assert_int_equal(r.prompts[1].ids[0], 4);
+    assert_int_equal(r.sp.max_tokens, 7);
+    assert_true(r.sp.temperature == 0.5f);
+    assert_true(r.sp.top_p == 0.9f);
+    assert_int_equal(r.sp.top_k, 40);
+    assert_true(r.sp.min_p == 0.05f);
+    assert_int_equal(r.sp.n, 2);
+    assert_int_equal(r.sp.n_stop, 2);
+    assert_string_equal(r.sp.stop[0], "\n");
+    assert_string_equal(r.sp.stop[1], "END");
+    assert_int_equal(r.sp.n_stop_token_ids, 2);
+    assert_int_equal(r.sp.stop_token_ids[1], 8);
+    assert_true(r.sp.has_seed);
+    assert_true(r.sp.seed == (uint64_t)(int64_t)-3);
+    assert_int_equal(r.sp.logprobs, 3);
+    assert_true(r.sp.presence_penalty == 0.5f);
+    assert_true(r.sp.frequency_penalty == -0.5f);
+    assert_true(r.sp.repetition_penalty == 1.1f);
+    assert_int_equal(r.sp.n_logit_bias, 2);
+    assert_int_equal(r.sp.logit_bias_ids[0], 11);
+    assert_true(r.sp.logit_bias[0] == -100.0f);
+    assert_int_equal(r.sp.logit_bias_ids[1], 12);
+    assert_true(r.sp.logit_bias[1] == 5.5f);
+    assert_true(r.sp.ignore_eos);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    dsq_completion_req_deinit(&r);
+}
+
+static void test_prompt_forms(void **state)
+{
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *b1 = "{\"model\":\"smol\",\"prompt\":[\"a\",\"bc\",\"\"]}";
+    const char *b2 = "{\"model\":\"smol\",\"prompt\":[5,6,999]}";
+    const char *b3 = "{\"model\":\"smol\",\"prompt\":\"x\",\"stop\":\"s\","
+                     "\"top_k\":-1,\"echo\":true,\"max_tokens\":0}";
+    (void)state;
+    assert_int_equal(dsq_openai_parse_completion(b1, strlen(b1), &LIM, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 3);
+    assert_string_equal(r.prompts[1].text, "bc");
+    assert_int_equal(r.prompts[1].text_len, 2);
+    assert_int_equal(r.prompts[2].text_len, 0);
+    dsq_completion_req_deinit(&r);
+    assert_int_equal(dsq_openai_parse_completion(b2, strlen(b2), &LIM, &r, &e), 0);
+    assert_int_equal(r.n_prompts, 1);
+    assert_int_equal(r.prompts[0].n_ids, 3);
+    assert_int_equal(r.prompts[0].ids[2], 999);
+    dsq_completion_req_deinit(&r);
+    /* max_tokens 0 is fine with echo; a single stop string; top_k -1 = off */
+    assert_int_equal(dsq_openai_parse_completion(b3, strlen(b3), &LIM, &r, &e), 0);
+    assert_int_equal(r.sp.max_tokens, 0);
+    assert_int_equal(r.sp.n_stop, 1);
+    assert_string_equal(r.sp.stop[0], "s");
+    assert_int_equal(r.sp.top_k, 0);
+    assert_true(r.echo);
+    dsq_completion_req_deinit(&r);
+}
+
+static void test_context_length(void **state)
+{
+    dsq_api_error_t e;
+    (void)state;
+    assert_int_equal(dsq_openai_check_context(100, 28, 128, &e), 0);
+    assert_int_equal(dsq_openai_check_context(100, 29, 128, &e), DSQ_ERANGE);
+    assert_int_equal(dsq_apierr_status(e.kind), 400);
+    assert_string_equal(dsq_apierr_code(e.kind), "context_length_exceeded");
+    /* both numbers (and the limit) in the message */
+    assert_non_null(strstr(e.message, "128"));
+    assert_non_null(strstr(e.message, "100"));
+    assert_non_null(strstr(e.message, "29"));
+    assert_non_null(strstr(e.message, "129"));
+}
+
+static void test_error_table(void **state)
+{
+    (void)state;
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_EINVAL)), 400);
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ERANGE)), 400);
+    assert_string_equal(dsq_apierr_code(dsq_apierr_from_code(DSQ_ERANGE)),
+                        "context_length_exceeded");
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_EFULL)), 429);
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ESTATE)), 503);
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ENOMEM)), 500);
+    assert_int_equal(dsq_apierr_status(DSQ_APIERR_AUTH), 401);
+    assert_int_equal(dsq_apierr_status(DSQ_APIERR_NOT_FOUND), 404);
+    assert_int_equal(dsq_apierr_status(DSQ_APIERR_METHOD), 405);
+    assert_int_equal(dsq_apierr_status(DSQ_APIERR_TOO_LARGE), 413);
+    assert_int_equal(dsq_apierr_status(DSQ_APIERR_MEDIA_TYPE), 415);
+    assert_string_equal(dsq_apierr_type(DSQ_APIERR_INVALID_REQUEST),
+                        "invalid_request_error");
+    /* message with quotes and newlines stays valid JSON */
+    char *s = dsq_apierr_json(DSQ_APIERR_INVALID_REQUEST, "a \"b\"\n", "x");
+    cJSON *j = cJSON_Parse(s);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"),
+                                            "message")->valuestring, "a \"b\"\n");
+    cJSON_Delete(j);
+    free(s);
+}
+
+static void test_tokenize_bodies(void **state)
+{
+    dsq_api_error_t e;
+    char *p = NULL;
+    size_t len = 0;
+    bool add = false;
+    int32_t *ids = NULL;
+    int n = 0;
+    const char *t1 = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
+    const char *t2 = "{\"prompt\":[1]}";
+    const char *t3 = "{\"model\":\"other\",\"prompt\":\"hi\"}";
+    const char *d1 = "{\"tokens\":[1,2,999]}";
+    const char *d2 = "{\"tokens\":[1000]}";
+    const char *d3 = "{\"tokens\":\"1\"}";
+    (void)state;
+    assert_int_equal(dsq_openai_parse_tokenize(t1, strlen(t1), &LIM, &p, &len, &add, &e), 0);
+    assert_string_equal(p, "hi");
+    assert_false(add);
+    free(p);
+    assert_int_equal(dsq_openai_parse_tokenize(t2, strlen(t2), &LIM, &p, &len, &add, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "prompt");
+    assert_int_equal(dsq_openai_parse_tokenize(t3, strlen(t3), &LIM, &p, &len, &add, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "model");
+    assert_int_equal(dsq_openai_parse_detokenize(d1, strlen(d1), &LIM, &ids, &n, &e), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[2], 999);
+    free(ids);
+    assert_int_equal(dsq_openai_parse_detokenize(d2, strlen(d2), &LIM, &ids, &n, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "tokens");
+    assert_int_equal(dsq_openai_parse_detokenize(d3, strlen(d3), &LIM, &ids, &n, &e), DSQ_EINVAL);
+}
+
+static const char *fake_tok(void *u, int32_t id, size_t *len)
+{
+    static const char *words[] = {" a", " b", "\xE2\x82", "c"};
+    (void)u;
+    if (id < 0 || id > 3)
+        return NULL;
+    *len = strlen(words[id]);
+    return words[id];
+}
+
+static void test_response_and_chunks(void **state)
+{
+    int32_t toks[2] = {0, 2};
+    float lps[2] = {-0.25f, -1.5f};
+    dsq_top_logprob_t top[4] = {{0, -0.25f}, {1, -2.0f}, {3, -0.5f}, {1, -3.0f}};
+    size_t offs[2] = {0, 2};
+    dsq_output_t o = {0};
+    dsq_choice_out_t ch;
+    dsq_usage_t u = {5, 2, 3, true};
+    cJSON *lp = dsq_openai_logprobs_new(), *j, *c0, *l;
+    char *body, *chunk, id[64];
+    (void)state;
+    o.n_tokens = 2;
+    o.tokens = toks;
+    o.logprobs = lps;
+    o.top = top;
+    o.n_top = 2;
+    o.token_text_offset = offs;
+    assert_int_equal(dsq_openai_logprobs_add(lp, &o, 0, fake_tok, NULL), 0);
+    ch.index = 0;
+    ch.text = " a\xE2\x82";  /* ends in a broken UTF-8 sequence */
+    ch.text_len = 4;
+    ch.logprobs = lp;
+    ch.finish = DSQ_FINISH_LENGTH;
+    assert_int_equal(dsq_openai_new_id(id, sizeof(id), "cmpl-"), 0);
+    assert_int_equal(strlen(id), 5 + 32);
+    body = dsq_openai_completion_body(id, 1700000000, "smol", &ch, 1, &u);
+    j = cJSON_Parse(body);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
+    assert_string_equal(cJSON_GetObjectItem(j, "id")->valuestring, id);
+    assert_int_equal(cJSON_GetObjectItem(j, "created")->valuedouble, 1700000000);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, " a\xEF\xBF\xBD");
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+    l = cJSON_GetObjectItem(c0, "logprobs");
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "tokens"), 0)->valuestring, " a");
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "token_logprobs"), 1)->valuedouble == -1.5);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "text_offset"), 1)->valuedouble, 2);
+    /* second token (id 2) was not in its top-2: added as vLLM does */
+    cJSON *t1 = cJSON_GetArrayItem(cJSON_GetObjectItem(l, "top_logprobs"), 1);
+    assert_int_equal(cJSON_GetArraySize(t1), 3);
+    assert_true(cJSON_GetObjectItem(t1, "c")->valuedouble == -0.5);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valuedouble, 7);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"),
+                     "prompt_tokens_details"), "cached_tokens")->valuedouble, 3);
+    cJSON_Delete(j);
+    free(body);
+
+    chunk = dsq_openai_chunk(id, 1, "smol", 3, "hi", 2, NULL, DSQ_FINISH_NONE, true);
+    assert_memory_equal(chunk, "data: {", 7);
+    assert_string_equal(chunk + strlen(chunk) - 2, "\n\n");
+    j = cJSON_Parse(chunk + 6);
+    assert_non_null(j);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_int_equal(cJSON_GetObjectItem(c0, "index")->valuedouble, 3);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
+    cJSON_Delete(j);
+    free(chunk);
+    chunk = dsq_openai_usage_chunk(id, 1, "smol", &u);
+    j = cJSON_Parse(chunk + 6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valuedouble, 2);
+    cJSON_Delete(j);
+    free(chunk);
+    cJSON_Delete(lp);
+}
+
+static void test_utf8_clean(void **state)
+{
+    size_t n;
+    char *s;
+    (void)state;
+    s = dsq_openai_utf8_clean("ok \xC3\xA9 \xF0\x9F\x98\x80", 10, &n);
+    assert_string_equal(s, "ok \xC3\xA9 \xF0\x9F\x98\x80");
+    free(s);
+    s = dsq_openai_utf8_clean("\xC0\xAF|\xED\xA0\x80|\xFF", 8, &n); /* overlong, surrogate, 0xFF */
+    assert_string_equal(s, "\xEF\xBF\xBD\xEF\xBF\xBD|\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD|\xEF\xBF\xBD");
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_context_length),
+        cmocka_unit_test(test_error_table),
+        cmocka_unit_test(test_tokenize_bodies),
+        cmocka_unit_test(test_response_and_chunks),
+        cmocka_unit_test(test_utf8_clean),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

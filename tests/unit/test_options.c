@@ -1,0 +1,269 @@
+/* tests for server/options.c: defaults, the precedence flags > env >
+ * config file > defaults, every value type, bounds, and the errors for
+ * unknown or malformed options. The environment is a fake lookup table. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/error.h"
+#include "server/options.h"
+
+static const char *const *fake_env;
+
+static const char *env_lookup(const char *name)
+{
+    for (const char *const *e = fake_env; e && e[0]; e += 2)
+        if (!strcmp(e[0], name))
+            return e[1];
+    return NULL;
+}
+
+static char cfg_path[64];
+
+static void write_config(const char *json)
+{
+    int fd;
+    snprintf(cfg_path, sizeof(cfg_path), "/tmp/dsq_test_options_XXXXXX");
+    fd = mkstemp(cfg_path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+}
+
+static int load(dsq_options_t *o, char **argv, int argc, char *err)
+{
+    return dsq_options_load(o, argc, argv, env_lookup, err, 256);
+}
+
+static void test_defaults(void **state)
+{
+    dsq_options_t o;
+    char err[256];
+    char *argv[] = {"dsqd"};
+    (void)state;
+    fake_env = NULL;
+    assert_int_equal(load(&o, argv, 1, err), 0);
+    assert_string_equal(o.host, "127.0.0.1");
+    assert_int_equal(o.port, 8000);
+    assert_null(o.model);
+    assert_null(o.api_key);
+    assert_int_equal(o.max_request_bytes, 1048576);   /* 1 MiB */
+    assert_int_equal(o.block_size, 16);
+    assert_string_equal(o.kv_cache_dtype, "auto");
+    assert_string_equal(o.device, "auto");
+    assert_false(o.enable_prefix_caching);
+    assert_false(o.plan);
+    dsq_options_deinit(&o);
+}
+
+static void test_precedence(void **state)
+{
+    dsq_options_t o;
+    char err[256];
+    const char *env[] = {"DSQ_PORT", "9001", "DSQ_API_KEY", "envkey",
+                         "DSQ_BLOCK_SIZE", "32", NULL};
+    (void)state;
+    write_config("{\"port\": 9000, \"block-size\": 8, \"max_num_seqs\": 7,"
+                 " \"enable-prefix-caching\": true, \"model\": \"cfg.gguf\","
+                 " \"host\": \"0.0.0.0\", \"memory-limit\": \"2GiB\"}");
+    fake_env = env;
+    {
+        /* config only < env < flags, each key set at a different level */
+        char *argv[] = {"dsqd", "--config", cfg_path, "--block-size", "64",
+                        "--model=flag.gguf"};
+        assert_int_equal(load(&o, argv, 6, err), 0);
+        assert_int_equal(o.port, 9001);              /* env beats config  */
+        assert_int_equal(o.block_size, 64);          /* flag beats env    */
+        assert_int_equal(o.max_num_seqs, 7);         /* config beats default */
+        assert_true(o.enable_prefix_caching);
+        assert_string_equal(o.model, "flag.gguf");   /* flag beats config */
+        assert_string_equal(o.host, "0.0.0.0");
+        assert_string_equal(o.api_key, "envkey");
+        assert_int_equal(o.memory_limit, 2147483648LL);
+        assert_string_equal(o.config, cfg_path);
+        dsq_options_deinit(&o);
+    }
+    {
+        /* DSQ_CONFIG names the file when no flag does */
+        const char *env2[] = {"DSQ_CONFIG", cfg_path, NULL};
+        char *argv[] = {"dsqd"};
+        fake_env = env2;
+        assert_int_equal(load(&o, argv, 1, err), 0);
+        assert_int_equal(o.port, 9000);
+        dsq_options_deinit(&o);
+    }
+    unlink(cfg_path);
+    fake_env = NULL;
+}
+
+static void test_types(void **state)
+{
+    dsq_options_t o;
+    char err[256];
+    char *argv[] = {"dsqd", "--enable-prefix-caching", "--plan=false",
+                    "--gpu-memory-utilization", "0.5", "--kv-cache-dtype",
+                    "INT8", "--max-request-bytes", "64KiB", "--shutdown-timeout",
+                    "2.5", "--allowed-origins", "*", "--served_model_name", "x"};
+    (void)state;
+    fake_env = NULL;
+    assert_int_equal(load(&o, argv, 15, err), 0);
+    assert_true(o.enable_prefix_caching);
+    assert_false(o.plan);
+    assert_true(o.gpu_memory_utilization == 0.5);
+    assert_string_equal(o.kv_cache_dtype, "int8");
+    assert_int_equal(o.max_request_bytes, 65536);
+    assert_true(o.shutdown_timeout == 2.5);
+    assert_string_equal(o.allowed_origins, "*");
+    assert_string_equal(o.served_model_name, "x");
+    dsq_options_deinit(&o);
+}
+
+static void expect_fail(char **argv, int argc, const char *const *env,
+                        const char *needle)
+{
+    dsq_options_t o;
+    char err[256] = "";
+    fake_env = env;
+    assert_int_equal(load(&o, argv, argc, err), DSQ_EINVAL);
+    if (!strstr(err, needle))
+        fail_msg("error '%s' does not mention '%s'", err, needle);
+    dsq_options_deinit(&o);
+    fake_env = NULL;
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    {
+        char *a[] = {"dsqd", "--bogus"};
+        expect_fail(a, 2, NULL, "--bogus");
+    }
+    {
+        char *a[] = {"dsqd", "--port"};
+        expect_fail(a, 2, NULL, "--port");
+    }
+    {
+        char *a[] = {"dsqd", "--port", "70000"};
+        expect_fail(a, 3, NULL, "range");
+    }
+    {
+        char *a[] = {"dsqd", "--port", "80x"};
+        expect_fail(a, 3, NULL, "integer");
+    }
+    {
+        char *a[] = {"dsqd", "--device", "tpu"};
+        expect_fail(a, 3, NULL, "auto|cpu|cuda");
+    }
+    {
+        char *a[] = {"dsqd", "--gpu-memory-utilization", "1.5"};
+        expect_fail(a, 3, NULL, "range");
+    }
+    {
+        char *a[] = {"dsqd", "--enable-prefix-caching=maybe"};
+        expect_fail(a, 2, NULL, "true or false");
+    }
+    {
+        char *a[] = {"dsqd", "--memory-limit", "12 parsecs"};
+        expect_fail(a, 3, NULL, "byte size");
+    }
+    {
+        char *a[] = {"dsqd", "stray"};
+        expect_fail(a, 2, NULL, "stray");
+    }
+    {
+        const char *env[] = {"DSQ_PORT", "http", NULL};
+        char *a[] = {"dsqd"};
+        expect_fail(a, 1, env, "DSQ_PORT");
+    }
+    {
+        /* --quantize reads DSQ_LOAD_QUANTIZE; DSQ_QUANTIZE (the
+         * dsq-quantize binary in the test environment) is not an option */
+        const char *env[] = {"DSQ_LOAD_QUANTIZE", "int3", NULL};
+        char *a[] = {"dsqd"};
+        expect_fail(a, 1, env, "DSQ_LOAD_QUANTIZE");
+    }
+    {
+        char *a[] = {"dsqd", "--config", "/nonexistent/dsqd.json"};
+        expect_fail(a, 3, NULL, "/nonexistent/dsqd.json");
+    }
+    {
+        char *a[] = {"dsqd", "--config", cfg_path};
+        write_config("{\"prot\": 1}");
+        expect_fail(a, 3, NULL, "prot");
+        unlink(cfg_path);
+        write_config("{\"port\": \"eighty\"}");
+        expect_fail(a, 3, NULL, "port");
+        unlink(cfg_path);
+        write_config("{\"model\": 5}");
+        expect_fail(a, 3, NULL, "model");
+        unlink(cfg_path);
+        write_config("[1]");
+        expect_fail(a, 3, NULL, "object");
+        unlink(cfg_path);
+    }
+}
+
+static void test_bytes(void **state)
+{
+    int64_t v = -1;
+    (void)state;
+    assert_int_equal(dsq_options_parse_bytes("0", &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(dsq_options_parse_bytes("1MiB", &v), 0);
+    assert_int_equal(v, 1048576);
+    assert_int_equal(dsq_options_parse_bytes("1M", &v), 0);
+    assert_int_equal(v, 1000000);
+    assert_int_equal(dsq_options_parse_bytes("1.5gib", &v), 0);
+    assert_int_equal(v, 1610612736LL);
+    assert_int_equal(dsq_options_parse_bytes("3T", &v), 0);
+    assert_int_equal(v, 3000000000000LL);
+    assert_int_equal(dsq_options_parse_bytes("-1", &v), DSQ_EINVAL);
+    assert_int_equal(dsq_options_parse_bytes("1X", &v), DSQ_EINVAL);
+    assert_int_equal(dsq_options_parse_bytes("", &v), DSQ_EINVAL);
+    assert_int_equal(dsq_options_parse_bytes("0.5", &v), DSQ_EINVAL);
+}
+
+static void test_help(void **state)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    (void)state;
+    dsq_options_help(f);
+    fclose(f);
+    /* every option the spec lists appears, with its env name */
+    static const char *names[] = {
+        "--host", "--port", "--model", "--tokenizer", "--served-model-name",
+        "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+        "--gpu-memory-utilization", "--api-key", "--kv-cache-dtype",
+        "--block-size", "--enable-prefix-caching", "--max-request-bytes",
+        "--max-waiting-requests", "--shutdown-timeout", "--request-timeout",
+        "--threads", "--device", "--quantize", "--group-size",
+        "--memory-limit", "--kv-cache-memory", "--log-level",
+        "--ssl-certfile", "--ssl-keyfile", "--allowed-origins",
+        "--chat-template", "--config", "--plan", "--help", "--version",
+        "DSQ_API_KEY", "DSQ_MAX_REQUEST_BYTES", "DSQ_LOAD_QUANTIZE"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strstr(buf, names[i]))
+            fail_msg("--help lacks %s", names[i]);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_types),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_help),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,278 @@
+/* tests for engine/scheduler.c and engine/kv_cache.c.
+ *
+ * The property test drives the scheduler and the KV block manager through
+ * 100,000 steps of random arrivals, prompt lengths, max_tokens,
+ * cancellations and n > 1 forks under a tight block budget, the way the
+ * engine does (forward pass replaced by "commit + sample a random token"),
+ * and checks after every step: the KV invariants (no block leaked or shared
+ * without a reference), FCFS admission (a sequence is never admitted while
+ * an older one still waits), the token and sequence budgets, and at the end
+ * that every request finished and every block is free again. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kv_cache.h"
+#include "scheduler.h"
+
+static uint64_t rng_state = 0x1234567;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static void test_kv_basic(void **state)
+{
+    (void)state;
+    char err[256];
+    dsq_kv_cache_t *kv = dsq_kv_create(2, 2, 8, 4, 8, DSQ_KV_F16, err, sizeof(err));
+    assert_non_null(kv);
+    dsq_block_table_t a, b;
+    dsq_block_table_init(&a);
+    dsq_block_table_init(&b);
+    assert_int_equal(dsq_kv_seq_reserve(kv, &a, 9), DSQ_OK);   /* 3 blocks */
+    assert_int_equal(a.n, 3);
+    assert_int_equal(dsq_kv_n_free(kv), 5);
+    assert_int_equal(dsq_kv_seq_reserve(kv, &a, 40), DSQ_EFULL); /* all or nothing */
+    assert_int_equal(a.n, 3);
+    assert_int_equal(dsq_kv_n_free(kv), 5);
+    assert_int_equal(dsq_kv_seq_fork(kv, &b, &a), DSQ_OK);
+    assert_int_equal(dsq_kv_refcount(kv, a.ids[2]), 2);
+    /* Writing position 9 of b copies only the shared last block. */
+    int32_t old = b.ids[2];
+    const dsq_kv_layer_t *L = dsq_kv_layer(kv, 1);
+    uint16_t *k = L->k;
+    size_t per_block = 4 * 2 * 8;
+    k[(size_t)old * per_block + 5] = 0x3c00;
+    assert_int_equal(dsq_kv_seq_cow(kv, &b, 9, 10), DSQ_OK);
+    assert_int_not_equal(b.ids[2], old);
+    assert_int_equal(b.ids[0], a.ids[0]);
+    assert_int_equal(k[(size_t)b.ids[2] * per_block + 5], 0x3c00);
+    assert_int_equal(dsq_kv_refcount(kv, old), 1);
+    const dsq_block_table_t *tabs[] = {&a, &b};
+    assert_true(dsq_kv_check(kv, tabs, 2));
+    assert_int_equal(dsq_kv_slot(kv, &a, 5), a.ids[1] * 4 + 1);
+    dsq_kv_seq_free(kv, &a);
+    dsq_kv_seq_free(kv, &b);
+    assert_int_equal(dsq_kv_n_free(kv), 8);
+    assert_true(dsq_kv_check(kv, NULL, 0));
+    dsq_block_table_deinit(&a);
+    dsq_block_table_deinit(&b);
+    dsq_kv_destroy(kv);
+    dsq_kv_destroy(NULL);
+}
+
+typedef struct sim_req {
+    dsq_seq_t *seqs[4];
+    int n, n_live;
+    int max_tokens;
+    int generated[4];
+    bool forked, done, cancel_at_step_set;
+    long cancel_step;
+    long arrival_step;
+} sim_req_t;
+
+static dsq_seq_t *new_seq(uint64_t order, int index, int n_prompt)
+{
+    dsq_seq_t *s = calloc(1, sizeof(*s));
+    s->order = order;
+    s->index = index;
+    s->cap_tokens = n_prompt + 64;
+    s->tokens = calloc((size_t)s->cap_tokens, sizeof(int32_t));
+    for (int i = 0; i < n_prompt; i++)
+        s->tokens[i] = (int32_t)rnd(1000);
+    s->n_tokens = s->n_prompt = n_prompt;
+    dsq_block_table_init(&s->bt);
+    return s;
+}
+
+static void free_seq(dsq_seq_t *s)
+{
+    dsq_block_table_deinit(&s->bt);
+    free(s->tokens);
+    free(s);
+}
+
+static void push_token(dsq_seq_t *s)
+{
+    if (s->n_tokens == s->cap_tokens) {
+        s->cap_tokens *= 2;
+        s->tokens = realloc(s->tokens, (size_t)s->cap_tokens * sizeof(int32_t));
+    }
+    s->tokens[s->n_tokens++] = (int32_t)rnd(1000);
+}
+
+static void end_seq(dsq_sched_t *sch, sim_req_t *r, int i)
+{
+    if (r->seqs[i]->state == DSQ_SEQ_DETACHED)
+        return;
+    dsq_sched_remove(sch, r->seqs[i]);
+    r->n_live--;
+    if (r->n_live == 0)
+        r->done = true;
+}
+
+static void test_property(void **state)
+{
+    (void)state;
+    char err[256];
+    const int block_size = 4, n_blocks = 48;
+    const int max_seqs = 8, max_tokens_step = 24;
+    const long n_steps = 110000;   /* arrivals for 100,000 steps, then drain */
+    dsq_kv_cache_t *kv = dsq_kv_create(1, 1, 4, block_size, n_blocks, DSQ_KV_F16, err,
+                                       sizeof(err));
+    assert_non_null(kv);
+    dsq_sched_opts_t so = {.max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_step};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+
+    int cap = 20000, n_req = 0;
+    sim_req_t *reqs = calloc((size_t)cap, sizeof(*reqs));
+    uint64_t order = 0;
+    long total_preempt = 0, max_wait = 0;
+    long step;
+    for (step = 0; step < n_steps; step++) {
+        /* arrivals: stop arriving for the last 10,000 steps so everything drains */
+        if (step < n_steps - 10000 && rnd(100) < 12 && n_req < cap) {
+            sim_req_t *r = &reqs[n_req++];
+            /* the longest sequence must fit the whole cache: 1 + 120 + 64 < 48*4 */
+            int n_prompt = 1 + (int)rnd(rnd(10) == 0 ? 120 : 20);
+            r->n = rnd(8) == 0 ? 1 + (int)rnd(3) : 1;
+            r->max_tokens = 1 + (int)rnd(rnd(5) == 0 ? 60 : 12);
+            r->seqs[0] = new_seq(order++, 0, n_prompt);
+            r->seqs[0]->owner = r;
+            r->n_live = 1;
+            r->arrival_step = step;
+            if (rnd(10) == 0) {
+                r->cancel_at_step_set = true;
+                r->cancel_step = step + (long)rnd(40);
+            }
+            assert_int_equal(dsq_sched_add(sch, r->seqs[0]), DSQ_OK);
+        }
+        /* cancellations */
+        for (int i = 0; i < n_req; i++) {
+            sim_req_t *r = &reqs[i];
+            if (!r->done && r->cancel_at_step_set && r->cancel_step == step) {
+                int nseq = r->forked ? r->n : 1;
+                for (int j = 0; j < nseq; j++)
+                    end_seq(sch, r, j);
+            }
+        }
+        /* remember who waits, to check FCFS admission */
+        dsq_sched_out_t out;
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        total_preempt += out.n_preempted;
+        assert_true(out.n_tokens <= max_tokens_step);
+        int sum = 0;
+        for (int i = 0; i < out.n_seqs; i++) {
+            dsq_seq_t *s = out.seqs[i];
+            assert_int_equal(s->state, DSQ_SEQ_RUNNING);
+            assert_true(s->sched_tokens > 0);
+            assert_true(s->bt.n * block_size >= s->n_computed + s->sched_tokens);
+            sum += s->sched_tokens;
+            /* every running sequence is older than every waiting one that
+             * arrived fresh (FCFS, no overtaking) */
+        }
+        assert_int_equal(sum, out.n_tokens);
+        for (int i = 0; i < out.n_tokens; i++) {
+            int32_t slot = out.slot[i];
+            assert_true(slot >= 0 && slot < n_blocks * block_size);
+        }
+        /* FCFS: no waiting sequence is older than a sequence that was
+         * admitted fresh in this step (n_computed == 0 before the step). */
+        uint64_t youngest_admitted = 0;
+        bool any_admitted = false;
+        for (int i = 0; i < out.n_seqs; i++)
+            if (out.seqs[i]->n_computed == 0 && out.seqs[i]->n_preempted == 0 &&
+                out.seqs[i]->index == 0) {
+                any_admitted = true;
+                if (out.seqs[i]->order > youngest_admitted)
+                    youngest_admitted = out.seqs[i]->order;
+            }
+        dsq_sched_commit(sch, &out);
+        for (int i = 0; any_admitted && i < n_req; i++) {
+            sim_req_t *r = &reqs[i];
+            if (!r->done && r->seqs[0]->state == DSQ_SEQ_WAITING &&
+                r->seqs[0]->n_preempted == 0)
+                assert_true(r->seqs[0]->order > youngest_admitted);
+        }
+        /* "sample" for fully computed sequences */
+        for (int i = 0; i < out.n_logits; i++) {
+            dsq_seq_t *s = out.logit_seqs[i];
+            sim_req_t *r = s->owner;
+            if (s->state == DSQ_SEQ_DETACHED)
+                continue;
+            if (r->n > 1 && !r->forked) {
+                for (int c = 1; c < r->n; c++) {
+                    dsq_seq_t *f = new_seq(s->order, c, 0);
+                    free(f->tokens);
+                    f->cap_tokens = s->cap_tokens;
+                    f->tokens = malloc((size_t)f->cap_tokens * sizeof(int32_t));
+                    memcpy(f->tokens, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+                    f->n_tokens = s->n_tokens;
+                    f->n_prompt = s->n_prompt;
+                    f->n_computed = s->n_computed;
+                    f->owner = r;
+                    assert_int_equal(dsq_kv_seq_fork(kv, &f->bt, &s->bt), DSQ_OK);
+                    assert_int_equal(dsq_sched_add_running(sch, f), DSQ_OK);
+                    r->seqs[c] = f;
+                    r->n_live++;
+                }
+                r->forked = true;
+                for (int c = 1; c < r->n; c++) {
+                    push_token(r->seqs[c]);
+                    r->generated[c]++;
+                }
+            }
+            push_token(s);
+            r->generated[s->index]++;
+            if (r->generated[s->index] >= r->max_tokens || rnd(40) == 0)
+                end_seq(sch, r, s->index);
+        }
+        assert_true(dsq_sched_check(sch));
+        /* starvation bound: the oldest waiting request is served eventually */
+        for (int i = 0; i < n_req; i++)
+            if (!reqs[i].done && reqs[i].seqs[0]->n_computed == 0 &&
+                reqs[i].seqs[0]->state == DSQ_SEQ_WAITING &&
+                step - reqs[i].arrival_step > max_wait)
+                max_wait = step - reqs[i].arrival_step;
+        if (step >= n_steps - 10000 && dsq_sched_n_running(sch) == 0 &&
+            dsq_sched_n_waiting(sch) == 0)
+            break;
+    }
+    print_message("# requests=%d steps=%ld preemptions=%ld longest_wait_steps=%ld\n", n_req,
+                  step, total_preempt, max_wait);
+    assert_true(n_req > 1000);
+    assert_true(total_preempt > 0);      /* the budget really was tight */
+    assert_true(max_wait < 5000);        /* nobody starved */
+    for (int i = 0; i < n_req; i++) {
+        assert_true(reqs[i].done);
+        int nseq = reqs[i].forked ? reqs[i].n : 1;
+        for (int j = 0; j < nseq; j++)
+            free_seq(reqs[i].seqs[j]);
+    }
+    assert_int_equal(dsq_kv_n_free(kv), n_blocks);
+    assert_true(dsq_kv_check(kv, NULL, 0));
+    free(reqs);
+    dsq_sched_destroy(sch);
+    dsq_kv_destroy(kv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_basic),
+        cmocka_unit_test(test_property),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
