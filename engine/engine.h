@@ -122,6 +122,11 @@ typedef struct dsq_output {
     int prompt_tokens;               /* set on the final event                  */
     int completion_tokens;           /* set on the final event                  */
     int cached_tokens;               /* prompt tokens served from prefix cache  */
+    int64_t queue_us;                /* on the request's first event (0 = not
+                                        reported): microseconds from
+                                        dsq_engine_submit to the step that
+                                        first scheduled it, for /metrics'
+                                        request_queue_time_seconds and the log */
 } dsq_output_t;
 
 void dsq_output_free(dsq_output_t *o);

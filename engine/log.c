@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -14,6 +15,14 @@
 int dsq_log_threshold = DSQ_LOG_INFO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+/* DSQ_LOG_LEVEL in the environment sets the initial threshold. */
+__attribute__((constructor)) static void log_level_from_env(void)
+{
+    const char *v = getenv("DSQ_LOG_LEVEL");
+    if (v)
+        dsq_log_set_level(v);
+}
 
 int dsq_log_set_level(const char *name)
 {

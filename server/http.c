@@ -189,6 +189,7 @@ typedef struct conn {
     bool cancelled;
     double t_cancel;
     double t_first;
+    double queue_ms;             /* from the engine, -1 until reported      */
     /* streaming */
     char *pend;
     size_t pend_len, pend_off, pend_cap;
@@ -520,6 +521,10 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     choice_st *ch = &c->choices[idx];
     dsq_metrics_t *m = c->h->metrics;
 
+    if (o->queue_us > 0 && c->queue_ms < 0) {
+        c->queue_ms = (double)o->queue_us / 1e3;
+        dsq_metrics_observe(m, DSQ_HIST_QUEUE, (double)o->queue_us / 1e6);
+    }
     if (o->n_tokens > 0) {
         if (c->t_first == 0) {
             c->t_first = t;
@@ -756,7 +761,9 @@ static enum MHD_Result do_completions(conn_t *c)
         c->ereqs[p] = dsq_req_create(pr->ids, pr->n_ids, &q->sp, on_notify,
                                      c->w, reason, sizeof(reason));
         if (!c->ereqs[p]) {
-            cancel_all(c);
+            /* nothing was submitted yet: nothing to cancel or wait for */
+            for (int k = 0; k < c->n_ereqs; k++)
+                c->ereq_done[k] = true;
             return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
                               reason[0] ? reason : "invalid request");
         }
@@ -920,6 +927,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         c->h = h;
         c->mc = mc;
         c->t_start = now_s();
+        c->queue_ms = -1;
         c->route = find_route(url);
         snprintf(c->method, sizeof(c->method), "%s", method);
         snprintf(c->path, sizeof(c->path), "%s", url);
@@ -992,9 +1000,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             usage_of(c, &u);
             dsq_log(DSQ_LOG_INFO,
                     "req=%s method=%s path=%s status=%d prompt_tokens=%lld "
-                    "completion_tokens=%lld queue_ms=na ttft_ms=%.1f total_ms=%.1f",
+                    "completion_tokens=%lld queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f",
                     c->id[0] ? c->id : "-", c->method, c->path, st,
                     (long long)u.prompt_tokens, (long long)u.completion_tokens,
+                    c->queue_ms,
                     c->t_first > 0 ? (c->t_first - c->t_start) * 1e3 : -1.0,
                     (t - c->t_start) * 1e3);
         } else {
@@ -1099,9 +1108,9 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     if (h->cfg.tls_cert_pem)
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
+            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
@@ -1112,9 +1121,9 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     else
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
+            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),

@@ -46,8 +46,10 @@ class Daemon:
         self.port = free_port()
         scheme = "https" if tls else "http"
         self.base = f"{scheme}://127.0.0.1:{self.port}"
+        # a small KV budget: the default plan takes most of the RAM, and
+        # several daemons run at once here
         self.args = [exe, "--model", model_path(), "--host", "127.0.0.1",
-                     "--port", str(self.port), *extra]
+                     "--port", str(self.port), "--kv-cache-memory", "256MiB", *extra]
         full_env = dict(os.environ)
         full_env.pop("DSQ_API_KEY", None)
         full_env.update(env or {})

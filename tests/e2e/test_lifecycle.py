@@ -80,3 +80,18 @@ def test_cli():
     assert r.returncode == 1
     r = run_cli("--plan", "--model", "/nonexistent/model.gguf")
     assert r.returncode != 0 and "plan" in r.stderr
+
+
+def test_request_timeout(daemon_factory):
+    d = daemon_factory("--request-timeout", "0.5")
+    body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 4000, "temperature": 0,
+            "ignore_eos": True}
+    r = requests.post(d.url("/v1/completions"), json=body, timeout=120)
+    assert r.status_code == 408, r.text
+    assert r.json()["error"]["code"] == "request_timeout"
+    r = requests.post(d.url("/v1/completions"), json=dict(body, stream=True), stream=True,
+                      timeout=120)
+    ev = sse_events(r)
+    assert ev[-1] == "[DONE]"
+    assert ev[-2]["choices"][0]["finish_reason"] == "abort"
+    assert requests.get(d.url("/health")).status_code == 200

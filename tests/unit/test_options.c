@@ -255,6 +255,27 @@ static void test_help(void **state)
     free(buf);
 }
 
+/* The example config in config/ must stay loadable. */
+static void test_example_config(void **state)
+{
+    dsq_options_t o;
+    char err[256] = "", path[4096];
+    const char *root = getenv("DSQ_SOURCE_ROOT");
+    (void)state;
+    if (!root)
+        fail_msg("DSQ_SOURCE_ROOT is not set (run through meson test)");
+    snprintf(path, sizeof(path), "%s/config/dsqd.json", root);
+    {
+        char *argv[] = {"dsqd", "--config", path};
+        fake_env = NULL;
+        if (load(&o, argv, 3, err))
+            fail_msg("%s: %s", path, err);
+    }
+    assert_int_equal(o.port, 8000);
+    assert_int_equal(o.max_request_bytes, 1048576);
+    dsq_options_deinit(&o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -264,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_example_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,307 @@
+/* tests for engine/engine.c: the engine thread, requests and outputs, on the
+ * real SmolLM2-135M-Instruct Q4_1 model.
+ *  - batch invariance: the greedy output of each of 16 prompts is the same
+ *    alone, among the 15 others, and under preemption forced by a tiny KV
+ *    budget (preemption by recompute must be invisible);
+ *  - n > 1 shares the prompt (fork) and seeded sampling is reproducible;
+ *  - stop strings end the choice and are never emitted;
+ *  - cancellation ends a request with "abort" and frees its KV blocks;
+ *  - prompt + max_tokens > max_model_len is refused with DSQ_ERANGE. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "error.h"
+#include "tokenizer.h"
+
+#define N_PROMPTS 16
+#define MAX_NEW 12
+
+static const char *const prompts[N_PROMPTS] = {
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox",
+    "Water boils at",
+    "In computer science, a linked list is",
+    "Dear Sir or Madam, I am writing to",
+    "The three primary colors are",
+    "import numpy as np\nx =",
+    "Paris, London, Berlin,",
+    "The sun rises in the",
+    "A haiku about autumn:",
+    "Q: What is 2 + 2?\nA:",
+    "The best way to learn a language is",
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+};
+
+typedef struct result {
+    int32_t tokens[256];
+    int n_tokens;
+    char text[4096];
+    size_t text_len;
+    dsq_finish_t finish[8];
+    int n_choices_done;
+    int32_t choice_tokens[8][64];
+    int choice_n[8];
+} result_t;
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int signals;
+} waiter_t;
+
+static void notify(dsq_req_t *r, void *user)
+{
+    (void)r;
+    waiter_t *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->signals++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static waiter_t W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static char model_path[1024];
+
+static dsq_engine_t *open_engine(int64_t kv_bytes, int max_model_len)
+{
+    const char *dir = getenv("DSQ_MODELS_DIR");
+    snprintf(model_path, sizeof(model_path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : "models");
+    if (access(model_path, R_OK) != 0)
+        fail_msg("required test model missing: %s", model_path);
+    dsq_engine_opts_t o = {.model_path = model_path, .kv_cache_memory_bytes = kv_bytes,
+                           .max_model_len = max_model_len, .block_size = 16};
+    char err[512];
+    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
+    if (!e)
+        fail_msg("engine: %s", err);
+    return e;
+}
+
+static dsq_sampling_t greedy(int max_tokens)
+{
+    dsq_sampling_t sp = {.max_tokens = max_tokens, .temperature = 0, .top_p = 1, .n = 1,
+                         .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
+    return sp;
+}
+
+static dsq_req_t *submit(dsq_engine_t *e, const char *text, const dsq_sampling_t *sp)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), text, strlen(text),
+                                          DSQ_TOK_PARSE_SPECIAL, &ids, &n), 0);
+    char err[256];
+    dsq_req_t *r = dsq_req_create(ids, (int)n, sp, notify, &W, err, sizeof(err));
+    free(ids);
+    assert_non_null(r);
+    assert_int_equal(dsq_engine_submit(e, r), DSQ_OK);
+    return r;
+}
+
+/* Drain events until every choice of r has finished. */
+static void collect(dsq_req_t *r, result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    for (;;) {
+        pthread_mutex_lock(&W.mu);
+        int seen = W.signals;
+        pthread_mutex_unlock(&W.mu);
+        dsq_output_t ev;
+        int got = dsq_req_next(r, &ev);
+        if (got < 0)
+            break;
+        if (got == 0) {
+            pthread_mutex_lock(&W.mu);
+            while (W.signals == seen)
+                pthread_cond_wait(&W.cv, &W.mu);
+            pthread_mutex_unlock(&W.mu);
+            continue;
+        }
+        for (int i = 0; i < ev.n_tokens; i++) {
+            if (ev.index == 0 && res->n_tokens < 256)
+                res->tokens[res->n_tokens++] = ev.tokens[i];
+            if (ev.index < 8 && res->choice_n[ev.index] < 64)
+                res->choice_tokens[ev.index][res->choice_n[ev.index]++] = ev.tokens[i];
+        }
+        if (ev.index == 0 && res->text_len + ev.text_len < sizeof(res->text)) {
+            memcpy(res->text + res->text_len, ev.text, ev.text_len);
+            res->text_len += ev.text_len;
+        }
+        if (ev.finish != DSQ_FINISH_NONE && ev.index < 8) {
+            res->finish[ev.index] = ev.finish;
+            res->n_choices_done++;
+        }
+        dsq_output_free(&ev);
+    }
+}
+
+static void wait_idle(dsq_engine_t *e)
+{
+    dsq_engine_stats_t st;
+    for (int i = 0; i < 2000; i++) {
+        dsq_engine_stats(e, &st);
+        if (st.n_running == 0 && st.n_waiting == 0 && st.kv_blocks_used == 0)
+            return;
+        usleep(1000);
+    }
+    fail_msg("engine did not become idle: running=%d waiting=%d blocks_used=%lld", st.n_running,
+             st.n_waiting, (long long)st.kv_blocks_used);
+}
+
+static result_t alone[N_PROMPTS];
+
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    dsq_engine_t *e = open_engine(64 << 20, 512);
+    dsq_sampling_t sp = greedy(MAX_NEW);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        dsq_req_t *r = submit(e, prompts[i], &sp);
+        collect(r, &alone[i]);
+        assert_int_equal(alone[i].n_tokens, MAX_NEW);
+        assert_int_equal(alone[i].finish[0], DSQ_FINISH_LENGTH);
+        dsq_req_unref(r);
+    }
+    /* all together */
+    dsq_req_t *rs[N_PROMPTS];
+    result_t together;
+    for (int i = 0; i < N_PROMPTS; i++)
+        rs[i] = submit(e, prompts[i], &sp);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        collect(rs[i], &together);
+        assert_int_equal(together.n_tokens, MAX_NEW);
+        assert_memory_equal(together.tokens, alone[i].tokens, sizeof(int32_t) * MAX_NEW);
+        assert_string_equal(together.text, alone[i].text);
+        dsq_req_unref(rs[i]);
+    }
+    wait_idle(e);
+    dsq_engine_destroy(e);
+
+    /* a KV budget of 8 blocks (128 tokens): the 16 sequences cannot all
+     * fit, so the scheduler must preempt and recompute */
+    int64_t per_block = 2LL * 30 * 3 * 64 * 2 * 16;
+    e = open_engine(8 * per_block, 128);
+    for (int i = 0; i < N_PROMPTS; i++)
+        rs[i] = submit(e, prompts[i], &sp);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        collect(rs[i], &together);
+        assert_int_equal(together.n_tokens, MAX_NEW);
+        assert_memory_equal(together.tokens, alone[i].tokens, sizeof(int32_t) * MAX_NEW);
+        dsq_req_unref(rs[i]);
+    }
+    wait_idle(e);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    print_message("# tiny KV budget: %lld blocks, %lld preemptions\n",
+                  (long long)st.kv_blocks_total, (long long)st.preemptions_total);
+    assert_true(st.preemptions_total > 0);
+    dsq_engine_destroy(e);
+}
+
+static void test_n_seed_stop_cancel(void **state)
+{
+    (void)state;
+    dsq_engine_t *e = open_engine(64 << 20, 512);
+    /* n = 3 greedy: every choice equals the single greedy answer */
+    dsq_sampling_t sp = greedy(MAX_NEW);
+    sp.n = 3;
+    result_t res;
+    dsq_req_t *r = submit(e, prompts[0], &sp);
+    collect(r, &res);
+    dsq_req_unref(r);
+    assert_int_equal(res.n_choices_done, 3);
+    result_t one;
+    dsq_sampling_t sp1 = greedy(MAX_NEW);
+    r = submit(e, prompts[0], &sp1);
+    collect(r, &one);
+    dsq_req_unref(r);
+    for (int c = 0; c < 3; c++) {
+        assert_int_equal(res.choice_n[c], MAX_NEW);
+        assert_memory_equal(res.choice_tokens[c], one.tokens, sizeof(int32_t) * MAX_NEW);
+    }
+    /* seeded sampling: same seed, same tokens; choices differ from each other */
+    dsq_sampling_t ss = greedy(MAX_NEW);
+    ss.temperature = 1.0f;
+    ss.n = 2;
+    ss.has_seed = true;
+    ss.seed = 1234;
+    result_t s1, s2;
+    r = submit(e, prompts[1], &ss);
+    collect(r, &s1);
+    dsq_req_unref(r);
+    r = submit(e, prompts[1], &ss);
+    collect(r, &s2);
+    dsq_req_unref(r);
+    assert_memory_equal(s1.choice_tokens, s2.choice_tokens, sizeof(s1.choice_tokens));
+    assert_memory_not_equal(s1.choice_tokens[0], s1.choice_tokens[1], sizeof(int32_t) * MAX_NEW);
+
+    /* stop string: take a word from the middle of the greedy text */
+    const char *text = alone[1].text[0] ? alone[1].text : one.text;
+    const char *prompt = alone[1].text[0] ? prompts[1] : prompts[0];
+    size_t tl = strlen(text);
+    assert_true(tl > 8);
+    char stop[8];
+    memcpy(stop, text + tl / 2, 3);
+    stop[3] = 0;
+    const char *stops[] = {stop};
+    dsq_sampling_t st = greedy(MAX_NEW);
+    st.n_stop = 1;
+    st.stop = stops;
+    r = submit(e, prompt, &st);
+    collect(r, &res);
+    dsq_req_unref(r);
+    const char *at = strstr(text, stop);
+    assert_non_null(at);
+    print_message("# stop %s: got [%s]\n", stop, res.text);
+    assert_int_equal(res.finish[0], DSQ_FINISH_STOP);
+    assert_int_equal(res.text_len, (size_t)(at - text));
+    assert_memory_equal(res.text, text, res.text_len);
+    assert_null(strstr(res.text, stop));
+
+    /* cancel a long request after its first output */
+    dsq_sampling_t lg = greedy(400);
+    r = submit(e, prompts[2], &lg);
+    dsq_output_t ev;
+    int got;
+    while ((got = dsq_req_next(r, &ev)) == 0)
+        usleep(1000);
+    assert_int_equal(got, 1);
+    dsq_output_free(&ev);
+    dsq_engine_cancel(e, r);
+    collect(r, &res);
+    assert_int_equal(res.finish[0], DSQ_FINISH_ABORT);
+    dsq_req_unref(r);
+    wait_idle(e);
+
+    /* context too long */
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    dsq_sampling_t big = greedy(510);
+    char err[128];
+    r = dsq_req_create(ids, 8, &big, notify, &W, err, sizeof(err));
+    assert_int_equal(dsq_engine_submit(e, r), DSQ_ERANGE);
+    dsq_req_unref(r);
+    dsq_engine_destroy(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_n_seed_stop_cancel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
