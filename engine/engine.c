@@ -846,6 +846,20 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
+{
+    memset(po, 0, sizeof(*po));
+    po->block_size = opts->block_size;
+    po->kv_dtype = opts->kv_cache_dtype == DSQ_KV_INT8 ? DSQ_KV_INT8 : DSQ_KV_F16;
+    po->max_model_len = opts->max_model_len;
+    po->max_num_seqs = opts->max_num_seqs;
+    po->max_num_batched_tokens = opts->max_num_batched_tokens;
+    po->budget_bytes = opts->memory_limit_bytes;
+    po->kv_cache_bytes = opts->kv_cache_memory_bytes;
+    po->quantize = opts->quantize;
+    po->group_size = opts->quant_group_size;
+}
+
 dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                                 size_t err_len)
 {
@@ -880,12 +894,8 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     for (int i = 0; i < n_t; i++)
         tv[i] = dsq_model_file_tensor(e->file, i);
     dsq_kv_dtype_t kvt = opts->kv_cache_dtype == DSQ_KV_INT8 ? DSQ_KV_INT8 : DSQ_KV_F16;
-    dsq_plan_opts_t po = {
-        .block_size = opts->block_size, .kv_dtype = kvt, .max_model_len = opts->max_model_len,
-        .max_num_seqs = opts->max_num_seqs, .max_num_batched_tokens = opts->max_num_batched_tokens,
-        .budget_bytes = opts->memory_limit_bytes, .kv_cache_bytes = opts->kv_cache_memory_bytes,
-        .quantize = opts->quantize, .group_size = opts->quant_group_size,
-    };
+    dsq_plan_opts_t po;
+    plan_opts_from(opts, &po);
     dsq_plan_t plan;
     int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
     free(tv);
@@ -971,6 +981,74 @@ fail:
     pthread_mutex_destroy(&e->mu);
     free(e);
     return NULL;
+}
+
+/* config.json alone (no weights): read it directly. */
+static int config_only(const char *dir, dsq_model_config_t *c, char *err, size_t err_len)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, err_len, "%.400s: cannot open", path);
+        return DSQ_EIO;
+    }
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf)
+        return DSQ_ENOMEM;
+    int rc = dsq_model_config_from_hf_json(buf, n, c, err, err_len);
+    free(buf);
+    return rc;
+}
+
+int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *err,
+                    size_t err_len)
+{
+    dsq_model_config_t cfg;
+    const dsq_model_config_t *c = &cfg;
+    const dsq_tensor_t **tv = NULL;
+    int n_t = 0, rc;
+    *out = NULL;
+    dsq_model_file_t *f = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err,
+                                              err_len);
+    if (f) {
+        c = dsq_model_file_config(f);
+        n_t = dsq_model_file_n_tensors(f);
+        tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
+        if (!tv) {
+            rc = DSQ_ENOMEM;
+            goto done;
+        }
+        for (int i = 0; i < n_t; i++)
+            tv[i] = dsq_model_file_tensor(f, i);
+    } else {
+        char err2[512];
+        rc = config_only(opts->model_path, &cfg, err2, sizeof(err2));
+        if (rc)
+            goto done;    /* keep the loader's message: it says more */
+    }
+    dsq_plan_opts_t po;
+    plan_opts_from(opts, &po);
+    dsq_plan_t plan;
+    rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
+    if (rc == DSQ_OK || rc == DSQ_ERANGE) {
+        int64_t need = (plan.max_model_len + plan.block_size - 1) / plan.block_size;
+        if (rc == DSQ_OK && plan.num_blocks < need) {
+            snprintf(err, err_len, "one sequence of max_model_len %d needs %lld blocks; the "
+                     "KV budget holds %lld", plan.max_model_len, (long long)need,
+                     (long long)plan.num_blocks);
+            rc = DSQ_ERANGE;
+        }
+        *out = json ? dsq_plan_format_json(&plan, c) : dsq_plan_format_table(&plan, c);
+        if (!*out)
+            rc = DSQ_ENOMEM;
+    }
+done:
+    free(tv);
+    dsq_model_file_close(f);
+    return rc;
 }
 
 void dsq_engine_destroy(dsq_engine_t *e)

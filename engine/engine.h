@@ -43,6 +43,17 @@ typedef struct dsq_engine_opts {
  * one-line reason in err. */
 dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                                 size_t err_len);
+/* Memory plan for opts without loading weights (engine/planner.h): opens
+ * the model file's header and tensor table, or, for a directory holding
+ * only config.json, the config alone (weights then assumed in the
+ * opts->quantize format, FP16 otherwise). *out receives a malloc'd table
+ * (json = false) or JSON object (json = true). Returns 0, or a negative
+ * DSQ_E* with a reason in err (unreadable model, bad config; DSQ_ERANGE
+ * when the budget cannot hold one sequence of max_model_len, with *out
+ * still filled so the numbers can be shown). */
+int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *err,
+                    size_t err_len);
+
 /* Stop the engine thread (ending every request with finish_reason "abort")
  * and free everything. NULL is a no-op. */
 void dsq_engine_destroy(dsq_engine_t *e);

@@ -235,6 +235,17 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     else
         out->kv_budget_bytes = out->budget_bytes - out->weight_bytes - out->workspace_bytes -
                                out->overhead_bytes;
+    if (o->kv_cache_bytes <= 0) {
+        /* CPU default, as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE = 4
+         * GiB): never more than 4 GiB, and never more than every sequence
+         * at max_model_len could use. */
+        int64_t cap = (int64_t)4 << 30;
+        int64_t need = S * (int64_t)out->max_model_len * out->kv_bytes_per_token;
+        if (need > 0 && need < cap)
+            cap = need;
+        if (out->kv_budget_bytes > cap)
+            out->kv_budget_bytes = cap;
+    }
     if (out->kv_budget_bytes < 0)
         out->kv_budget_bytes = 0;
     out->num_blocks = out->block_bytes > 0 ? out->kv_budget_bytes / out->block_bytes : 0;

@@ -37,7 +37,11 @@ typedef struct dsq_plan_opts {
     int max_num_batched_tokens;   /* default 2048                             */
     int64_t budget_bytes;         /* total memory for weights+KV+workspace;
                                      default: half of physical RAM (CPU)      */
-    int64_t kv_cache_bytes;       /* explicit KV budget: overrides the rest   */
+    int64_t kv_cache_bytes;       /* explicit KV budget: overrides the rest;
+                                     default: what the budget leaves after
+                                     weights and workspace, capped at 4 GiB
+                                     (vLLM CPU's default KV space) and at
+                                     max_num_seqs x max_model_len tokens      */
     const char *quantize;         /* "int4" = RTN linear weights at load      */
     int group_size;               /* INT4 group with quantize (default 32)    */
 } dsq_plan_opts_t;
