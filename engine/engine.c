@@ -81,6 +81,8 @@ struct dsq_req {
     int n_live;
     bool forked;
     bool counted_waiting;
+    bool queue_reported;           /* queue_us sent on the first event        */
+    double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
 };
@@ -104,6 +106,8 @@ struct dsq_engine {
     uv_async_t async;
     uv_idle_t idle;
     bool idle_on;
+    uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
+    int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
 
     pthread_mutex_t mu;            /* guards submit queue and stats           */
     dsq_req_t **subq;
@@ -433,6 +437,12 @@ static void flush_event(eseq_t *s)
     ev->text = s->ev_text ? s->ev_text : strdup("");
     ev->text_len = s->ev_text_len;
     ev->n_top = s->req->sp.logprobs > 0 ? s->req->sp.logprobs : 0;
+    if (!s->req->queue_reported && s->req->t_sched > 0) {
+        ev->queue_us = (int64_t)((s->req->t_sched - s->req->t_arrival) * 1e6);
+        if (ev->queue_us <= 0)
+            ev->queue_us = 1;
+        s->req->queue_reported = true;
+    }
     if (ev->finish != DSQ_FINISH_NONE) {
         ev->prompt_tokens = s->req->n_prompt;
         ev->completion_tokens = s->n_generated;
@@ -727,6 +737,8 @@ static bool engine_step(dsq_engine_t *e)
         }
         for (int i = 0; i < out.n_seqs && !rc; i++) {
             eseq_t *s = (eseq_t *)out.seqs[i]->owner;
+            if (s->req->t_sched == 0)
+                s->req->t_sched = now_s();
             if (s->req->counted_waiting) {
                 s->req->counted_waiting = false;
                 atomic_fetch_sub(&e->n_waiting, 1);
@@ -794,6 +806,15 @@ static bool engine_step(dsq_engine_t *e)
 static void on_idle(uv_idle_t *h)
 {
     dsq_engine_t *e = h->data;
+    /* == deploy: test-only wedge (debug builds), once, on the first step == */
+    if (e->wedge_ms > 0) {
+        struct timespec ts = {e->wedge_ms / 1000, (long)(e->wedge_ms % 1000) * 1000000L};
+        dsq_log(DSQ_LOG_WARN, "event=engine_wedged_for_test ms=%d", e->wedge_ms);
+        e->wedge_ms = 0;
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+    }
+    /* == end deploy == */
     if (!engine_step(e)) {
         pthread_mutex_lock(&e->mu);
         bool more = e->subq_n > 0;
@@ -820,6 +841,13 @@ static void on_close(uv_handle_t *h)
     (void)h;
 }
 
+/* == deploy: heartbeat timer callback (engine thread) == */
+static void on_heartbeat(uv_timer_t *h)
+{
+    dsq_engine_t *e = h->data;
+    e->o.heartbeat(e->o.heartbeat_user);
+}
+
 static void on_async(uv_async_t *h)
 {
     dsq_engine_t *e = h->data;
@@ -831,6 +859,7 @@ static void on_async(uv_async_t *h)
         uv_idle_stop(&e->idle);
         uv_close((uv_handle_t *)&e->idle, on_close);
         uv_close((uv_handle_t *)&e->async, on_close);
+        uv_close((uv_handle_t *)&e->heartbeat, on_close);   /* deploy */
         return;
     }
     if (!e->idle_on) {
@@ -846,11 +875,24 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+/* KV element type: explicit, or "auto" = FP32 for FP32 models (the token
+ * embedding's type stands for the model's storage type), FP16 otherwise. */
+static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f)
+{
+    if (opts->kv_cache_dtype == DSQ_KV_INT8 || opts->kv_cache_dtype == DSQ_KV_F32)
+        return (dsq_kv_dtype_t)opts->kv_cache_dtype;
+    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f) {
+        const dsq_tensor_t *t = dsq_model_file_find(f, "token_embd.weight");
+        if (t && t->type == DSQ_TYPE_F32)
+            return DSQ_KV_F32;
+    }
+    return DSQ_KV_F16;
+}
+
 static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
 {
     memset(po, 0, sizeof(*po));
     po->block_size = opts->block_size;
-    po->kv_dtype = opts->kv_cache_dtype == DSQ_KV_INT8 ? DSQ_KV_INT8 : DSQ_KV_F16;
     po->max_model_len = opts->max_model_len;
     po->max_num_seqs = opts->max_num_seqs;
     po->max_num_batched_tokens = opts->max_num_batched_tokens;
@@ -893,9 +935,10 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     }
     for (int i = 0; i < n_t; i++)
         tv[i] = dsq_model_file_tensor(e->file, i);
-    dsq_kv_dtype_t kvt = opts->kv_cache_dtype == DSQ_KV_INT8 ? DSQ_KV_INT8 : DSQ_KV_F16;
+    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file);
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
+    po.kv_dtype = kvt;
     dsq_plan_t plan;
     int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
     free(tv);
@@ -930,8 +973,13 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
             (long long)plan.coarse_estimate_bytes, (long long)plan.num_blocks,
             (long long)plan.max_tokens, (long long)plan.kv_bytes_per_token,
             (long long)plan.workspace_bytes);
-    e->kv = dsq_kv_create((int)c->n_layer, (int)c->n_head_kv, (int)c->head_dim, block_size,
-                          n_blocks, kvt, err, err_len);
+    /* ds2: the model says what its cache holds (MLA: one latent + rope key
+     * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
+    int kv_heads, kv_dim;
+    bool kv_has_v;
+    dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
+    e->kv = dsq_kv_create_ex((int)c->n_layer, kv_heads, kv_dim, block_size,
+                             n_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
         goto fail;
     dsq_sched_opts_t so = {
@@ -954,10 +1002,24 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     uv_idle_init(&e->loop, &e->idle);
     e->async.data = e;
     e->idle.data = e;
+    /* == deploy: heartbeat timer and the debug-only test wedge == */
+    uv_timer_init(&e->loop, &e->heartbeat);
+    e->heartbeat.data = e;
+    if (opts->heartbeat && opts->heartbeat_interval_ms > 0)
+        uv_timer_start(&e->heartbeat, on_heartbeat, (uint64_t)opts->heartbeat_interval_ms,
+                       (uint64_t)opts->heartbeat_interval_ms);
+#ifndef NDEBUG
+    {
+        const char *w = getenv("DSQ_TEST_WEDGE_ENGINE_MS");
+        e->wedge_ms = w ? atoi(w) : 0;
+    }
+#endif
+    /* == end deploy == */
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, err_len, "cannot start the engine thread");
         uv_close((uv_handle_t *)&e->idle, NULL);
         uv_close((uv_handle_t *)&e->async, NULL);
+        uv_close((uv_handle_t *)&e->heartbeat, NULL);   /* deploy */
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         goto fail;
@@ -1031,6 +1093,7 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
     }
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
+    po.kv_dtype = kv_dtype_for(opts, f);
     dsq_plan_t plan;
     rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
     if (rc == DSQ_OK || rc == DSQ_ERANGE) {
@@ -1082,6 +1145,11 @@ const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e)
 }
 
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e) { return e->tok; }
+/* chatapi: the model's chat template, for the server's /v1/chat/completions */
+const char *dsq_engine_chat_template(const dsq_engine_t *e)
+{
+    return dsq_model_file_chat_template(e->file);
+}
 int dsq_engine_max_model_len(const dsq_engine_t *e) { return e->max_model_len; }
 
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)

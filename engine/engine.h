@@ -17,6 +17,8 @@
 #include "model_config.h"
 #include "tokenizer.h"
 
+#define DSQ_ENGINE_KV_AUTO (-1)
+
 typedef struct dsq_engine dsq_engine_t;
 typedef struct dsq_req dsq_req_t;
 
@@ -30,13 +32,29 @@ typedef struct dsq_engine_opts {
     int max_num_batched_tokens;      /* default max(2048, max_model_len)?       */
     int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
     int block_size;                  /* tokens per KV block, default 16         */
-    int kv_cache_dtype;              /* dsq_kv_dtype_t                          */
+    int kv_cache_dtype;              /* dsq_kv_dtype_t, or DSQ_ENGINE_KV_AUTO:
+                                        FP32 for a model stored in FP32
+                                        (like vLLM's "auto" = model dtype),
+                                        FP16 otherwise                       */
     int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
     int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
     bool enable_prefix_caching;
     int n_threads;                   /* CPU threads, default physical cores     */
     const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
     int quant_group_size;            /* with quantize=int4: 32/64/128           */
+    /* == deploy: liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
+     * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
+     * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from
+     * a uv_timer_t on its own loop, i.e. between scheduler steps: an engine
+     * wedged inside a step (or its loop) stops calling it, which is the
+     * point. The first call comes one interval after dsq_engine_create().
+     * Must not block (dsqd sends sd_notify("WATCHDOG=1")). NULL/0 = off.
+     * Debug builds only (NDEBUG unset): env DSQ_TEST_WEDGE_ENGINE_MS=N makes
+     * the engine thread sleep N ms at the start of its first step, so tests
+     * can observe a hung engine (heartbeats stop, HTTP threads still answer). */
+    void (*heartbeat)(void *user);
+    void *heartbeat_user;
+    int heartbeat_interval_ms;
 } dsq_engine_opts_t;
 
 /* Load the model and start the engine thread. On failure returns NULL with a
@@ -62,6 +80,13 @@ void dsq_engine_destroy(dsq_engine_t *e);
 const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e);
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e);
 int dsq_engine_max_model_len(const dsq_engine_t *e);
+/* chatapi: the model's own chat template (NUL-terminated Jinja2 text,
+ * owned by the engine): GGUF tokenizer.chat_template, or for a HF
+ * directory tokenizer_config.json chat_template (string, or the "default"
+ * entry of a named list) / chat_template.jinja (engine/loader.h). NULL
+ * when the model has none (llama2.c checkpoints never do). The BOS/EOS
+ * token text for rendering comes from dsq_tokenizer_token_str(). */
+const char *dsq_engine_chat_template(const dsq_engine_t *e);
 
 /* Snapshot of engine counters for /metrics and /health. */
 typedef struct dsq_engine_stats {

@@ -13,6 +13,7 @@
 
 struct dsq_kv_cache {
     int n_layers, n_kv_heads, head_dim, block_size, n_groups;
+    bool has_v;              /* ds2: false for MLA (latent cache, K pool only) */
     int64_t n_blocks;
     dsq_kv_dtype_t dtype;
     dsq_kv_layer_t *layers;
@@ -32,12 +33,24 @@ size_t dsq_kv_bytes_per_token_layer(int n_kv_heads, int head_dim,
     size_t vals = (size_t)n_kv_heads * (size_t)head_dim;
     if (dtype == DSQ_KV_INT8)
         return 2 * (vals + (size_t)n_kv_heads * (size_t)kv_groups(head_dim) * 4);
+    if (dtype == DSQ_KV_F32)    /* ds2 */
+        return 2 * vals * 4;
     return 2 * vals * 2;
 }
 
 dsq_kv_cache_t *dsq_kv_create(int n_layers, int n_kv_heads, int head_dim,
                               int block_size, int64_t n_blocks,
                               dsq_kv_dtype_t dtype, char *err, size_t err_len)
+{
+    return dsq_kv_create_ex(n_layers, n_kv_heads, head_dim, block_size, n_blocks,
+                            dtype, true, err, err_len);
+}
+
+/* ds2: has_v false allocates only the K pool (and its INT8 scales). */
+dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
+                                 int block_size, int64_t n_blocks,
+                                 dsq_kv_dtype_t dtype, bool has_v, char *err,
+                                 size_t err_len)
 {
     dsq_kv_cache_t *kv = NULL;
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 ||
@@ -56,6 +69,7 @@ dsq_kv_cache_t *dsq_kv_create(int n_layers, int n_kv_heads, int head_dim,
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->dtype = dtype;
+    kv->has_v = has_v;
     kv->n_groups = kv_groups(head_dim);
     kv->layers = calloc((size_t)n_layers, sizeof(*kv->layers));
     kv->free_stack = malloc((size_t)n_blocks * sizeof(*kv->free_stack));
@@ -66,7 +80,7 @@ dsq_kv_cache_t *dsq_kv_create(int n_layers, int n_kv_heads, int head_dim,
                     (size_t)head_dim;
     size_t n_sc = (size_t)n_blocks * (size_t)block_size * (size_t)n_kv_heads *
                   (size_t)kv->n_groups;
-    size_t elem = dtype == DSQ_KV_INT8 ? 1 : 2;
+    size_t elem = dtype == DSQ_KV_INT8 ? 1 : dtype == DSQ_KV_F32 ? 4 : 2;
     for (int l = 0; l < n_layers; l++) {
         dsq_kv_layer_t *L = &kv->layers[l];
         L->dtype = dtype;
@@ -75,15 +89,15 @@ dsq_kv_cache_t *dsq_kv_create(int n_layers, int n_kv_heads, int head_dim,
         L->head_dim = head_dim;
         L->n_blocks = n_blocks;
         L->k = calloc(n_vals, elem);
-        L->v = calloc(n_vals, elem);
-        if (!L->k || !L->v)
+        L->v = has_v ? calloc(n_vals, elem) : NULL;
+        if (!L->k || (has_v && !L->v))
             goto fail;
         if (dtype == DSQ_KV_INT8) {
             L->k_scale = calloc(n_sc, 2);
             L->k_zero = calloc(n_sc, 2);
-            L->v_scale = calloc(n_sc, 2);
-            L->v_zero = calloc(n_sc, 2);
-            if (!L->k_scale || !L->k_zero || !L->v_scale || !L->v_zero)
+            L->v_scale = has_v ? calloc(n_sc, 2) : NULL;
+            L->v_zero = has_v ? calloc(n_sc, 2) : NULL;
+            if (!L->k_scale || !L->k_zero || (has_v && (!L->v_scale || !L->v_zero)))
                 goto fail;
         }
     }
@@ -200,18 +214,19 @@ static void copy_block(dsq_kv_cache_t *kv, int32_t dst, int32_t src)
 {
     size_t per_block = (size_t)kv->block_size * (size_t)kv->n_kv_heads *
                        (size_t)kv->head_dim;
-    size_t elem = kv->dtype == DSQ_KV_INT8 ? 1 : 2;
+    size_t elem = kv->dtype == DSQ_KV_INT8 ? 1 : kv->dtype == DSQ_KV_F32 ? 4 : 2;
     size_t sc = (size_t)kv->block_size * (size_t)kv->n_kv_heads *
                 (size_t)kv->n_groups * 2;
     for (int l = 0; l < kv->n_layers; l++) {
         dsq_kv_layer_t *L = &kv->layers[l];
         memcpy((char *)L->k + (size_t)dst * per_block * elem,
                (char *)L->k + (size_t)src * per_block * elem, per_block * elem);
-        memcpy((char *)L->v + (size_t)dst * per_block * elem,
-               (char *)L->v + (size_t)src * per_block * elem, per_block * elem);
+        if (kv->has_v)
+            memcpy((char *)L->v + (size_t)dst * per_block * elem,
+                   (char *)L->v + (size_t)src * per_block * elem, per_block * elem);
         if (kv->dtype == DSQ_KV_INT8) {
             uint16_t *arrs[4] = {L->k_scale, L->k_zero, L->v_scale, L->v_zero};
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < (kv->has_v ? 4 : 2); a++)
                 memcpy((char *)arrs[a] + (size_t)dst * sc,
                        (char *)arrs[a] + (size_t)src * sc, sc);
         }

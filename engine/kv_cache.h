@@ -36,6 +36,16 @@ size_t dsq_kv_bytes_per_token_layer(int n_kv_heads, int head_dim,
 dsq_kv_cache_t *dsq_kv_create(int n_layers, int n_kv_heads, int head_dim,
                               int block_size, int64_t n_blocks,
                               dsq_kv_dtype_t dtype, char *err, size_t err_len);
+/* As dsq_kv_create; has_v false (ds2: DeepSeek-V2 MLA, see
+ * dsq_model_kv_shape) allocates only the K pool and its INT8 scale/zero
+ * arrays: each layer's v, v_scale, v_zero are NULL and the cache holds one
+ * head_dim vector per token per layer (the latent + rope key), written with
+ * dsq_cpu_mla_kv_write and read by dsq_cpu_mla_attention. Bytes per token
+ * per layer are then half of dsq_kv_bytes_per_token_layer's. */
+dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
+                                 int block_size, int64_t n_blocks,
+                                 dsq_kv_dtype_t dtype, bool has_v, char *err,
+                                 size_t err_len);
 void dsq_kv_destroy(dsq_kv_cache_t *kv);   /* NULL is a no-op */
 
 const dsq_kv_layer_t *dsq_kv_layer(const dsq_kv_cache_t *kv, int layer);

@@ -15,6 +15,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "log.h"
+#include "model_internal.h"   /* ds2: DeepSeek-V2 graph dispatch */
 #include "quant.h"
 #include "tensor.h"
 
@@ -38,7 +39,22 @@ struct dsq_model {
     /* workspace, sized for ws_tokens rows */
     int ws_tokens;
     float *x, *h, *q, *k, *v, *att, *g, *u, *lg;
+
+    dsq_model_tap_fn tap;    /* == activation tap (quant): see model.h == */
+    void *tap_user;
+
+    dsq_ds2_t *ds2;          /* ds2: DeepSeek-V2/V3 graph, NULL for llama/qwen2 */
 };
+
+void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
+{
+    m->tap = fn;
+    m->tap_user = user;
+}
+
+/* Hand one linear input site to the tap, if any. */
+#define TAP(site, ptr, kk) \
+    do { if (m->tap) m->tap(m->tap_user, (int)l, site, ptr, T, kk); } while (0)
 
 const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
 size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
@@ -233,6 +249,21 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     int rc = DSQ_OK;
     char base[128];
 
+    /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
+    if (c->arch == DSQ_ARCH_DEEPSEEK2) {
+        m = calloc(1, sizeof(*m));
+        if (!m) {
+            snprintf(err, err_len, "model: out of memory");
+            return NULL;
+        }
+        m->cfg = *c;
+        m->ds2 = dsq__ds2_create(m, f, opts, err, err_len);
+        if (!m->ds2) {
+            dsq_model_destroy(m);
+            m = NULL;
+        }
+        return m;
+    }
     if (c->arch != DSQ_ARCH_LLAMA && c->arch != DSQ_ARCH_QWEN2) {
         snprintf(err, err_len, "model: architecture %s is not supported by the "
                  "llama/qwen2 graph", dsq_arch_name(c->arch));
@@ -317,6 +348,7 @@ void dsq_model_destroy(dsq_model_t *m)
 {
     if (!m)
         return;
+    dsq__ds2_destroy(m->ds2);   /* ds2 */
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
@@ -356,6 +388,8 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     const dsq_model_config_t *c = &m->cfg;
     int T = b->n_tokens;
     int rc;
+    if (m->ds2)                 /* ds2 */
+        return dsq__ds2_forward(m->ds2, kv, b, logits);
     if (T <= 0 || b->n_logits < 0 || b->n_logits > T)
         return DSQ_EINVAL;
     for (int i = 0; i < b->n_logits; i++)
@@ -378,6 +412,7 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         const layer_weights_t *L = &m->layers[l];
         const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
         rc = dsq_cpu_rmsnorm(m->h, m->x, L->attn_norm, T, d, eps);
+        if (!rc) TAP("attn_q", m->h, d);
         if (!rc) rc = dsq_cpu_matmul(m->q, m->h, T, &L->wq);
         if (!rc) rc = dsq_cpu_matmul(m->k, m->h, T, &L->wk);
         if (!rc) rc = dsq_cpu_matmul(m->v, m->h, T, &L->wv);
@@ -386,12 +421,15 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         if (!rc) rc = dsq_cpu_kv_write(kl, m->k, m->v, b->slot, T);
         if (!rc) rc = dsq_cpu_attention(m->att, m->q, T, (int)nh, kl, b->row_seq, b->pos,
                                         b->block_tables, b->max_blocks, m->attn_scale);
+        if (!rc) TAP("attn_output", m->att, nh * hd);
         if (!rc) rc = dsq_cpu_matmul(m->h, m->att, T, &L->wo);
         if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
         if (!rc) rc = dsq_cpu_rmsnorm(m->h, m->x, L->ffn_norm, T, d, eps);
+        if (!rc) TAP("ffn_gate", m->h, d);
         if (!rc) rc = dsq_cpu_matmul(m->g, m->h, T, &L->w_gate);
         if (!rc) rc = dsq_cpu_matmul(m->u, m->h, T, &L->w_up);
         if (!rc) rc = dsq_cpu_swiglu(m->g, m->g, m->u, T, ff);
+        if (!rc) TAP("ffn_down", m->g, ff);
         if (!rc) rc = dsq_cpu_matmul(m->h, m->g, T, &L->w_down);
         if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
     }
@@ -404,4 +442,43 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     if (!rc)
         rc = dsq_cpu_matmul(logits, m->lg, b->n_logits, &m->output);
     return rc;
+}
+
+/* ---- ds2: helpers shared with engine/model_deepseek2.c (model_internal.h) */
+
+int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
+                           const dsq_model_opts_t *opts, const char *base,
+                           int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                           char *err, size_t err_len)
+{
+    return load_linear(m, f, opts, base, n, k, quantize, w, err, err_len);
+}
+
+int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
+                        int64_t n, bool required, const float **out, char *err,
+                        size_t err_len)
+{
+    return load_vec(m, f, name, n, required, out, err, err_len);
+}
+
+int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes)
+{
+    if (p)
+        m->weight_bytes += bytes;
+    return keep(m, p, bytes);
+}
+
+void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
+                        bool *has_v)
+{
+    const dsq_model_config_t *c = &m->cfg;
+    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
+        *n_kv_heads = 1;
+        *head_dim = (int)(c->kv_lora_rank + c->qk_rope_head_dim);
+        *has_v = false;
+    } else {
+        *n_kv_heads = (int)c->n_head_kv;
+        *head_dim = (int)c->head_dim;
+        *has_v = true;
+    }
 }

@@ -1,6 +1,7 @@
 /* The model graph: weights in kernel layout and the forward pass of the
  * llama and qwen2 architectures over a ragged batch.
  *
+ * (deepseek2: MLA + MoE, engine/model_deepseek2.c, dispatched from here.)
  * Architecture sources: LLaMA (Touvron et al. 2023; pre-RMSNorm, SwiGLU,
  * RoPE, GQA), Qwen2 (Yang et al. 2024; biases on q/k/v), as implemented by
  * transformers' modeling_llama.py / modeling_qwen2.py and llama.cpp.
@@ -14,6 +15,7 @@
 #ifndef DSQ_MODEL_H
 #define DSQ_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +47,14 @@ size_t dsq_model_owned_bytes(const dsq_model_t *m);
 /* Bytes of all weights as the kernels read them (owned + mapped views). */
 size_t dsq_model_weight_bytes(const dsq_model_t *m);
 
+/* Shape of the KV cache the model's forward pass expects, for
+ * dsq_kv_create_ex: llama/qwen2 n_head_kv x head_dim keys and values;
+ * deepseek2 (MLA) one vector of kv_lora_rank + qk_rope_head_dim values per
+ * token and layer (latent + rope key) and no V pool (*has_v false). This is
+ * what dsq_plan_kv_bytes_per_token counts. */
+void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
+                        bool *has_v);
+
 /* One forward step.
  *   tokens/pos/row_seq/slot: [n_tokens]; token ids, positions, the block
  *     table row of each token, and its KV cache slot.
@@ -70,5 +80,18 @@ typedef struct dsq_batch {
  * slot out of the cache) or DSQ_ENOMEM. */
 int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
                       float *logits);
+
+/* == activation tap (owner: quant; used by tools/dsq-quantize for AWQ/GPTQ
+ * calibration) ==
+ * Called by dsq_model_forward with the fp32 input activations of each linear
+ * input site, before the matmul, on the engine thread:
+ *   layer: 0..n_layer-1; site: "attn_q" (input of q/k/v, after attn_norm),
+ *   "attn_output" (input of o_proj), "ffn_gate" (input of gate/up, after
+ *   ffn_norm), "ffn_down" (input of down_proj, after SwiGLU);
+ *   x: [n_tokens][k] fp32 row-major, read-only, valid only during the call.
+ * fn NULL removes the tap. No effect on the forward result. */
+typedef void (*dsq_model_tap_fn)(void *user, int layer, const char *site,
+                                 const float *x, int n_tokens, int64_t k);
+void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user);
 
 #endif

@@ -27,7 +27,8 @@ int64_t dsq_plan_kv_bytes_per_token(const dsq_model_config_t *c, dsq_kv_dtype_t 
 {
     if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
         int64_t vals = c->kv_lora_rank + c->qk_rope_head_dim;
-        int64_t per = dt == DSQ_KV_INT8 ? vals + (vals / 64 > 0 ? vals / 64 : 1) * 4 : vals * 2;
+        int64_t per = dt == DSQ_KV_INT8 ? vals + (vals / 64 > 0 ? vals / 64 : 1) * 4
+                      : dt == DSQ_KV_F32 ? vals * 4 : vals * 2;
         return c->n_layer * per;
     }
     return c->n_layer *

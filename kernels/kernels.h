@@ -6,8 +6,9 @@
  * is the reference in tests. All matrices are row-major; activations are
  * fp32 on the CPU backend. Ops return 0 or a negative DSQ_E* code.
  *
- * CPU ops parallelise internally with OpenMP; the thread count is set once
- * with dsq_cpu_set_threads().
+ * CPU ops parallelise internally on a persistent pthread pool
+ * (kernels/cpu/threadpool.c; small ops run inline on the calling thread);
+ * the thread count is set once with dsq_cpu_set_threads().
  */
 #ifndef DSQ_KERNELS_H
 #define DSQ_KERNELS_H
@@ -82,8 +83,11 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out);
 /* ------------------------------------------------------------ CPU control */
 
 /* Number of threads CPU ops may use (>= 1; default: physical cores, from
- * sysfs topology). Every OpenMP region of the CPU ops passes it explicitly,
- * so it applies whichever thread calls the op. Returns 0 or DSQ_EINVAL. */
+ * sysfs topology), the calling thread included: it sizes the ops' thread
+ * pool, so it applies whichever thread calls the op. Call it while no CPU
+ * op runs. Idle pool threads spin for DSQ_CPU_SPIN_US microseconds (env,
+ * default 200) after a job, then sleep on a futex. Returns 0 or
+ * DSQ_EINVAL. */
 int dsq_cpu_set_threads(int n_threads);
 int dsq_cpu_get_threads(void);
 /* Instruction-set level the CPU ops picked from CPUID at first use:
@@ -202,6 +206,12 @@ typedef enum dsq_kv_dtype {
                          head_dim one fp16 scale s and one fp16 zero z:
                          v = (q - z) * s. head_dim not a multiple of 64 uses
                          one group per head (dsq_kv_n_groups).           */
+    DSQ_KV_F32 = 2,   /* fp32 values, exact (CPU kv_write/attention and the
+                         MLA ops). The engine picks it for "auto" when the
+                         model's weights are FP32: fp16 rounding of cached
+                         values moves tiny FP32 models' logits by ~2e-3
+                         relative, more than a reference comparison allows.
+                         The CUDA ops support F16 and INT8 only.          */
 } dsq_kv_dtype_t;
 
 /* Groups per head of an INT8 KV cache: head_dim / 64 when head_dim is a
@@ -263,6 +273,105 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                       const dsq_kv_layer_t *kv, const int32_t *row_seq,
                       const int32_t *row_pos, const int32_t *block_tables,
                       int max_blocks, float scale);
+
+/* ------------------------------------------ DeepSeek-V2 MLA and MoE (ds2) */
+
+/* Multi-head latent attention in the absorbed form (DeepSeek-V2 paper,
+ * arXiv:2405.04434, section 2.1; kernels/cpu/mla_attention.c).
+ * The cache layer kv holds one vector per token (n_kv_heads == 1, no V
+ * pool needed: kv->v is ignored): head_dim D = kv_lora_rank + rope dims,
+ * the normalised latent c followed by the RoPE'd shared key k_pe.
+ *   q:   [m][n_heads][D] fp32: per head [W_UK_h^T q_nope_h, rope(q_pe_h)]
+ *   out: [m][n_heads][kv_lora_rank] fp32, must not alias q:
+ *        sum_t softmax_t(scale * q_h . cache_t) * c_t (the caller applies
+ *        W_UV_h, then o_proj).
+ * row_seq/row_pos/block_tables/max_blocks and the causal rule are as in
+ * dsq_cpu_attention (a row attends to positions 0..row_pos of its
+ * sequence). FP16, INT8 or F32 cache, dequantised on the fly; online softmax.
+ * Returns 0, DSQ_EINVAL (NULL pointers, n_kv_heads != 1, kv_lora_rank
+ * outside [1, D], bad shapes, row_seq < 0), DSQ_ERANGE (row_pos out of the
+ * table, attended block id outside [0, n_blocks)) or DSQ_ENOMEM. */
+int dsq_cpu_mla_attention(float *out, const float *q, int64_t m, int n_heads,
+                          int kv_lora_rank, const dsq_kv_layer_t *kv,
+                          const int32_t *row_seq, const int32_t *row_pos,
+                          const int32_t *block_tables, int max_blocks, float scale);
+
+/* Write m latent rows ([m][D] fp32, D = kv->head_dim, n_kv_heads == 1)
+ * into slots slot[i] of an MLA cache layer (no V pool). Same rounding and
+ * INT8 scheme as dsq_cpu_kv_write (it is that writer applied to K only);
+ * DSQ_KV_F32 stores the values exactly.
+ * Returns 0, DSQ_EINVAL or DSQ_ERANGE (slot outside the cache). */
+int dsq_cpu_mla_kv_write(const dsq_kv_layer_t *kv, const float *latent,
+                         const int32_t *slot, int64_t m);
+
+/* Read m cached latent vectors (slots slot[i]) back as fp32 out[m][D]
+ * (dequantised). Returns 0, DSQ_EINVAL or DSQ_ERANGE. */
+int dsq_cpu_mla_kv_read(const dsq_kv_layer_t *kv, const int32_t *slot, int64_t m,
+                        float *out);
+
+/* MLA in the expanded (prefill) form, for m rows of ONE sequence over a
+ * dense context of n_ctx positions whose per-head keys/values the caller
+ * expanded from the cached latents (kv = latent · kv_b_proj^T):
+ *   q:    [m][n_heads][qk_nope_dim + qk_rope_dim] fp32 (rope part RoPE'd)
+ *   kv:   [n_ctx][n_heads][qk_nope_dim + v_dim] fp32 (k_nope then v)
+ *   k_pe: [n_ctx][qk_rope_dim] fp32, the shared RoPE'd key
+ *   out:  [m][n_heads][v_dim] fp32
+ * Row i attends to positions 0..row_pos[i] (causal); scores
+ * scale * (q_nope . k_nope + q_pe . k_pe), softmax in fp32. Mathematically
+ * equal to dsq_cpu_mla_attention followed by W_UV (DeepSeek-V2 section
+ * 2.1.2); cheaper when many rows share a long context.
+ * Returns 0, DSQ_EINVAL, DSQ_ERANGE (row_pos outside [0, n_ctx)) or
+ * DSQ_ENOMEM. */
+int dsq_cpu_mla_attention_dense(float *out, const float *q, int64_t m, int n_heads,
+                                const int32_t *row_pos, const float *kv,
+                                const float *k_pe, int64_t n_ctx, int qk_nope_dim,
+                                int qk_rope_dim, int v_dim, float scale);
+
+typedef enum dsq_moe_topk {
+    DSQ_MOE_TOPK_GREEDY = 0,         /* top-k over all experts                */
+    DSQ_MOE_TOPK_GROUP_LIMITED = 1,  /* groups ranked by their max score       */
+    DSQ_MOE_TOPK_NOAUX_TC = 2,       /* groups ranked by sum of their top-2    */
+} dsq_moe_topk_t;
+
+typedef enum dsq_moe_score {
+    DSQ_MOE_SCORE_SOFTMAX = 0,
+    DSQ_MOE_SCORE_SIGMOID = 1,
+} dsq_moe_score_t;
+
+/* Router configuration (DeepSeek-V2/V3 config.json names in brackets). */
+typedef struct dsq_moe_route {
+    int n_experts;                 /* [n_routed_experts], 1..4096             */
+    int top_k;                     /* [num_experts_per_tok], <= n_experts     */
+    int n_group, topk_group;       /* [n_group], [topk_group]; n_group divides
+                                      n_experts; 1..n_group groups kept       */
+    dsq_moe_topk_t method;         /* [topk_method]                           */
+    dsq_moe_score_t scoring;       /* [scoring_func]                          */
+    bool norm_topk_prob;           /* w /= sum(w) + 1e-20 before scaling      */
+    float routed_scaling_factor;   /* [routed_scaling_factor]                 */
+    const float *bias;             /* [e_score_correction_bias] fp32
+                                      [n_experts], added for selection only;
+                                      NULL = none                             */
+} dsq_moe_route_t;
+
+/* Route m tokens: logits [m][n_experts] fp32 (the gate's output) ->
+ * ids [m][top_k] (in selection order: best first; ties -> lower id) and
+ * weights [m][top_k] fp32 = score (softmax/sigmoid, unbiased) of the expert,
+ * optionally normalised over the k chosen, times routed_scaling_factor.
+ * Group-limited methods mask the experts of dropped groups with 0 (as
+ * transformers' DeepseekV2Moe/DeepseekV3 do). Caller-owned arrays.
+ * Returns 0 or DSQ_EINVAL (NULL pointers, inconsistent parameters). */
+int dsq_cpu_moe_route(int32_t *ids, float *weights, const float *logits, int64_t m,
+                      const dsq_moe_route_t *p);
+
+/* Group the m*top_k (token, expert) pairs of dsq_cpu_moe_route by expert
+ * (stable counting sort): expert e's pairs are entries offsets[e] ..
+ * offsets[e+1]-1 of rows (token row) and row_weights (its weight).
+ *   offsets: [n_experts + 1] int32; rows, row_weights: [m * top_k].
+ * Returns 0, DSQ_EINVAL, DSQ_ERANGE (an id outside [0, n_experts)) or
+ * DSQ_ENOMEM. */
+int dsq_cpu_moe_group(int32_t *offsets, int32_t *rows, float *row_weights,
+                      const int32_t *ids, const float *weights, int64_t m,
+                      int top_k, int n_experts);
 
 /* ------------------------------------------------- CUDA twins (my ops)
  *

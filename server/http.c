@@ -30,8 +30,10 @@
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/tokenizer.h"
+#include "server/chat.h"
 #include "server/error.h"
 #include "server/openai.h"
+#include "server/reasoning.h"
 
 #define WAIT_SLICE_MS 100
 #define CANCEL_GRACE_S 5.0
@@ -65,6 +67,7 @@ struct dsq_http {
     bool have_key;
     pthread_mutex_t pool_mu;
     waiter_t *pool_free, *pool_all;
+    dsq_chat_t *chat;            /* set once before the engine, then read-only */
 };
 
 static double now_s(void)
@@ -155,6 +158,7 @@ typedef struct choice_st {
     int64_t n_tokens;            /* counted from events                     */
     int64_t final_tokens;        /* engine's completion_tokens, if given    */
     double t_last;
+    dsq_reasoning_t rs;          /* chat with a reasoning parser, streaming */
 } choice_st;
 
 typedef struct conn {
@@ -195,6 +199,9 @@ typedef struct conn {
     size_t pend_len, pend_off, pend_cap;
     bool stream_finished;        /* usage + [DONE] queued                  */
     bool eof;
+    /* chat */
+    bool reasoning;              /* split output with the reasoning parser  */
+    bool prompt_in_think;        /* the rendered prompt opened <think>      */
 } conn_t;
 
 static void cancel_all(conn_t *c)
@@ -413,17 +420,30 @@ static enum MHD_Result do_tokenize(conn_t *c)
 {
     dsq_api_error_t err;
     dsq_openai_limits_t lim = limits(c);
+    dsq_tokenize_req_t q;
     char *prompt = NULL;
     size_t plen = 0, n_ids = 0;
-    bool add_special = true;
     int32_t *ids = NULL;
     enum MHD_Result ret;
     cJSON *o, *arr;
-    if (dsq_openai_parse_tokenize(c->body, c->body_len, &lim, &prompt, &plen,
-                                  &add_special, &err))
+    int rc;
+    if (dsq_openai_parse_tokenize_req(c->body, c->body_len, &lim, &q, &err))
         return send_api_error(c, &err);
-    if (dsq_tokenizer_encode(c->tok, prompt, plen, tok_flags(c->tok, add_special),
-                             &ids, &n_ids)) {
+    if (q.messages) {
+        /* chatapi: the prompt /v1/chat/completions would submit */
+        if (dsq_chat_render(c->h->chat, q.messages, q.tools,
+                            q.add_generation_prompt, &prompt, &plen, &err)) {
+            dsq_tokenize_req_deinit(&q);
+            return send_api_error(c, &err);
+        }
+        rc = dsq_chat_tokenize(c->h->chat, prompt, plen, q.add_special, &ids,
+                               &n_ids);
+    } else {
+        rc = dsq_tokenizer_encode(c->tok, q.prompt, q.prompt_len,
+                                  tok_flags(c->tok, q.add_special), &ids, &n_ids);
+    }
+    dsq_tokenize_req_deinit(&q);
+    if (rc) {
         free(prompt);
         return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
     }
@@ -513,6 +533,9 @@ static char *echo_text(conn_t *c, int p, size_t *len)
     return t;
 }
 
+static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
+                               dsq_output_t *o);
+
 static void handle_output(conn_t *c, int p, dsq_output_t *o)
 {
     double t = now_s();
@@ -545,8 +568,14 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     if (!c->req.stream) {
         if (o->text_len)
             append(&ch->text, &ch->len, &ch->cap, o->text, o->text_len);
-        if (ch->lp)
+        if (ch->lp && c->req.chat)
+            dsq_openai_chat_logprobs_add(ch->lp, o, token_text, (void *)c->tok);
+        else if (ch->lp)
             dsq_openai_logprobs_add(ch->lp, o, 0, token_text, (void *)c->tok);
+        return;
+    }
+    if (c->req.chat) {
+        chat_stream_output(c, idx, ch, o);
         return;
     }
     if (o->text_len || o->n_tokens || o->finish != DSQ_FINISH_NONE) {
@@ -558,6 +587,57 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
                                      o->finish, c->req.include_usage));
         cJSON_Delete(lp);
     }
+}
+
+/* chatapi: one engine event of a streamed chat choice -> content /
+ * reasoning_content deltas, then a separate finish_reason chunk. */
+static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
+                               dsq_output_t *o)
+{
+    const char *model = c->h->cfg.served_model_name;
+    dsq_reasoning_delta_t d = {0}, f = {0};
+    cJSON *lp = NULL;
+    bool usage_null = c->req.include_usage;
+    if (c->reasoning) {
+        if (dsq_reasoning_feed(&ch->rs, o->text ? o->text : "", o->text_len, &d))
+            memset(&d, 0, sizeof(d));
+        if (o->finish != DSQ_FINISH_NONE && !dsq_reasoning_flush(&ch->rs, &f)) {
+            char *q = realloc(d.content, d.content_len + f.content_len + 1);
+            char *r = realloc(d.reasoning, d.reasoning_len + f.reasoning_len + 1);
+            if (q) {
+                memcpy(q + d.content_len, f.content ? f.content : "", f.content_len);
+                d.content = q;
+                d.content_len += f.content_len;
+                q[d.content_len] = '\0';
+            }
+            if (r) {
+                memcpy(r + d.reasoning_len, f.reasoning ? f.reasoning : "",
+                       f.reasoning_len);
+                d.reasoning = r;
+                d.reasoning_len += f.reasoning_len;
+                r[d.reasoning_len] = '\0';
+            }
+            dsq_reasoning_delta_free(&f);
+        }
+    } else if (o->text_len) {
+        d.content = strndup(o->text, o->text_len);
+        d.content_len = d.content ? o->text_len : 0;
+    }
+    if (c->req.sp.logprobs >= 0 && o->n_tokens &&
+        (lp = dsq_openai_chat_logprobs_new()))
+        dsq_openai_chat_logprobs_add(lp, o, token_text, (void *)c->tok);
+    if (d.content_len || d.reasoning_len || lp)
+        pend_add(c, dsq_openai_chat_chunk(
+                        c->id, c->created, model, idx, NULL,
+                        d.content_len || !d.reasoning_len ? (d.content ? d.content : "") : NULL,
+                        d.content_len, d.reasoning_len ? d.reasoning : NULL,
+                        d.reasoning_len, lp, DSQ_FINISH_NONE, usage_null));
+    if (o->finish != DSQ_FINISH_NONE)
+        pend_add(c, dsq_openai_chat_chunk(c->id, c->created, model, idx, NULL,
+                                          NULL, 0, NULL, 0, NULL, o->finish,
+                                          usage_null));
+    cJSON_Delete(lp);
+    dsq_reasoning_delta_free(&d);
 }
 
 /* Pop every pending event. Returns true when every engine request ended. */
@@ -654,13 +734,79 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (c->req.include_usage) {
                 dsq_usage_t u;
                 usage_of(c, &u);
-                pend_add(c, dsq_openai_usage_chunk(c->id, c->created,
-                                                   c->h->cfg.served_model_name, &u));
+                pend_add(c, (c->req.chat ? dsq_openai_chat_usage_chunk
+                                         : dsq_openai_usage_chunk)(
+                                c->id, c->created, c->h->cfg.served_model_name, &u));
             }
             pend_add(c, strdup("data: [DONE]\n\n"));
             c->stream_finished = true;
         }
     }
+}
+
+/* chatapi: the chat.completion body; the whole text of each choice goes
+ * through the reasoning parser at once. */
+static enum MHD_Result finish_chat_nonstream(conn_t *c)
+{
+    dsq_chat_choice_out_t *outs = calloc((size_t)c->n_choices, sizeof(*outs));
+    dsq_reasoning_delta_t *ds = calloc((size_t)c->n_choices, sizeof(*ds));
+    dsq_usage_t u;
+    char *body = NULL;
+    bool ok = outs && ds;
+    for (int i = 0; ok && i < c->n_choices; i++) {
+        choice_st *ch = &c->choices[i];
+        outs[i].index = i;
+        outs[i].content = ch->text ? ch->text : "";
+        outs[i].content_len = ch->len;
+        outs[i].logprobs = ch->lp;
+        outs[i].finish = ch->finish;
+        if (c->reasoning) {
+            dsq_reasoning_t rs;
+            dsq_reasoning_delta_t tail = {0};
+            dsq_reasoning_init(&rs, c->prompt_in_think);
+            if (dsq_reasoning_feed(&rs, outs[i].content, outs[i].content_len,
+                                   &ds[i]) ||
+                dsq_reasoning_flush(&rs, &tail)) {
+                ok = false;
+                break;
+            }
+            /* only a held tag prefix can remain, and it belongs to the
+             * part the parser ended in */
+            if (tail.reasoning_len || tail.content_len) {
+                dsq_reasoning_delta_t *d = &ds[i];
+                bool r = tail.reasoning_len > 0;
+                char **p = r ? &d->reasoning : &d->content;
+                size_t *pl = r ? &d->reasoning_len : &d->content_len;
+                const char *t = r ? tail.reasoning : tail.content;
+                size_t tl = r ? tail.reasoning_len : tail.content_len;
+                char *q = realloc(*p, *pl + tl + 1);
+                if (q) {
+                    memcpy(q + *pl, t, tl);
+                    *pl += tl;
+                    q[*pl] = '\0';
+                    *p = q;
+                }
+            }
+            dsq_reasoning_delta_free(&tail);
+            outs[i].content = ds[i].content;
+            outs[i].content_len = ds[i].content_len;
+            outs[i].reasoning = ds[i].reasoning_len ? ds[i].reasoning : NULL;
+            outs[i].reasoning_len = ds[i].reasoning_len;
+        }
+    }
+    if (ok) {
+        usage_of(c, &u);
+        body = dsq_openai_chat_body(c->id, c->created,
+                                    c->h->cfg.served_model_name, outs,
+                                    c->n_choices, &u);
+    }
+    for (int i = 0; ds && i < c->n_choices; i++)
+        dsq_reasoning_delta_free(&ds[i]);
+    free(ds);
+    free(outs);
+    if (!body)
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    return send_body(c, 200, body, "application/json");
 }
 
 static enum MHD_Result finish_nonstream(conn_t *c)
@@ -677,6 +823,8 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     if (w == W_STOPPING)
         return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
                           "server is shutting down");
+    if (c->req.chat)
+        return finish_chat_nonstream(c);
     outs = calloc((size_t)c->n_choices, sizeof(*outs));
     if (!outs)
         return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
@@ -695,13 +843,14 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     return send_body(c, 200, body, "application/json");
 }
 
+static enum MHD_Result start_requests(conn_t *c);
+
 static enum MHD_Result do_completions(conn_t *c)
 {
     dsq_api_error_t err;
     dsq_openai_limits_t lim = limits(c);
     dsq_completion_req_t *q = &c->req;
     int max_len = dsq_engine_max_model_len(c->e);
-    char reason[256];
 
     if (dsq_openai_parse_completion(c->body, c->body_len, &lim, q, &err))
         return send_api_error(c, &err);
@@ -724,6 +873,56 @@ static enum MHD_Result do_completions(conn_t *c)
         if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
             return send_api_error(c, &err);
     }
+    return start_requests(c);
+}
+
+/* chatapi: POST /v1/chat/completions. Renders the messages with the chat
+ * template, tokenizes them into the request's single prompt, then shares
+ * everything after tokenization with /v1/completions (start_requests). */
+static enum MHD_Result do_chat(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_openai_limits_t lim = limits(c);
+    dsq_completion_req_t *q = &c->req;
+    int max_len = dsq_engine_max_model_len(c->e);
+    dsq_prompt_t *pr;
+    size_t n = 0;
+
+    if (dsq_openai_parse_chat(c->body, c->body_len, &lim, q, &err))
+        return send_api_error(c, &err);
+    c->have_req = true;
+    if (!(q->prompts = calloc(1, sizeof(*q->prompts))))
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    q->n_prompts = 1;
+    pr = &q->prompts[0];
+    if (dsq_chat_render(c->h->chat, q->messages, q->tools, true, &pr->text,
+                        &pr->text_len, &err))
+        return send_api_error(c, &err);
+    if (dsq_chat_tokenize(c->h->chat, pr->text, pr->text_len, true, &pr->ids, &n))
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
+    pr->n_ids = (int)n;
+    if (pr->n_ids == 0)
+        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "messages",
+                          "the rendered prompt is empty");
+    if (q->sp.max_tokens < 0)   /* no limit given: up to the context's end */
+        q->sp.max_tokens = max_len - pr->n_ids > 0 ? max_len - pr->n_ids : 1;
+    if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
+        return send_api_error(c, &err);
+    c->reasoning = dsq_chat_has_reasoning(c->h->chat);
+    c->prompt_in_think = c->reasoning &&
+        dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
+    return start_requests(c);
+}
+
+/* Everything after tokenization, shared by completions and chat: create,
+ * check and submit one engine request per prompt, then answer (JSON or
+ * SSE). */
+static enum MHD_Result start_requests(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_completion_req_t *q = &c->req;
+    char reason[256];
+
     c->n_ereqs = q->n_prompts;
     c->n_choices = q->n_prompts * q->sp.n;
     c->ereqs = calloc((size_t)c->n_ereqs, sizeof(*c->ereqs));
@@ -733,13 +932,24 @@ static enum MHD_Result do_completions(conn_t *c)
     c->choices = calloc((size_t)c->n_choices, sizeof(*c->choices));
     c->w = waiter_get(c->h);
     if (!c->ereqs || !c->ereq_done || !c->prompt_tokens || !c->cached_tokens ||
-        !c->choices || !c->w || dsq_openai_new_id(c->id, sizeof(c->id), "cmpl-"))
+        !c->choices || !c->w ||
+        dsq_openai_new_id(c->id, sizeof(c->id), q->chat ? "chatcmpl-" : "cmpl-"))
         return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     c->created = (int64_t)time(NULL);
     for (int i = 0; i < c->n_choices; i++) {
         if (q->sp.logprobs >= 0 && !q->stream &&
-            !(c->choices[i].lp = dsq_openai_logprobs_new()))
+            !(c->choices[i].lp = q->chat ? dsq_openai_chat_logprobs_new()
+                                         : dsq_openai_logprobs_new()))
             return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        if (q->chat) {
+            /* the first delta of each choice carries the role */
+            dsq_reasoning_init(&c->choices[i].rs, c->prompt_in_think);
+            if (q->stream)
+                pend_add(c, dsq_openai_chat_chunk(
+                                c->id, c->created, c->h->cfg.served_model_name,
+                                i, "assistant", "", 0, NULL, 0, NULL,
+                                DSQ_FINISH_NONE, q->include_usage));
+        }
         if (q->echo) {
             size_t len = 0;
             char *t = echo_text(c, i / q->sp.n, &len);
@@ -897,15 +1107,13 @@ static enum MHD_Result on_request(conn_t *c)
     case R_MODELS: return do_models(c);
     case R_VERSION: return do_version(c);
     case R_METRICS: return do_metrics(c);
-    case R_CHAT:
-        return send_error(c, DSQ_APIERR_NOT_FOUND, NULL,
-                          "/v1/chat/completions is not implemented yet");
     default: break;
     }
     if (!c->e)
         return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
     switch (c->route) {
     case R_COMPLETIONS: return do_completions(c);
+    case R_CHAT: return do_chat(c);
     case R_TOKENIZE: return do_tokenize(c);
     case R_DETOKENIZE: return do_detokenize(c);
     default: return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
@@ -995,7 +1203,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
             st = 499;
         dsq_metrics_count_request(h->metrics, st);
-        if (c->route == R_COMPLETIONS) {
+        if (c->route == R_COMPLETIONS || c->route == R_CHAT) {
             dsq_usage_t u;
             usage_of(c, &u);
             dsq_log(DSQ_LOG_INFO,
@@ -1144,6 +1352,20 @@ fail:
     return NULL;
 }
 
+int dsq_http_set_chat(dsq_http_t *h, dsq_engine_t *e,
+                      const char *template_path, const char *reasoning_parser,
+                      char *err, size_t err_len)
+{
+    dsq_chat_t *chat = dsq_chat_create(template_path, dsq_engine_chat_template(e),
+                                       dsq_engine_tokenizer(e),
+                                       reasoning_parser, err, err_len);
+    if (!chat)
+        return DSQ_EINVAL;
+    dsq_chat_destroy(h->chat);
+    h->chat = chat;
+    return DSQ_OK;
+}
+
 void dsq_http_set_engine(dsq_http_t *h, dsq_engine_t *e)
 {
     atomic_store(&h->engine, e);
@@ -1200,6 +1422,7 @@ void dsq_http_destroy(dsq_http_t *h)
         free(w);
     }
     pthread_mutex_destroy(&h->pool_mu);
+    dsq_chat_destroy(h->chat);
     for (size_t i = 0; i < sizeof(h->cfg_strings) / sizeof(h->cfg_strings[0]); i++)
         free(h->cfg_strings[i]);
     free(h);

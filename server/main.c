@@ -6,15 +6,24 @@
  * runs as ordinary code rather than in a signal handler. Order of teardown
  * matters: the HTTP daemon stops (no thread calls the engine any more), then
  * the engine is destroyed (no more notify calls), then the HTTP state that
- * notify may touch is freed. */
+ * notify may touch is freed.
+ *
+ * systemd (deploy/dsqd.service, Type=notify): READY=1 with a STATUS naming
+ * the model and KV blocks once the engine is up, STOPPING=1 when draining
+ * starts, WATCHDOG=1 from the engine thread's heartbeat timer when
+ * WATCHDOG_USEC is set (a wedged engine stops petting the watchdog even
+ * though the HTTP threads still answer). SIGHUP reopens --log-file (under
+ * journald, without --log-file, there is nothing to reopen). */
 #include "dsq_config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <systemd/sd-daemon.h>
 
@@ -82,13 +91,41 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->max_num_batched_tokens = o->max_num_batched_tokens;
     eo->max_waiting_requests = o->max_waiting_requests;
     eo->block_size = o->block_size;
-    eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8") ? DSQ_KV_INT8 : DSQ_KV_F16;
+    eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_KV_INT8
+                         : !strcmp(o->kv_cache_dtype, "fp32") ? DSQ_KV_F32
+                         : !strcmp(o->kv_cache_dtype, "fp16") ? DSQ_KV_F16
+                                                              : DSQ_ENGINE_KV_AUTO;
     eo->memory_limit_bytes = o->memory_limit;
     eo->kv_cache_memory_bytes = o->kv_cache_memory;
     eo->enable_prefix_caching = o->enable_prefix_caching;
     eo->n_threads = o->threads;
     eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;
     eo->quant_group_size = o->group_size;
+}
+
+/* Engine-thread heartbeat (dsq_engine_opts_t.heartbeat): pet systemd's
+ * watchdog. sd_notify opens its own datagram socket, so any thread may call
+ * it. */
+static void watchdog_pet(void *user)
+{
+    (void)user;
+    sd_notify(0, "WATCHDOG=1");
+}
+
+/* Point stderr (fd 2, where dsq_log writes) at path, opened for append;
+ * called at startup and on SIGHUP so logrotate can move the file away.
+ * Returns 0 or -errno. */
+static int reopen_log(const char *path)
+{
+    int rc = 0, fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return -errno;
+    if (fd != STDERR_FILENO) {
+        if (dup2(fd, STDERR_FILENO) < 0)
+            rc = -errno;
+        close(fd);
+    }
+    return rc;
 }
 
 /* Wait for in-flight requests, at most timeout_s; a second signal cuts the
@@ -124,7 +161,8 @@ int main(int argc, char **argv)
     dsq_http_t *http = NULL;
     dsq_engine_t *engine = NULL;
     char err[512] = "", *cert = NULL, *key = NULL, *served = NULL;
-    sigset_t set;
+    sigset_t set, wset;
+    uint64_t watchdog_usec = 0;
     int rc = 1, sig;
 
     /* --help and --version answer even when the environment or a config
@@ -156,9 +194,8 @@ int main(int argc, char **argv)
     }
     if (o.log_level)
         dsq_log_set_level(o.log_level);
-    if (o.plan) {
-        fprintf(stderr, "dsqd: --plan is not implemented yet (the engine has "
-                        "no memory-planner call)\n");
+    if (o.log_file && *o.log_file && (sig = reopen_log(o.log_file)) < 0) {
+        fprintf(stderr, "dsqd: --log-file %s: %s\n", o.log_file, strerror(-sig));
         rc = 2;
         goto out;
     }
@@ -167,9 +204,19 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (o.chat_template)
-        dsq_log(DSQ_LOG_WARN, "event=option_ignored option=chat-template "
-                              "reason=\"no chat endpoint yet\"");
+    if (o.plan) {
+        /* print the memory plan and exit: 0 when it fits, 1 when not */
+        char *table = NULL;
+        engine_opts(&o, &eo);
+        rc = dsq_engine_plan(&eo, false, &table, err, sizeof(err));
+        if (table)
+            fputs(table, stdout);
+        if (rc)
+            fprintf(stderr, "dsqd: --plan: %s\n", err);
+        free(table);
+        rc = rc ? 1 : 0;
+        goto out;
+    }
     if (strcmp(o.device, "auto") && strcmp(o.device, "cpu") && !DSQ_HAVE_CUDA) {
         fprintf(stderr, "dsqd: --device %s: this build has no CUDA backend\n",
                 o.device);
@@ -194,7 +241,9 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    wset = set;
+    sigaddset(&wset, SIGHUP);      /* reopen logs; never a shutdown */
+    pthread_sigmask(SIG_BLOCK, &wset, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     metrics = dsq_metrics_create();
@@ -222,10 +271,23 @@ int main(int argc, char **argv)
     sd_notifyf(0, "STATUS=loading %s", o.model);
 
     engine_opts(&o, &eo);
+    if (sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0) {
+        /* pet at half the timeout, as sd_watchdog_enabled(3) advises */
+        eo.heartbeat = watchdog_pet;
+        eo.heartbeat_interval_ms = watchdog_usec / 2000 > 0 ? (int)(watchdog_usec / 2000) : 1;
+        dsq_log(DSQ_LOG_INFO, "event=watchdog_enabled timeout_us=%llu interval_ms=%d",
+                (unsigned long long)watchdog_usec, eo.heartbeat_interval_ms);
+    }
     engine = dsq_engine_create(&eo, err, sizeof(err));
     if (!engine) {
         dsq_log(DSQ_LOG_ERROR, "event=engine_failed model=%s reason=\"%s\"",
                 o.model, err);
+        goto out;
+    }
+    /* chatapi: a chat template that does not compile stops the daemon */
+    if (dsq_http_set_chat(http, engine, o.chat_template, o.reasoning_parser,
+                          err, sizeof(err))) {
+        dsq_log(DSQ_LOG_ERROR, "event=chat_template_failed reason=\"%s\"", err);
         goto out;
     }
     dsq_http_set_engine(http, engine);
@@ -233,12 +295,29 @@ int main(int argc, char **argv)
                           "max_model_len=%d port=%d",
             o.model, served, dsq_engine_max_model_len(engine),
             dsq_http_port(http));
-    sd_notifyf(0, "READY=1\nSTATUS=serving %s on port %d", served,
-               dsq_http_port(http));
+    {
+        dsq_engine_stats_t st;
+        dsq_engine_stats(engine, &st);
+        sd_notifyf(0, "READY=1\nSTATUS=serving %s (model %s) on port %d, "
+                   "kv_blocks=%lld block_size=%d",
+                   served, o.model, dsq_http_port(http),
+                   (long long)st.kv_blocks_total, o.block_size);
+    }
 
-    do {
-        sig = sigwaitinfo(&set, NULL);
-    } while (sig < 0 && errno == EINTR);
+    for (;;) {
+        sig = sigwaitinfo(&wset, NULL);
+        if (sig == SIGHUP) {
+            int lrc = o.log_file && *o.log_file ? reopen_log(o.log_file) : 0;
+            if (lrc)
+                dsq_log(DSQ_LOG_ERROR, "event=log_reopen_failed path=%s reason=\"%s\"",
+                        o.log_file, strerror(-lrc));
+            else
+                dsq_log(DSQ_LOG_INFO, "event=log_reopened target=%s",
+                        o.log_file && *o.log_file ? o.log_file : "stderr");
+        } else if (sig >= 0 || errno != EINTR) {
+            break;
+        }
+    }
     dsq_log(DSQ_LOG_INFO, "event=draining signal=%d inflight=%d timeout_s=%g",
             sig, dsq_http_n_inflight(http), o.shutdown_timeout);
     sd_notify(0, "STOPPING=1\nSTATUS=draining");

@@ -328,10 +328,183 @@ static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
     return DSQ_OK;
 }
 
-int dsq_openai_parse_completion(const char *body, size_t len,
-                                const dsq_openai_limits_t *lim,
-                                dsq_completion_req_t *out,
-                                dsq_api_error_t *err)
+/* ------------------------------------------------------------ chat */
+
+static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
+
+/* One message's content, normalised for the template: a string stays, an
+ * array of text parts becomes their texts joined by "\n" (as vLLM does for
+ * string-content templates), null stays null (assistant turns that only
+ * carry tool_calls). Returns a new item or NULL with err set. */
+static cJSON *message_content(const cJSON *m, int i, const char *role,
+                              dsq_api_error_t *err)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *it;
+    char *joined = NULL;
+    size_t n = 0;
+    cJSON *out = NULL;
+    if (!c || cJSON_IsNull(c)) {
+        if (!strcmp(role, "assistant"))
+            return cJSON_CreateNull();
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                          "'messages[%d].content' is required for role '%s'",
+                          i, role);
+        return NULL;
+    }
+    if (cJSON_IsString(c))
+        return cJSON_CreateString(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                          "'messages[%d].content' must be a string or an "
+                          "array of text parts, got %s", i, type_name(c));
+        return NULL;
+    }
+    joined = calloc(1, 1);
+    cJSON_ArrayForEach(it, c) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
+        size_t tl;
+        char *q;
+        if (!joined)
+            break;
+        if (!cJSON_IsObject(it) || !cJSON_IsString(ty) ||
+            strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+            bool other = cJSON_IsObject(it) && cJSON_IsString(ty) &&
+                         strcmp(ty->valuestring, "text");
+            dsq_api_error_set(err, other ? DSQ_APIERR_UNSUPPORTED
+                                         : DSQ_APIERR_INVALID_REQUEST,
+                              "messages",
+                              other ? "'messages[%d].content' part type "
+                                      "'%.40s' is not supported (text only)"
+                                    : "'messages[%d].content' parts must be "
+                                      "{\"type\": \"text\", \"text\": string}%.0s",
+                              i, other ? ty->valuestring : "");
+            free(joined);
+            return NULL;
+        }
+        tl = strlen(tx->valuestring);
+        q = realloc(joined, n + tl + 2);
+        if (!q) {
+            free(joined);
+            joined = NULL;
+            break;
+        }
+        joined = q;
+        if (n)
+            joined[n++] = '\n';
+        memcpy(joined + n, tx->valuestring, tl + 1);
+        n += tl;
+    }
+    if (joined)
+        out = cJSON_CreateString(joined);
+    free(joined);
+    if (!out)
+        dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    return out;
+}
+
+int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
+                               cJSON **tools, dsq_api_error_t *err)
+{
+    const cJSON *ms = field(root, "messages"), *m, *t;
+    int i = 0;
+    *messages = *tools = NULL;
+    if (!ms)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 "'messages' is required");
+    if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 "'messages' must be a non-empty array of "
+                                 "message objects, got %s",
+                                 cJSON_IsArray(ms) ? "an empty array"
+                                                   : type_name(ms));
+    if (!(*messages = cJSON_CreateArray()))
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    cJSON_ArrayForEach(m, ms) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *f;
+        cJSON *copy, *content;
+        bool known = false;
+        if (!cJSON_IsObject(m)) {
+            dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                              "'messages[%d]' must be an object, got %s", i,
+                              type_name(m));
+            goto fail;
+        }
+        for (size_t k = 0; cJSON_IsString(role) && k < sizeof(ROLES) / sizeof(ROLES[0]); k++)
+            known = known || !strcmp(role->valuestring, ROLES[k]);
+        if (!known) {
+            dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                              "'messages[%d].role' must be one of system, "
+                              "user, assistant, tool; got %s%.40s%s", i,
+                              cJSON_IsString(role) ? "'" : "",
+                              cJSON_IsString(role) ? role->valuestring
+                                                   : type_name(role),
+                              cJSON_IsString(role) ? "'" : "");
+            goto fail;
+        }
+        if (!(content = message_content(m, i, role->valuestring, err)))
+            goto fail;
+        if (!(copy = cJSON_CreateObject())) {
+            cJSON_Delete(content);
+            dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            goto fail;
+        }
+        cJSON_AddItemToArray(*messages, copy);
+        /* other members (name, tool_calls, tool_call_id, ...) pass through
+         * to the template unchanged */
+        cJSON_ArrayForEach(f, m)
+            if (strcmp(f->string, "content"))
+                cJSON_AddItemToObject(copy, f->string, cJSON_Duplicate(f, true));
+        cJSON_AddItemToObject(copy, "content", content);
+        i++;
+    }
+    t = field(root, "tools");
+    if (t) {
+        if (!cJSON_IsArray(t)) {
+            dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                              "'tools' must be an array, got %s", type_name(t));
+            goto fail;
+        }
+        if (!(*tools = cJSON_Duplicate(t, true))) {
+            dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            goto fail;
+        }
+    }
+    return DSQ_OK;
+fail:
+    cJSON_Delete(*messages);
+    *messages = NULL;
+    return DSQ_EINVAL;
+}
+
+/* max_completion_tokens (wins) / max_tokens, logprobs + top_logprobs. */
+static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
+                             dsq_api_error_t *err)
+{
+    int64_t iv = -1, mc = -1, top = -1;
+    bool lp = false;
+    int rc;
+    if ((rc = get_int(root, "max_tokens", 1, 1 << 30, &iv, err)) ||
+        (rc = get_int(root, "max_completion_tokens", 1, 1 << 30, &mc, err)) ||
+        (rc = get_bool(root, "logprobs", &lp, err)) ||
+        (rc = get_int(root, "top_logprobs", 0, DSQ_OPENAI_MAX_LOGPROBS, &top, err)))
+        return rc;
+    /* -1: until the context is full (filled in once the prompt is known) */
+    r->sp.max_tokens = (int)(mc >= 0 ? mc : iv);
+    if (top >= 0 && !lp)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                 "top_logprobs", "'top_logprobs' needs "
+                                 "'logprobs': true");
+    r->sp.logprobs = lp ? (int)(top >= 0 ? top : 0) : -1;
+    return DSQ_OK;
+}
+
+/* chatapi: one parser for /v1/completions and /v1/chat/completions; the
+ * chat request differs only in messages (for prompt), no echo/suffix/
+ * best_of, max_completion_tokens, and boolean logprobs + top_logprobs. */
+static int parse_request(const char *body, size_t len,
+                         const dsq_openai_limits_t *lim, bool chat,
+                         dsq_completion_req_t *out, dsq_api_error_t *err)
 {
     int rc;
     int64_t iv;
@@ -341,6 +514,7 @@ int dsq_openai_parse_completion(const char *body, size_t len,
     cJSON *root;
 
     memset(r, 0, sizeof(*r));
+    r->chat = chat;
     r->sp.max_tokens = 16;
     r->sp.temperature = 1.0f;
     r->sp.top_p = 1.0f;
@@ -355,6 +529,13 @@ int dsq_openai_parse_completion(const char *body, size_t len,
 
     if ((rc = check_model(root, lim, true, err)))
         goto fail;
+    if (chat) {
+        if ((rc = dsq__openai_parse_messages(root, &r->messages, &r->tools, err)))
+            goto fail;
+        if ((rc = parse_chat_fields(root, r, err)))
+            goto fail;
+        goto sampling;
+    }
     if ((rc = parse_prompt(root, lim, r, err)))
         goto fail;
     v = field(root, "suffix");
@@ -376,6 +557,7 @@ int dsq_openai_parse_completion(const char *body, size_t len,
                                "allowed with echo)");
         goto fail;
     }
+sampling:
     dv = 1.0;
     if ((rc = get_num(root, "temperature", 0, false, 2, false, &dv, err)))
         goto fail;
@@ -409,6 +591,8 @@ int dsq_openai_parse_completion(const char *body, size_t len,
         goto fail;
     r->sp.n = (int)iv;
     iv = r->sp.n;
+    if (chat)
+        goto seed;
     if ((rc = get_int(root, "best_of", 1, DSQ_OPENAI_MAX_N, &iv, err)))
         goto fail;
     if (iv < r->sp.n) {
@@ -422,6 +606,7 @@ int dsq_openai_parse_completion(const char *body, size_t len,
                                "'best_of' > 'n' is not supported; use n");
         goto fail;
     }
+seed:
     r->best_of = (int)iv;
     v = field(root, "seed");
     if (v) {
@@ -436,9 +621,10 @@ int dsq_openai_parse_completion(const char *body, size_t len,
         r->sp.seed = (uint64_t)(int64_t)v->valuedouble;
     }
     iv = -1;
-    if ((rc = get_int(root, "logprobs", 0, DSQ_OPENAI_MAX_LOGPROBS, &iv, err)))
+    if (!chat && (rc = get_int(root, "logprobs", 0, DSQ_OPENAI_MAX_LOGPROBS, &iv, err)))
         goto fail;
-    r->sp.logprobs = (int)iv;
+    if (!chat)
+        r->sp.logprobs = (int)iv;
     if (r->echo && r->sp.logprobs >= 0) {
         rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "echo",
                                "'echo' together with 'logprobs' is not "
@@ -508,10 +694,27 @@ fail:
     return DSQ_EINVAL;
 }
 
+int dsq_openai_parse_completion(const char *body, size_t len,
+                                const dsq_openai_limits_t *lim,
+                                dsq_completion_req_t *out,
+                                dsq_api_error_t *err)
+{
+    return parse_request(body, len, lim, false, out, err);
+}
+
+int dsq_openai_parse_chat(const char *body, size_t len,
+                          const dsq_openai_limits_t *lim,
+                          dsq_completion_req_t *out, dsq_api_error_t *err)
+{
+    return parse_request(body, len, lim, true, out, err);
+}
+
 void dsq_completion_req_deinit(dsq_completion_req_t *r)
 {
     if (!r)
         return;
+    cJSON_Delete(r->messages);
+    cJSON_Delete(r->tools);
     for (int i = 0; i < r->n_prompts; i++) {
         free(r->prompts[i].text);
         free(r->prompts[i].ids);
@@ -766,16 +969,22 @@ static void add_usage(cJSON *obj, const dsq_usage_t *u)
     }
 }
 
-static cJSON *head(const char *id, int64_t created, const char *model)
+static cJSON *head_of(const char *id, int64_t created, const char *model,
+                      const char *object)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
     cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)created);
     cJSON_AddStringToObject(o, "model", model);
     return o;
+}
+
+static cJSON *head(const char *id, int64_t created, const char *model)
+{
+    return head_of(id, created, model, "text_completion");
 }
 
 static cJSON *choice(int index, const char *text, size_t len, cJSON *lp,
@@ -853,4 +1062,196 @@ char *dsq_openai_usage_chunk(const char *id, int64_t created,
     cJSON_AddArrayToObject(o, "choices");
     add_usage(o, usage);
     return sse(o);
+}
+
+/* ------------------------------------------------------------ chat output */
+
+cJSON *dsq_openai_chat_logprobs_new(void)
+{
+    cJSON *lp = cJSON_CreateObject();
+    if (lp && !cJSON_AddArrayToObject(lp, "content")) {
+        cJSON_Delete(lp);
+        lp = NULL;
+    }
+    return lp;
+}
+
+/* {token, logprob, bytes} of one token id; NULL on ENOMEM. */
+static cJSON *chat_token(int32_t id, double logprob, dsq_token_text_fn fn,
+                         void *u)
+{
+    size_t len = 0;
+    const char *s = fn ? fn(u, id, &len) : NULL;
+    cJSON *t = cJSON_CreateObject(), *bytes;
+    if (!t)
+        return NULL;
+    cJSON_AddItemToObject(t, "token", clean_string(s, s ? len : 0));
+    cJSON_AddNumberToObject(t, "logprob", logprob);
+    bytes = cJSON_AddArrayToObject(t, "bytes");
+    for (size_t i = 0; bytes && s && i < len; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)s[i]));
+    return t;
+}
+
+int dsq_openai_chat_logprobs_add(cJSON *lp, const dsq_output_t *o,
+                                 dsq_token_text_fn fn, void *u)
+{
+    cJSON *content = cJSON_GetObjectItem(lp, "content");
+    if (!cJSON_IsArray(content))
+        return DSQ_EINVAL;
+    for (int i = 0; i < o->n_tokens; i++) {
+        cJSON *t = chat_token(o->tokens[i], o->logprobs ? o->logprobs[i] : 0.0,
+                              fn, u);
+        cJSON *tops;
+        if (!t)
+            return DSQ_ENOMEM;
+        cJSON_AddItemToArray(content, t);
+        tops = cJSON_AddArrayToObject(t, "top_logprobs");
+        for (int k = 0; tops && o->top && k < o->n_top; k++) {
+            const dsq_top_logprob_t *a =
+                &o->top[(size_t)i * (size_t)o->n_top + (size_t)k];
+            cJSON_AddItemToArray(tops, chat_token(a->token, a->logprob, fn, u));
+        }
+    }
+    return DSQ_OK;
+}
+
+static cJSON *chat_choice(const dsq_chat_choice_out_t *c)
+{
+    cJSON *o = cJSON_CreateObject(), *m;
+    const char *fr = dsq_openai_finish_reason(c->finish);
+    if (!o)
+        return NULL;
+    cJSON_AddNumberToObject(o, "index", c->index);
+    m = cJSON_AddObjectToObject(o, "message");
+    if (m) {
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddItemToObject(m, "content",
+                              clean_string(c->content, c->content_len));
+        if (c->reasoning)
+            cJSON_AddItemToObject(m, "reasoning_content",
+                                  clean_string(c->reasoning, c->reasoning_len));
+    }
+    if (c->logprobs)
+        cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(c->logprobs, true));
+    else
+        cJSON_AddNullToObject(o, "logprobs");
+    if (fr)
+        cJSON_AddStringToObject(o, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(o, "finish_reason");
+    return o;
+}
+
+char *dsq_openai_chat_body(const char *id, int64_t created, const char *model,
+                           const dsq_chat_choice_out_t *choices,
+                           int n_choices, const dsq_usage_t *usage)
+{
+    char *out = NULL;
+    cJSON *o = head_of(id, created, model, "chat.completion"), *arr;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; arr && i < n_choices; i++)
+        cJSON_AddItemToArray(arr, chat_choice(&choices[i]));
+    add_usage(o, usage);
+    out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return out;
+}
+
+char *dsq_openai_chat_chunk(const char *id, int64_t created, const char *model,
+                            int index, const char *role, const char *content,
+                            size_t content_len, const char *reasoning,
+                            size_t reasoning_len, cJSON *logprobs,
+                            dsq_finish_t finish, bool usage_null)
+{
+    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c, *d;
+    const char *fr = dsq_openai_finish_reason(finish);
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    c = cJSON_CreateObject();
+    if (!arr || !c) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    d = cJSON_AddObjectToObject(c, "delta");
+    if (d && role)
+        cJSON_AddStringToObject(d, "role", role);
+    if (d && content)
+        cJSON_AddItemToObject(d, "content", clean_string(content, content_len));
+    if (d && reasoning)
+        cJSON_AddItemToObject(d, "reasoning_content",
+                              clean_string(reasoning, reasoning_len));
+    if (logprobs)
+        cJSON_AddItemToObject(c, "logprobs", cJSON_Duplicate(logprobs, true));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    if (fr)
+        cJSON_AddStringToObject(c, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    if (usage_null)
+        cJSON_AddNullToObject(o, "usage");
+    return sse(o);
+}
+
+char *dsq_openai_chat_usage_chunk(const char *id, int64_t created,
+                                  const char *model, const dsq_usage_t *usage)
+{
+    cJSON *o = head_of(id, created, model, "chat.completion.chunk");
+    if (!o)
+        return NULL;
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, usage);
+    return sse(o);
+}
+
+/* ------------------------------------------------------------ /tokenize */
+
+int dsq_openai_parse_tokenize_req(const char *body, size_t len,
+                                  const dsq_openai_limits_t *lim,
+                                  dsq_tokenize_req_t *out,
+                                  dsq_api_error_t *err)
+{
+    int rc;
+    cJSON *root = parse_object(body, len, err);
+    memset(out, 0, sizeof(*out));
+    out->add_special = true;
+    out->add_generation_prompt = true;
+    if (!root)
+        return DSQ_EINVAL;
+    if ((rc = check_model(root, lim, false, err)) ||
+        (rc = get_bool(root, "add_special_tokens", &out->add_special, err)))
+        goto done;
+    if (field(root, "messages")) {
+        if ((rc = get_bool(root, "add_generation_prompt",
+                           &out->add_generation_prompt, err)))
+            goto done;
+        rc = dsq__openai_parse_messages(root, &out->messages, &out->tools, err);
+        goto done;
+    }
+    cJSON_Delete(root);
+    root = NULL;
+    rc = dsq_openai_parse_tokenize(body, len, lim, &out->prompt,
+                                   &out->prompt_len, &out->add_special, err);
+done:
+    cJSON_Delete(root);
+    if (rc)
+        dsq_tokenize_req_deinit(out);
+    return rc ? DSQ_EINVAL : DSQ_OK;
+}
+
+void dsq_tokenize_req_deinit(dsq_tokenize_req_t *r)
+{
+    if (!r)
+        return;
+    free(r->prompt);
+    cJSON_Delete(r->messages);
+    cJSON_Delete(r->tools);
+    memset(r, 0, sizeof(*r));
 }

@@ -46,6 +46,11 @@ typedef struct dsq_completion_req {
     bool echo;
     bool stream;
     bool include_usage;          /* stream_options.include_usage            */
+    /* chat (dsq_openai_parse_chat) only; owned, NULL otherwise */
+    bool chat;
+    cJSON *messages;             /* validated, content normalised to string
+                                    (text parts joined by "\n") or null    */
+    cJSON *tools;                /* as sent, or NULL                        */
     /* storage behind sp */
     int32_t *logit_bias_ids;
     float *logit_bias;
@@ -69,6 +74,45 @@ int dsq_openai_parse_completion(const char *body, size_t len,
                                 dsq_completion_req_t *out,
                                 dsq_api_error_t *err);
 void dsq_completion_req_deinit(dsq_completion_req_t *r);
+
+/* Parse and validate a /v1/chat/completions body into the same struct
+ * (prompts empty: the caller renders r->messages with the chat template
+ * and tokenizes the result). messages: required non-empty array; role one
+ * of system/user/assistant/tool; content a string, an array of
+ * {"type":"text","text":..} parts, or null/absent for assistant only.
+ * max_completion_tokens wins over max_tokens; neither given leaves
+ * sp.max_tokens = -1 ("until the context is full"). logprobs is a boolean
+ * and top_logprobs (0..20, needs logprobs) sets sp.logprobs. echo, suffix
+ * and best_of are not chat fields and are ignored. Returns 0 or
+ * DSQ_EINVAL with *err set. */
+int dsq_openai_parse_chat(const char *body, size_t len,
+                          const dsq_openai_limits_t *lim,
+                          dsq_completion_req_t *out, dsq_api_error_t *err);
+/* The messages/tools part of a chat-style body (also used by /tokenize):
+ * *messages gets a normalised copy (see dsq_openai_parse_chat), *tools a
+ * copy of "tools" or NULL; both owned by the caller (cJSON_Delete).
+ * Returns 0 or DSQ_EINVAL with *err set. */
+int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
+                               cJSON **tools, dsq_api_error_t *err);
+
+/* POST /tokenize body, either {prompt, add_special_tokens?} or
+ * {messages, tools?, add_generation_prompt? (default true),
+ * add_special_tokens? (default true)}; model optional. Owned strings and
+ * JSON are freed by dsq_tokenize_req_deinit. */
+typedef struct dsq_tokenize_req {
+    char *prompt;                /* NULL when messages were sent           */
+    size_t prompt_len;
+    cJSON *messages;             /* normalised as for chat, or NULL        */
+    cJSON *tools;
+    bool add_special;
+    bool add_generation_prompt;
+} dsq_tokenize_req_t;
+/* Returns 0 or DSQ_EINVAL (*err set; *out then empty). */
+int dsq_openai_parse_tokenize_req(const char *body, size_t len,
+                                  const dsq_openai_limits_t *lim,
+                                  dsq_tokenize_req_t *out,
+                                  dsq_api_error_t *err);
+void dsq_tokenize_req_deinit(dsq_tokenize_req_t *r);
 
 /* Check n_prompt + max_tokens <= max_model_len. Returns 0, or DSQ_ERANGE
  * with err = CONTEXT_LENGTH naming both numbers (never truncates). */
@@ -142,6 +186,49 @@ char *dsq_openai_completion_body(const char *id, int64_t created,
 char *dsq_openai_chunk(const char *id, int64_t created, const char *model,
                        int index, const char *text, size_t text_len,
                        cJSON *logprobs, dsq_finish_t finish, bool usage_null);
+/* ---- chat output (object "chat.completion" / "chat.completion.chunk") */
+
+/* New chat-format logprobs object {"content": []}; NULL on ENOMEM. */
+cJSON *dsq_openai_chat_logprobs_new(void);
+/* Append o's tokens to lp["content"] as {token, logprob, bytes: [ints],
+ * top_logprobs: [{token, logprob, bytes}] (o->n_top entries)}. token is
+ * the token's bytes with invalid UTF-8 replaced; bytes are the raw ones.
+ * Returns 0, DSQ_EINVAL (lp not chat-format) or DSQ_ENOMEM. */
+int dsq_openai_chat_logprobs_add(cJSON *lp, const dsq_output_t *o,
+                                 dsq_token_text_fn fn, void *u);
+
+/* One finished chat choice. reasoning NULL: no "reasoning_content". */
+typedef struct dsq_chat_choice_out {
+    int index;
+    const char *content;
+    size_t content_len;
+    const char *reasoning;
+    size_t reasoning_len;
+    cJSON *logprobs;             /* borrowed; NULL -> "logprobs": null      */
+    dsq_finish_t finish;
+} dsq_chat_choice_out_t;
+
+/* Whole chat.completion body: choices[{index, message{role "assistant",
+ * content, reasoning_content?}, logprobs, finish_reason}], usage.
+ * malloc'd, NULL on ENOMEM. */
+char *dsq_openai_chat_body(const char *id, int64_t created, const char *model,
+                           const dsq_chat_choice_out_t *choices,
+                           int n_choices, const dsq_usage_t *usage);
+
+/* One chat.completion.chunk SSE event for one choice. The delta holds
+ * "role" when role is non-NULL, "content" when content is non-NULL,
+ * "reasoning_content" when reasoning is non-NULL (an empty delta {} when
+ * all are NULL, e.g. the finish_reason chunk). logprobs borrowed (NULL =
+ * null); usage_null adds "usage": null. malloc'd, NULL on ENOMEM. */
+char *dsq_openai_chat_chunk(const char *id, int64_t created, const char *model,
+                            int index, const char *role, const char *content,
+                            size_t content_len, const char *reasoning,
+                            size_t reasoning_len, cJSON *logprobs,
+                            dsq_finish_t finish, bool usage_null);
+/* The final usage event of a chat stream ("choices": []). malloc'd. */
+char *dsq_openai_chat_usage_chunk(const char *id, int64_t created,
+                                  const char *model, const dsq_usage_t *usage);
+
 /* The final usage event ("choices": []). malloc'd. */
 char *dsq_openai_usage_chunk(const char *id, int64_t created,
                              const char *model, const dsq_usage_t *usage);

@@ -40,10 +40,12 @@ typedef struct dsq_options {
     int64_t memory_limit;        /* bytes, 0 = none                        */
     int64_t kv_cache_memory;     /* bytes, 0 = planner decides             */
     char *log_level;
+    char *log_file;              /* NULL: stderr; reopened on SIGHUP       */
     char *ssl_certfile;
     char *ssl_keyfile;
     char *allowed_origins;       /* comma-separated, "*" allowed           */
     char *chat_template;
+    char *reasoning_parser;      /* none | deepseek_r1                     */
     char *config;
     bool plan;
     bool help;

@@ -6,6 +6,9 @@
  *           Q4_1) and Q8_0 for the tied lm_head, at m = 1 (decode) and
  *           m = 512 (prefill), on 1 and 2 threads. Prints time per call,
  *           weight bytes streamed per second (GB/s) and GFLOP/s (2*m*n*k).
+ *   cpu     end to end on a real model: prompt processing (one prefill of
+ *           --prompt-tokens) and generation (--gen-tokens decode steps)
+ *           tok/s, as llama-bench's pp512 / tg128 (see bench_cpu).
  * Weights are random: timing does not depend on values. */
 #include "dsq_config.h"
 
@@ -17,6 +20,9 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "kv_cache.h"
+#include "loader.h"
+#include "model.h"
 
 static double now_s(void)
 {
@@ -114,8 +120,143 @@ static int bench_matmul(int argc, char **argv)
     return rc == 0 ? 0 : 1;
 }
 
+/* cpu: end-to-end prompt processing and generation on the CPU backend, like
+ * llama-bench's pp/tg tests: one prefill of P tokens (all in one forward
+ * step, logits of the last row only), then G decode steps of one token each
+ * starting from an empty cache. Token ids are fixed pseudo-random in-vocab
+ * ids (timing does not depend on them); the cache is cleared between the
+ * two tests and between repetitions. Prints the best and mean tok/s over
+ * --reps repetitions (plus one untimed warm-up of each test). */
+static uint32_t lcg(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+static int cpu_steps(dsq_model_t *model, dsq_kv_cache_t *kv, const int32_t *ids,
+                     int n, bool one_step, float *logits)
+{
+    dsq_block_table_t bt;
+    dsq_block_table_init(&bt);
+    int rc = dsq_kv_seq_reserve(kv, &bt, n);
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t));
+    int32_t *rs = calloc((size_t)n, sizeof(int32_t));
+    int32_t *slot = malloc((size_t)n * sizeof(int32_t));
+    if (!pos || !rs || !slot)
+        rc = rc ? rc : DSQ_ENOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        pos[i] = i;
+        slot[i] = dsq_kv_slot(kv, &bt, i);
+    }
+    const int step = one_step ? n : 1;
+    for (int t0 = 0; rc == 0 && t0 < n; t0 += step) {
+        int32_t last = step - 1;
+        dsq_batch_t b = {
+            .n_tokens = step, .tokens = ids + t0, .pos = pos + t0, .row_seq = rs,
+            .slot = slot + t0, .n_seqs = 1, .block_tables = bt.ids,
+            .max_blocks = bt.n, .n_logits = 1, .logit_rows = &last,
+        };
+        rc = dsq_model_forward(model, kv, &b, logits);
+    }
+    free(pos);
+    free(rs);
+    free(slot);
+    dsq_kv_seq_free(kv, &bt);
+    dsq_block_table_deinit(&bt);
+    return rc;
+}
+
+static int bench_cpu(int argc, char **argv)
+{
+    const char *path = NULL;
+    int threads = 0, n_pp = 512, n_tg = 128, reps = 3;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+            path = argv[++i];
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--prompt-tokens") == 0 && i + 1 < argc)
+            n_pp = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--gen-tokens") == 0 && i + 1 < argc)
+            n_tg = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "dsq-bench cpu: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path || n_pp < 0 || n_tg < 0 || reps < 1) {
+        fprintf(stderr, "usage: dsq-bench cpu --model PATH [--threads N] "
+                        "[--prompt-tokens 512] [--gen-tokens 128] [--reps 3]\n");
+        return 2;
+    }
+    if (threads > 0 && dsq_cpu_set_threads(threads) != 0) {
+        fprintf(stderr, "dsq-bench cpu: bad --threads %d\n", threads);
+        return 2;
+    }
+    char err[512] = "";
+    int rc = 1;
+    dsq_model_t *model = NULL;
+    dsq_kv_cache_t *kv = NULL;
+    float *logits = NULL;
+    int32_t *ids = NULL;
+    dsq_model_file_t *f = dsq_model_file_open(path, NULL, err, sizeof(err));
+    if (f)
+        model = dsq_model_create(f, &(dsq_model_opts_t){0}, err, sizeof(err));
+    if (model) {
+        const dsq_model_config_t *c = dsq_model_config(model);
+        int n_max = n_pp > n_tg ? n_pp : n_tg;
+        kv = dsq_kv_create((int)c->n_layer, (int)c->n_head_kv, (int)c->head_dim, 16,
+                           n_max / 16 + 2, DSQ_KV_F16, err, sizeof(err));
+        logits = malloc((size_t)c->n_vocab * sizeof(float));
+        ids = malloc((size_t)(n_max + 1) * sizeof(int32_t));
+        uint32_t seed = 42;
+        for (int i = 0; ids && i <= n_max; i++)
+            ids[i] = (int32_t)(lcg(&seed) % (uint32_t)c->n_vocab);
+    }
+    if (!model || !kv || !logits || !ids) {
+        fprintf(stderr, "dsq-bench cpu: %s\n", err[0] ? err : "out of memory");
+        goto out;
+    }
+    printf("# dsq-bench cpu: model %s, isa %s, threads %d, weights %.1f MiB\n", path,
+           dsq_cpu_isa(), dsq_cpu_get_threads(),
+           (double)dsq_model_weight_bytes(model) / (1024.0 * 1024.0));
+    printf("# test      tokens  best tok/s  mean tok/s  (reps %d)\n", reps);
+    for (int test = 0; test < 2; test++) {
+        const int n = test == 0 ? n_pp : n_tg;
+        if (n == 0)
+            continue;
+        double best = 0, sum = 0;
+        for (int r = -1; r < reps; r++) {       /* r = -1: warm-up */
+            double t0 = now_s();
+            if (cpu_steps(model, kv, ids, n, test == 0, logits) != 0) {
+                fprintf(stderr, "dsq-bench cpu: forward failed\n");
+                goto out;
+            }
+            double tps = n / (now_s() - t0);
+            if (r >= 0) {
+                sum += tps;
+                best = tps > best ? tps : best;
+            }
+        }
+        printf("%-4s%-6d  %6d  %10.1f  %10.1f\n", test == 0 ? "pp" : "tg", n, n, best,
+               sum / reps);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(ids);
+    free(logits);
+    dsq_kv_destroy(kv);
+    dsq_model_destroy(model);
+    dsq_model_file_close(f);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) { extern int dsq__bench_tokenize(int, char **); return dsq__bench_tokenize(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
             printf("dsq-bench %s\n", DSQ_VERSION);
@@ -123,12 +264,16 @@ int main(int argc, char **argv)
         }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: dsq-bench [--help] [--version]\n"
-                   "       dsq-bench matmul [--threads N] [--seconds S]\n");
+                   "       dsq-bench matmul [--threads N] [--seconds S]\n"
+                   "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
+                   " [--gen-tokens 128] [--reps 3]\n");
             return 0;
         }
     }
     if (argc >= 2 && strcmp(argv[1], "matmul") == 0)
         return bench_matmul(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "cpu") == 0)
+        return bench_cpu(argc - 2, argv + 2);
     fprintf(stderr, "dsq-bench: unknown or missing subcommand (see --help)\n");
     return 2;
 }

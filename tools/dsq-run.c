@@ -15,6 +15,7 @@
 #include "dsq_config.h"
 #include "engine.h"
 #include "error.h"
+#include "kernels.h"
 #include "log.h"
 #include "tokenizer.h"
 
@@ -32,7 +33,7 @@ static const char usage[] =
     "  --threads T          CPU threads (default: all cores)\n"
     "  --quantize int4      round 8/16/32-bit weights to INT4 at load (RTN)\n"
     "  --group-size G       INT4 group size with --quantize (32, 64, 128)\n"
-    "  --kv-cache-dtype D   fp16 (default) or int8\n"
+    "  --kv-cache-dtype D   auto (default: fp32 for FP32 models, else fp16), fp16, fp32, int8\n"
     "  --help, --version\n";
 
 typedef struct waiter {
@@ -142,10 +143,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "dsq-run: -n must be >= 0, --temperature >= 0, --top-p in (0, 1]\n");
         return 2;
     }
+    eo.kv_cache_dtype = DSQ_ENGINE_KV_AUTO;
     if (kvd && strcmp(kvd, "int8") == 0)
-        eo.kv_cache_dtype = 1;
-    else if (kvd && strcmp(kvd, "fp16") != 0 && strcmp(kvd, "auto") != 0) {
-        fprintf(stderr, "dsq-run: --kv-cache-dtype must be fp16 or int8\n");
+        eo.kv_cache_dtype = DSQ_KV_INT8;
+    else if (kvd && strcmp(kvd, "fp16") == 0)
+        eo.kv_cache_dtype = DSQ_KV_F16;
+    else if (kvd && strcmp(kvd, "fp32") == 0)
+        eo.kv_cache_dtype = DSQ_KV_F32;
+    else if (kvd && strcmp(kvd, "auto") != 0) {
+        fprintf(stderr, "dsq-run: --kv-cache-dtype must be auto, fp16, fp32 or int8\n");
         return 2;
     }
     if (eo.quantize && strcmp(eo.quantize, "int4") != 0 && strcmp(eo.quantize, "none") != 0) {

@@ -9,11 +9,14 @@
  * FlashAttention): per block, scores for all its tokens, one rescale of the
  * accumulator if the max grew, then the weighted V sum. Memory per thread is
  * the accumulator plus one block of scores, independent of context length.
- * Tasks are scheduled dynamically because rows attend to different lengths.
+ * Tasks are handed out by an atomic counter (rows attend to different
+ * lengths); a small total (decode at short context) runs inline, without a
+ * thread-pool dispatch.
  * Dot products, axpy and fp16/int8 dequantisation have AVX2+FMA+F16C
  * versions picked at run time from dsq__cpu_isa_level(), scalar otherwise. */
 #include <math.h>
-#include <omp.h>
+#include <string.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -142,6 +145,10 @@ static void load_kv(float *dst, const dsq_kv_layer_t *kv, const void *base,
         ops->f16(dst, (const uint16_t *)base + e, D);
         return;
     }
+    if (kv->dtype == DSQ_KV_F32) {
+        memcpy(dst, (const float *)base + e, (size_t)D * sizeof(float));
+        return;
+    }
     const int gs = D / n_groups;
     const int64_t g0 = (t * kv->n_kv_heads + kh) * (int64_t)n_groups;
     for (int g = 0; g < n_groups; g++) {
@@ -228,7 +235,7 @@ static int check_args(const float *out, const float *q, int64_t m, int n_heads,
     if (kv->dtype == DSQ_KV_INT8 &&
         (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
         return DSQ_EINVAL;
-    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
+    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8 && kv->dtype != DSQ_KV_F32)
         return DSQ_EINVAL;
     for (int64_t i = 0; i < m; i++) {
         if (row_seq[i] < 0)
@@ -241,6 +248,51 @@ static int check_args(const float *out, const float *q, int64_t m, int n_heads,
                 return DSQ_ERANGE;
     }
     return DSQ_OK;
+}
+
+struct att_ctx {
+    float *out;
+    const float *q;
+    const dsq_kv_layer_t *kv;
+    const int32_t *row_seq, *row_pos, *block_tables;
+    int max_blocks;
+    float scale;
+    const vec_ops_t *ops;
+    int G, chunk, n_chunks;
+    int64_t n_tasks;
+    int n_groups;
+    int64_t row;
+    float *mem;            /* [n_thr][per_thr] scratch */
+    size_t per_thr;
+    _Atomic int64_t next;  /* next task to hand out */
+};
+
+static void att_region(void *p, int tid, int n_thr)
+{
+    struct att_ctx *c = p;
+    (void)n_thr;
+    const int D = c->kv->head_dim, n_kv = c->kv->n_kv_heads, chunk = c->chunk;
+    scratch_t w;
+    w.acc = c->mem + (size_t)tid * c->per_thr;
+    w.kbuf = w.acc + (size_t)chunk * D;
+    w.sc = w.kbuf + D;
+    w.mx = w.sc + (size_t)chunk * c->kv->block_size;
+    w.l = w.mx + chunk;
+    for (;;) {
+        const int64_t task = atomic_fetch_add_explicit(&c->next, 1,
+                                                       memory_order_relaxed);
+        if (task >= c->n_tasks)
+            break;
+        const int64_t i = task / ((int64_t)n_kv * c->n_chunks);
+        const int kh = (int)(task / c->n_chunks % n_kv);
+        const int ci = (int)(task % c->n_chunks);
+        const int h0 = kh * c->G + ci * chunk;
+        const int nh = (ci + 1) * chunk <= c->G ? chunk : c->G - ci * chunk;
+        const int64_t off = i * c->row + (int64_t)h0 * D;
+        attend_one(c->out + off, c->q + off, c->kv, nh, kh,
+                   c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
+                   c->row_pos[i], c->scale, c->n_groups, c->ops, &w);
+    }
 }
 
 int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
@@ -264,45 +316,28 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     const int64_t row = (int64_t)n_heads * D;
     /* Few (row, kv head) tasks (a decode step of one sequence, MLA's single
      * kv head): split the query heads of a kv head into chunks so every
-     * thread gets work, at the price of dequantising K/V once per chunk. */
-    const int n_thr = omp_get_max_threads();
+     * thread gets work, at the price of dequantising K/V once per chunk.
+     * Below ~64k multiply-adds in all, one thread does everything. */
+    int64_t work = 0;
+    for (int64_t i = 0; i < m; i++)
+        work += ((int64_t)row_pos[i] + 1) * row;
+    int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
     int chunk = G;
     while (chunk > 1 && m * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
         chunk = (chunk + 1) / 2;
     const int n_chunks = (G + chunk - 1) / chunk;
     const int64_t n_tasks = m * n_kv * n_chunks;
-
-    #pragma omp parallel if (n_tasks > 1)
-    {
-        scratch_t w = {0};
-        float *mem = malloc(sizeof(*mem) * ((size_t)chunk * D + D +
-                                            (size_t)chunk * kv->block_size +
-                                            2 * (size_t)chunk));
-        if (!mem) {
-            #pragma omp atomic write
-            rc = DSQ_ENOMEM;
-        } else {
-            w.acc = mem;
-            w.kbuf = w.acc + (size_t)chunk * D;
-            w.sc = w.kbuf + D;
-            w.mx = w.sc + (size_t)chunk * kv->block_size;
-            w.l = w.mx + chunk;
-        }
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!mem)
-                continue;
-            const int64_t i = task / ((int64_t)n_kv * n_chunks);
-            const int kh = (int)(task / n_chunks % n_kv);
-            const int c = (int)(task % n_chunks);
-            const int h0 = kh * G + c * chunk;
-            const int nh = (c + 1) * chunk <= G ? chunk : G - c * chunk;
-            const int64_t off = i * row + (int64_t)h0 * D;
-            attend_one(out + off, q + off, kv, nh, kh,
-                       block_tables + (int64_t)row_seq[i] * max_blocks,
-                       row_pos[i], scale, n_groups, &ops, &w);
-        }
-        free(mem);
-    }
+    if (n_tasks < n_thr)
+        n_thr = (int)n_tasks;
+    const size_t per_thr = (size_t)chunk * D + D + (size_t)chunk * kv->block_size +
+                           2 * (size_t)chunk;
+    float *mem = malloc(sizeof(*mem) * per_thr * (size_t)n_thr);
+    if (!mem)
+        return DSQ_ENOMEM;
+    struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
+                        scale, &ops, G, chunk, n_chunks, n_tasks, n_groups, row,
+                        mem, per_thr, 0};
+    dsq__parallel(n_thr, att_region, &c);
+    free(mem);
     return rc;
 }

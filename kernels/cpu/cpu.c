@@ -5,16 +5,16 @@
  * lowered, never raised, by DSQ_CPU_ISA or dsq_cpu_force_isa, so tests can
  * run every path the machine has against the scalar one. The thread count
  * defaults to the number of physical cores (hyper-threads share the FMA and
- * load ports the kernels saturate) and is passed explicitly to every OpenMP
- * region, so it holds no matter which thread calls the kernels.
+ * load ports the kernels saturate); it sizes the pthread pool of
+ * threadpool.c, so it holds no matter which thread calls the kernels.
  */
 #include "cpu_internal.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "error.h"
 
@@ -25,8 +25,9 @@ static int isa_forced = -1;        /* -1 = none */
 static int count_physical_cores(void)
 {
     /* Unique (package, core) pairs over online CPUs; falls back to the
-     * OpenMP processor count when sysfs is unreadable. */
-    int n_cpu = omp_get_num_procs();
+     * online processor count when sysfs is unreadable. */
+    long n_onln = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_cpu = n_onln > 0 ? (int)n_onln : 1;
     int n_found = 0;
     long seen[1024];
     int n_seen = 0;
@@ -67,7 +68,6 @@ int dsq_cpu_set_threads(int n_threads)
     if (n_threads < 1)
         return DSQ_EINVAL;
     n_threads_set = n_threads;
-    omp_set_num_threads(n_threads);
     return DSQ_OK;
 }
 

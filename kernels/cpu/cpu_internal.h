@@ -25,6 +25,37 @@ typedef enum dsq__isa {
  * dsq_cpu_force_isa). */
 dsq__isa_t dsq__cpu_isa_level(void);
 
+/* ------------------------------------------------ thread pool (threadpool.c)
+ *
+ * A job is n_chunks calls fn(ctx, chunk, n_chunks), chunk = 0..n_chunks-1,
+ * each exactly once, spread over the pool's threads (the calling thread
+ * included) by an atomic claim counter; it returns when all have returned.
+ * A chunk's result must not depend on which thread runs it or in what
+ * order (so results do not depend on timing or thread count). Chunks run
+ * inline on the caller when n_chunks is 1, the thread count is 1, or the
+ * pool is in use by another thread or by an enclosing job. Chunks cannot
+ * fail half-way: a chunk that can fail records the error in ctx
+ * (atomically). Per-chunk scratch is indexed by chunk (a thread may run
+ * several chunks, one after the other). */
+typedef void (*dsq__region_fn)(void *ctx, int chunk, int n_chunks);
+void dsq__parallel(int n_chunks, dsq__region_fn fn, void *ctx);
+
+/* Runs fn(ctx, i0, i1) over contiguous static slices of [0, n): at most
+ * n / min_per_chunk slices (so small n runs inline with no dispatch at all)
+ * and at most 4 per thread. Slices depend only on n and the thread count. */
+typedef void (*dsq__range_fn)(void *ctx, int64_t i0, int64_t i1);
+void dsq__parallel_for(int64_t n, int64_t min_per_chunk, dsq__range_fn fn,
+                       void *ctx);
+
+/* Static slice tid of n_thr of [0, n): sizes differ by at most one. */
+static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
+                              int64_t *i1)
+{
+    int64_t q = n / n_thr, r = n % n_thr;
+    *i0 = tid * q + (tid < r ? tid : r);
+    *i1 = *i0 + q + (tid < r ? 1 : 0);
+}
+
 /* IEEE binary16 -> binary32, exact. */
 static inline float dsq__h2f(uint16_t h)
 {

@@ -1,10 +1,29 @@
 /* dsq_cpu_embed: token embedding lookup = gather rows of the embedding
  * matrix and dequantise them with each format's reference formula
  * (dsq_weight_dequant_row), so the embedding and a tied lm_head read the
- * same weights. Rows are independent: OpenMP over ids when there are many. */
+ * same weights. Rows are independent: the thread pool splits the ids when
+ * there are many. */
 #include "kernels.h"
 
+#include <stdatomic.h>
+
+#include "cpu_internal.h"
 #include "error.h"
+
+struct embed_ctx {
+    float *out;
+    const dsq_weight_t *emb;
+    const int32_t *ids;
+    _Atomic int bad;
+};
+
+static void embed_range(void *p, int64_t i0, int64_t i1)
+{
+    struct embed_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++)
+        if (dsq_weight_dequant_row(c->emb, c->ids[i], c->out + i * c->emb->k) != DSQ_OK)
+            atomic_store(&c->bad, 1);
+}
 
 int dsq_cpu_embed(float *out, const dsq_weight_t *emb, const int32_t *ids, int64_t m)
 {
@@ -16,10 +35,8 @@ int dsq_cpu_embed(float *out, const dsq_weight_t *emb, const int32_t *ids, int64
             rc = DSQ_ERANGE;
     if (rc != DSQ_OK)
         return rc;
-    int bad = 0;
-    const int nthr = dsq_cpu_get_threads();
-#pragma omp parallel for num_threads(nthr) if (m >= 64 && nthr > 1) reduction(|:bad)
-    for (int64_t i = 0; i < m; i++)
-        bad |= dsq_weight_dequant_row(emb, ids[i], out + i * emb->k) != DSQ_OK;
-    return bad ? DSQ_EINVAL : DSQ_OK;
+    struct embed_ctx c = {.out = out, .emb = emb, .ids = ids};
+    atomic_init(&c.bad, 0);
+    dsq__parallel_for(m, 32, embed_range, &c);
+    return atomic_load(&c.bad) ? DSQ_EINVAL : DSQ_OK;
 }

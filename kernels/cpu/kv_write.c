@@ -109,6 +109,41 @@ static void quant_row(int8_t *q, uint16_t *s, uint16_t *z, const float *v,
         quant_group(q + g * gs, s + g, z + g, v + g * gs, gs);
 }
 
+struct kvw_ctx {
+    const dsq_kv_layer_t *kv;
+    const float *k, *v;
+    const int32_t *slot;
+    int row, n_groups;
+    void (*cvt)(uint16_t *, const float *, int);
+};
+
+static void kvw_rows(void *p, int64_t i0, int64_t i1)
+{
+    const struct kvw_ctx *c = p;
+    const dsq_kv_layer_t *kv = c->kv;
+    const int row = c->row, n_groups = c->n_groups;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t t = c->slot[i];
+        const float *ks = c->k + i * row, *vs = c->v + i * row;
+        if (kv->dtype == DSQ_KV_F16) {
+            c->cvt((uint16_t *)kv->k + t * row, ks, row);
+            c->cvt((uint16_t *)kv->v + t * row, vs, row);
+        } else if (kv->dtype == DSQ_KV_F32) {
+            memcpy((float *)kv->k + t * row, ks, (size_t)row * sizeof(float));
+            memcpy((float *)kv->v + t * row, vs, (size_t)row * sizeof(float));
+        } else {
+            for (int h = 0; h < kv->n_kv_heads; h++) {
+                int64_t e = t * row + (int64_t)h * kv->head_dim;
+                int64_t g = (t * kv->n_kv_heads + h) * n_groups;
+                quant_row((int8_t *)kv->k + e, kv->k_scale + g, kv->k_zero + g,
+                          ks + h * kv->head_dim, kv->head_dim, n_groups);
+                quant_row((int8_t *)kv->v + e, kv->v_scale + g, kv->v_zero + g,
+                          vs + h * kv->head_dim, kv->head_dim, n_groups);
+            }
+        }
+    }
+}
+
 int dsq_cpu_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
                      const int32_t *slot, int64_t m)
 {
@@ -119,7 +154,7 @@ int dsq_cpu_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
     if (kv->dtype == DSQ_KV_INT8 &&
         (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
         return DSQ_EINVAL;
-    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
+    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8 && kv->dtype != DSQ_KV_F32)
         return DSQ_EINVAL;
     const int64_t n_slots = kv->n_blocks * kv->block_size;
     for (int64_t i = 0; i < m; i++)
@@ -134,23 +169,7 @@ int dsq_cpu_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
         cvt = f2h_row_f16c;
 #endif
 
-    #pragma omp parallel for schedule(static) if (m * row > 65536)
-    for (int64_t i = 0; i < m; i++) {
-        const int64_t t = slot[i];
-        const float *ks = k + i * row, *vs = v + i * row;
-        if (kv->dtype == DSQ_KV_F16) {
-            cvt((uint16_t *)kv->k + t * row, ks, row);
-            cvt((uint16_t *)kv->v + t * row, vs, row);
-        } else {
-            for (int h = 0; h < kv->n_kv_heads; h++) {
-                int64_t e = t * row + (int64_t)h * kv->head_dim;
-                int64_t g = (t * kv->n_kv_heads + h) * n_groups;
-                quant_row((int8_t *)kv->k + e, kv->k_scale + g, kv->k_zero + g,
-                          ks + h * kv->head_dim, kv->head_dim, n_groups);
-                quant_row((int8_t *)kv->v + e, kv->v_scale + g, kv->v_zero + g,
-                          vs + h * kv->head_dim, kv->head_dim, n_groups);
-            }
-        }
-    }
+    struct kvw_ctx c = {kv, k, v, slot, row, n_groups, cvt};
+    dsq__parallel_for(m, 32768 / row + 1, kvw_rows, &c);
     return DSQ_OK;
 }

@@ -10,8 +10,10 @@
  * exactly W·x̂ (x̂ = the dequantised activations) up to fp32 rounding, so the
  * only approximation is |x - x̂| <= d/2 per element.
  *
- * Work split: OpenMP over tiles of (64 activation rows x 16 weight rows);
- * inside a tile the kernel walks 4 activation rows at a time against one
+ * Work split: the thread pool (threadpool.c) hands each thread a contiguous
+ * static range of tiles of (64 activation rows x 16 weight rows), so the
+ * result never depends on the thread count or timing, and a matmul under
+ * ~128k multiply-adds runs inline without a dispatch. Inside a tile the kernel walks 4 activation rows at a time against one
  * weight row, so each unpacked weight chunk is reused 4 times from
  * registers and the tile's weights stay in L1 across the m loop (prefill),
  * while decode (m <= 8) streams every weight byte exactly once.
@@ -19,8 +21,12 @@
 #include "cpu_internal.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MM_X86 1
+#endif
 
 #include "error.h"
 
@@ -146,45 +152,123 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[6])
 
 /* ------------------------------------------------- activation quantisation */
 
-/* One definition for all ISA levels (see file comment): round to nearest
- * even, q in [-127, 127], padding q = 0. */
+/* The definition for all ISA levels (see file comment; the AVX2 version
+ * below reproduces it bit for bit): round to nearest even, q in
+ * [-127, 127], padding q = 0. Blocks b0.. of row r, then the row's INT4
+ * group sums. */
+static void quantize_tail(dsq__xq_t *xq, int64_t r, int64_t b0)
+{
+    const float *x = xq->x + r * xq->k;
+    int8_t *q = xq->q + r * xq->k_pad;
+    for (int64_t b = b0; b < xq->nb; b++) {
+        int64_t j1 = xq->k - b * 32 < 32 ? xq->k - b * 32 : 32;
+        float amax = 0.0f;
+        for (int64_t j = 0; j < j1; j++) {
+            float a = fabsf(x[b * 32 + j]);
+            amax = a > amax ? a : amax;
+        }
+        float d = amax / 127.0f;
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int64_t j = 0; j < 32; j++) {
+            int32_t v = 0;
+            if (j < j1) {
+                float t = nearbyintf(x[b * 32 + j] * id);
+                v = t > 127.0f ? 127 : t < -127.0f ? -127 : (int32_t)t;
+            }
+            q[b * 32 + j] = (int8_t)v;
+            sum += v;
+        }
+        xq->d[r * xq->nb + b] = d;
+        xq->s[r * xq->nb + b] = d * (float)sum;
+    }
+    if (xq->n_groups > 0) {
+        const int64_t cpg = xq->cpg;
+        for (int64_t g = 0; g < xq->n_groups; g++) {
+            float gs = 0.0f;
+            for (int64_t c = g * cpg; c < (g + 1) * cpg && c < xq->nb; c++)
+                gs += xq->s[r * xq->nb + c];
+            xq->gsum[r * xq->n_groups + g] = gs;
+        }
+    }
+}
+
 static void quantize_rows(dsq__xq_t *xq, int64_t r0, int64_t r1)
 {
+    for (int64_t r = r0; r < r1; r++)
+        quantize_tail(xq, r, 0);
+}
+
+#ifdef MM_X86
+/* quantize_rows for full 32-blocks with AVX2, bitwise equal to the scalar
+ * code: max is exact in any order, d and id are the same scalar divisions,
+ * _mm256_round_ps(nearest) is nearbyintf in the default rounding mode, the
+ * clamp and the integer sum are exact. Partial blocks and the group sums
+ * use the scalar code. */
+__attribute__((target("avx2,fma")))
+static void quantize_rows_avx2(dsq__xq_t *xq, int64_t r0, int64_t r1)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    const int64_t full = xq->k / 32;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = xq->x + r * xq->k;
         int8_t *q = xq->q + r * xq->k_pad;
-        for (int64_t b = 0; b < xq->nb; b++) {
-            int64_t j1 = xq->k - b * 32 < 32 ? xq->k - b * 32 : 32;
-            float amax = 0.0f;
-            for (int64_t j = 0; j < j1; j++) {
-                float a = fabsf(x[b * 32 + j]);
-                amax = a > amax ? a : amax;
+        for (int64_t b = 0; b < full; b++) {
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
             }
-            float d = amax / 127.0f;
-            float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int32_t sum = 0;
-            for (int64_t j = 0; j < 32; j++) {
-                int32_t v = 0;
-                if (j < j1) {
-                    float t = nearbyintf(x[b * 32 + j] * id);
-                    v = t > 127.0f ? 127 : t < -127.0f ? -127 : (int32_t)t;
-                }
-                q[b * 32 + j] = (int8_t)v;
-                sum += v;
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            const float d = amax / 127.0f;
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const __m256 idv = _mm256_set1_ps(id);
+            __m256i iv[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 t = _mm256_round_ps(_mm256_mul_ps(v[i], idv),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+                iv[i] = _mm256_cvtps_epi32(t);
             }
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]),
+                                           _mm256_add_epi32(iv[2], iv[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum),
+                                       _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            /* packs work per 128-bit lane: fix the order with one permute */
+            __m256i p16a = _mm256_packs_epi32(iv[0], iv[1]);
+            __m256i p16b = _mm256_packs_epi32(iv[2], iv[3]);
+            __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+            p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(q + b * 32), p8);
             xq->d[r * xq->nb + b] = d;
-            xq->s[r * xq->nb + b] = d * (float)sum;
-        }
-        if (xq->n_groups > 0) {
-            const int64_t cpg = xq->cpg;
-            for (int64_t g = 0; g < xq->n_groups; g++) {
-                float gs = 0.0f;
-                for (int64_t c = g * cpg; c < (g + 1) * cpg && c < xq->nb; c++)
-                    gs += xq->s[r * xq->nb + c];
-                xq->gsum[r * xq->n_groups + g] = gs;
-            }
+            xq->s[r * xq->nb + b] = d * (float)_mm_cvtsi128_si32(s4);
         }
     }
+}
+#endif
+
+/* Quantise rows [r0, r1) (full blocks with SIMD where the CPU has it, the
+ * rest and the INT4 group sums with the scalar code). */
+static void quantize_any(dsq__xq_t *xq, int64_t r0, int64_t r1)
+{
+#ifdef MM_X86
+    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2 && xq->k >= 32) {
+        quantize_rows_avx2(xq, r0, r1);
+        if (xq->k % 32 == 0 && xq->n_groups == 0)
+            return;
+        /* tail block and group sums: scalar, on a view of the tail */
+        for (int64_t r = r0; r < r1; r++)
+            quantize_tail(xq, r, xq->k / 32);
+        return;
+    }
+#endif
+    quantize_rows(xq, r0, r1);
 }
 
 /* ----------------------------------------------------------------- driver */
@@ -213,6 +297,40 @@ static int check_weight(const dsq_weight_t *w)
     return DSQ_EINVAL;
 }
 
+static void quant_range(void *p, int64_t r0, int64_t r1)
+{
+    quantize_any(p, r0, r1);
+}
+
+struct mm_ctx {
+    float *y;
+    const dsq__xq_t *xq;
+    const dsq_weight_t *w;
+    dsq__mm_tile_fn fn;
+    int64_t m, tn;
+};
+
+/* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
+ * weight rows (t % tn) * TILE_N.. */
+static void mm_tiles(void *p, int64_t t0, int64_t t1)
+{
+    const struct mm_ctx *c = p;
+    const int64_t n = c->w->n, m = c->m;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t im = t / c->tn, in = t % c->tn;
+        int64_t n0 = in * TILE_N, n1 = n0 + TILE_N < n ? n0 + TILE_N : n;
+        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
+        for (int64_t r = mb0; r < mb1; r += MR) {
+            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
+            c->fn(c->y, n, c->xq, r, r1, c->w, n0, n1);
+            if (c->w->bias)
+                for (int64_t i = r; i < r1; i++)
+                    for (int64_t j = n0; j < n1; j++)
+                        c->y[i * n + j] += c->w->bias[j];
+        }
+    }
+}
+
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
 {
     int rc = check_weight(w);
@@ -225,7 +343,6 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     xq.k_pad = (w->k + 31) / 32 * 32;
     xq.nb = xq.k_pad / 32;
     void *buf = NULL;
-    const int nthr = dsq_cpu_get_threads();
     const bool quantised = w->format == DSQ_WFMT_INT4 ||
                            w->format == DSQ_WFMT_Q8_0 ||
                            w->format == DSQ_WFMT_INT8;
@@ -244,13 +361,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         xq.d = (float *)((char *)buf + qb);
         xq.s = xq.d + m * xq.nb;
         xq.gsum = xq.s + m * xq.nb;
-        if (m >= 8 * nthr && nthr > 1) {
-#pragma omp parallel for num_threads(nthr) schedule(static)
-            for (int64_t r = 0; r < m; r++)
-                quantize_rows(&xq, r, r + 1);
-        } else {
-            quantize_rows(&xq, 0, m);
-        }
+        dsq__parallel_for(m, 8, quant_range, &xq);
     }
 
     dsq__mm_tile_fn tab[6], fast[6] = {0};
@@ -260,26 +371,14 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__mm_avx2(fast);
     if (isa >= DSQ__ISA_AVX512)
         dsq__mm_avx512(fast);
-    dsq__mm_tile_fn fn = fast[w->format] ? fast[w->format] : tab[w->format];
 
-    const int64_t n = w->n;
-    const int64_t tn = (n + TILE_N - 1) / TILE_N;
-    const int64_t tm = (m + TILE_M - 1) / TILE_M;
-    const int64_t n_tiles = tn * tm;
-#pragma omp parallel for num_threads(nthr) schedule(static) if (n_tiles > 1 && nthr > 1)
-    for (int64_t t = 0; t < n_tiles; t++) {
-        int64_t im = t / tn, in = t % tn;
-        int64_t n0 = in * TILE_N, n1 = n0 + TILE_N < n ? n0 + TILE_N : n;
-        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
-        for (int64_t r = mb0; r < mb1; r += MR) {
-            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
-            fn(y, n, &xq, r, r1, w, n0, n1);
-            if (w->bias)
-                for (int64_t i = r; i < r1; i++)
-                    for (int64_t j = n0; j < n1; j++)
-                        y[i * n + j] += w->bias[j];
-        }
-    }
+    struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .m = m};
+    c.fn = fast[w->format] ? fast[w->format] : tab[w->format];
+    c.tn = (w->n + TILE_N - 1) / TILE_N;
+    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
+    /* at least ~128k multiply-adds per thread, in whole tiles */
+    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
+    dsq__parallel_for(n_tiles, 131072 / tile_work + 1, mm_tiles, &c);
     free(buf);
     return DSQ_OK;
 }

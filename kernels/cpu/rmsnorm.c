@@ -3,9 +3,11 @@
  * The sum of squares is accumulated in fp32 over 8 independent lanes (the
  * compiler vectorises it; lanes also keep the rounding error at about
  * sqrt(n/8) ulps) and eps sits inside the square root, as in llama.cpp and
- * transformers' LlamaRMSNorm. Rows are independent, so OpenMP splits them. */
+ * transformers' LlamaRMSNorm. Rows are independent: the thread pool splits
+ * them when there are enough (a decode row runs inline). */
 #include <math.h>
 
+#include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
 
@@ -27,13 +29,26 @@ static void norm_row(float *y, const float *x, const float *w, int64_t n,
         y[j] = x[j] * r * w[j];
 }
 
+struct norm_ctx {
+    float *y;
+    const float *x, *w;
+    int64_t n;
+    float eps;
+};
+
+static void norm_rows(void *p, int64_t i0, int64_t i1)
+{
+    const struct norm_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++)
+        norm_row(c->y + i * c->n, c->x + i * c->n, c->w, c->n, c->eps);
+}
+
 int dsq_cpu_rmsnorm(float *y, const float *x, const float *w, int64_t m,
                     int64_t n, float eps)
 {
     if (!y || !x || !w || m < 0 || n < 1 || !(eps >= 0.0f))
         return DSQ_EINVAL;
-    #pragma omp parallel for schedule(static) if (m * n > 32768)
-    for (int64_t i = 0; i < m; i++)
-        norm_row(y + i * n, x + i * n, w, n, eps);
+    struct norm_ctx c = {y, x, w, n, eps};
+    dsq__parallel_for(m, 16384 / n + 1, norm_rows, &c);
     return DSQ_OK;
 }

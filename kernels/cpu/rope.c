@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
 
@@ -105,6 +106,46 @@ out:
     return rc;
 }
 
+struct rope_ctx {
+    float *x;
+    int64_t m;
+    int n_heads, head_dim, half;
+    bool neox;
+    double mscale;
+    const int32_t *pos;
+    const double *inv;
+    float *cs;              /* [n_thr][2 * half] cos/sin of the current row */
+};
+
+static void rope_region(void *p, int tid, int n_thr)
+{
+    const struct rope_ctx *c = p;
+    const int half = c->half;
+    float *cs = c->cs + (size_t)tid * 2 * (size_t)half;
+    int64_t r0, r1;
+    dsq__split(c->m, tid, n_thr, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        for (int i = 0; i < half; i++) {
+            double a = (double)c->pos[r] * c->inv[i];
+            cs[2 * i] = (float)(cos(a) * c->mscale);
+            cs[2 * i + 1] = (float)(sin(a) * c->mscale);
+        }
+        for (int h = 0; h < c->n_heads; h++) {
+            float *v = c->x + (r * c->n_heads + h) * (int64_t)c->head_dim;
+            /* index pair (i0, i1) of pair i */
+            const int stride = c->neox ? 1 : 2;
+            const int off = c->neox ? half : 1;
+            for (int i = 0; i < half; i++) {
+                float co = cs[2 * i], s = cs[2 * i + 1];
+                float *a = v + i * stride, *b = a + off;
+                float x0 = *a, x1 = *b;
+                *a = x0 * co - x1 * s;
+                *b = x0 * s + x1 * co;
+            }
+        }
+    }
+}
+
 int dsq_cpu_rope(float *x, int64_t m, int n_heads, int head_dim,
                  const int32_t *pos, const dsq_rope_t *p)
 {
@@ -120,39 +161,19 @@ int dsq_cpu_rope(float *x, int64_t m, int n_heads, int head_dim,
         return DSQ_ENOMEM;
     dsq_rope_inv_freq(p, inv);
     int rc = DSQ_OK;
-
-    #pragma omp parallel if (m > 4)
-    {
-        float *cs = malloc(sizeof(*cs) * 2 * (size_t)half);
-        if (!cs) {
-            #pragma omp atomic write
-            rc = DSQ_ENOMEM;
-        }
-        #pragma omp for schedule(static)
-        for (int64_t r = 0; r < m; r++) {
-            if (!cs)
-                continue;
-            for (int i = 0; i < half; i++) {
-                double a = (double)pos[r] * inv[i];
-                cs[2 * i] = (float)(cos(a) * mscale);
-                cs[2 * i + 1] = (float)(sin(a) * mscale);
-            }
-            for (int h = 0; h < n_heads; h++) {
-                float *v = x + (r * n_heads + h) * (int64_t)head_dim;
-                /* index pair (i0, i1) of pair i */
-                const int stride = p->neox ? 1 : 2;
-                const int off = p->neox ? half : 1;
-                for (int i = 0; i < half; i++) {
-                    float c = cs[2 * i], s = cs[2 * i + 1];
-                    float *a = v + i * stride, *b = a + off;
-                    float x0 = *a, x1 = *b;
-                    *a = x0 * c - x1 * s;
-                    *b = x0 * s + x1 * c;
-                }
-            }
-        }
-        free(cs);
+    /* one thread per 8 rows at most: a decode row runs inline */
+    int n_thr = dsq_cpu_get_threads();
+    if (m / 8 < n_thr)
+        n_thr = m / 8 > 1 ? (int)(m / 8) : 1;
+    float *cs = malloc(sizeof(*cs) * 2 * (size_t)half * (size_t)n_thr);
+    if (!cs) {
+        rc = DSQ_ENOMEM;
+    } else {
+        struct rope_ctx c = {x, m, n_heads, head_dim, half, p->neox, mscale,
+                             pos, inv, cs};
+        dsq__parallel(n_thr, rope_region, &c);
     }
+    free(cs);
     free(inv);
     return rc;
 }

@@ -3,6 +3,7 @@
  * accumulated in fp64 because n can be the vocabulary size (10^5). */
 #include <math.h>
 
+#include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
 
@@ -26,12 +27,23 @@ static void softmax_row(float *x, int64_t n)
         x[j] *= inv;
 }
 
+struct softmax_ctx {
+    float *x;
+    int64_t n;
+};
+
+static void softmax_rows(void *p, int64_t i0, int64_t i1)
+{
+    const struct softmax_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++)
+        softmax_row(c->x + i * c->n, c->n);
+}
+
 int dsq_cpu_softmax(float *x, int64_t m, int64_t n)
 {
     if (!x || m < 0 || n < 1)
         return DSQ_EINVAL;
-    #pragma omp parallel for schedule(static) if (m * n > 65536)
-    for (int64_t i = 0; i < m; i++)
-        softmax_row(x + i * n, n);
+    struct softmax_ctx c = {x, n};
+    dsq__parallel_for(m, 32768 / n + 1, softmax_rows, &c);
     return DSQ_OK;
 }

@@ -3,8 +3,23 @@
  * overflows to inf, g/inf = -0) and a large g gives g, never NaN. */
 #include <math.h>
 
+#include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
+
+struct swiglu_ctx {
+    float *out;
+    const float *gate, *up;
+};
+
+static void swiglu_range(void *p, int64_t i0, int64_t i1)
+{
+    const struct swiglu_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = c->gate[i];
+        c->out[i] = g / (1.0f + expf(-g)) * c->up[i];
+    }
+}
 
 int dsq_cpu_swiglu(float *out, const float *gate, const float *up, int64_t m,
                    int64_t n)
@@ -12,10 +27,7 @@ int dsq_cpu_swiglu(float *out, const float *gate, const float *up, int64_t m,
     if (!out || !gate || !up || m < 0 || n < 0)
         return DSQ_EINVAL;
     const int64_t total = m * n;
-    #pragma omp parallel for schedule(static) if (total > 65536)
-    for (int64_t i = 0; i < total; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    struct swiglu_ctx c = {out, gate, up};
+    dsq__parallel_for(total, 32768, swiglu_range, &c);
     return DSQ_OK;
 }

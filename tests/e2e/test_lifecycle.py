@@ -9,7 +9,7 @@ import time
 
 import requests
 
-from conftest import MODEL_NAME, Daemon, sse_events
+from conftest import MODEL_NAME, Daemon, model_path, sse_events
 
 
 def test_drain_on_sigterm():
@@ -79,7 +79,15 @@ def test_cli():
     r = run_cli("--model", "/nonexistent/model.gguf", "--port", "0")
     assert r.returncode == 1
     r = run_cli("--plan", "--model", "/nonexistent/model.gguf")
-    assert r.returncode != 0 and "plan" in r.stderr
+    assert r.returncode == 1 and "plan" in r.stderr
+    r = run_cli("--plan", "--model", model_path(), "--kv-cache-memory", "512MiB")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "KV" in r.stdout and "max_model_len" in r.stdout
+    # 64 MiB of KV (2912 tokens) cannot hold one 8192-token sequence: the
+    # plan is still printed, and the exit status says it does not fit
+    r = run_cli("--plan", "--model", model_path(), "--kv-cache-memory", "64MiB",
+                "--max-model-len", "8192")
+    assert r.returncode == 1 and "max_model_len" in r.stdout
 
 
 def test_request_timeout(daemon_factory):

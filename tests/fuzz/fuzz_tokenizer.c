@@ -8,9 +8,10 @@
  * without DSQ_TOK_PARSE_SPECIAL (and with BOS), then
  *  - every id must be inside the vocabulary;
  *  - dsq_tokenizer_decode must succeed;
- *  - the incremental detokenizer, fed id by id, must only ever hand out
- *    valid UTF-8 (RFC 3629; checked here by an independent validator), and
- *    when the full decode is valid UTF-8 its deltas must concatenate to it;
+ *  - the incremental detokenizer, fed id by id (with and without
+ *    skip_special), must only ever hand out valid UTF-8 (RFC 3629; checked
+ *    here by an independent validator), and when the matching full decode
+ *    is valid UTF-8 its deltas must concatenate to it;
  *  - byte-level BPE: decode(encode(s)) == s whenever s is valid UTF-8
  *    (without BOS; special tokens decode to their own text, so this holds
  *    with DSQ_TOK_PARSE_SPECIAL too).
@@ -107,9 +108,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* Feed ids one by one; every delta must be valid UTF-8. Returns the
  * concatenation (malloc'd) in *all, its length in *all_len. */
 static void detok_all(const dsq_tokenizer_t *t, const int32_t *ids, size_t n,
-                      bool strip, char **all, size_t *all_len)
+                      bool skip, bool strip, char **all, size_t *all_len)
 {
-    dsq_detok_t *d = dsq_detok_create(t, false, strip);
+    dsq_detok_t *d = dsq_detok_create(t, skip, strip);
     if (!d)
         die("dsq_detok_create", "NULL");
     char *acc = NULL;
@@ -158,13 +159,21 @@ static void check_one(const dsq_tokenizer_t *t, const uint8_t *data,
     if (!spm && valid && !(flags & DSQ_TOK_ADD_BOS) &&
         (tl != size || (size && memcmp(text, data, size) != 0)))
         die("byte-level BPE", "decode(encode(s)) != s for valid UTF-8 s");
-    char *inc = NULL;
-    size_t il = 0;
-    detok_all(t, ids, n, spm, &inc, &il);
-    if (utf8_valid((const unsigned char *)text, tl) &&
-        (il != tl || (il && memcmp(inc, text, il) != 0)))
-        die("detok", "concatenated deltas differ from dsq_tokenizer_decode");
-    free(inc);
+    for (int skip = 0; skip < 2; skip++) {
+        if (skip) {   /* compare with the decode that drops control tokens */
+            free(text);
+            text = NULL;
+            if (dsq_tokenizer_decode(t, ids, n, true, &text, &tl) != 0)
+                die("dsq_tokenizer_decode", "failed (skip_special)");
+        }
+        char *inc = NULL;
+        size_t il = 0;
+        detok_all(t, ids, n, skip, spm, &inc, &il);
+        if (utf8_valid((const unsigned char *)text, tl) &&
+            (il != tl || (il && memcmp(inc, text, il) != 0)))
+            die("detok", "concatenated deltas differ from dsq_tokenizer_decode");
+        free(inc);
+    }
     free(text);
     free(ids);
 }

@@ -437,6 +437,200 @@ static void test_response_and_chunks(void **state)
     cJSON_Delete(lp);
 }
 
+/* chatapi: /v1/chat/completions bodies (OpenAI Chat Completions API
+ * reference: messages, max_completion_tokens, logprobs + top_logprobs). */
+static void test_chat_parse(void **state)
+{
+    static const struct { const char *body; const char *param; } bad_chat[] = {
+        {"{" M "\"max_tokens\":3}", "messages"},
+        {"{" M "\"messages\":[]}", "messages"},
+        {"{" M "\"messages\":\"hi\"}", "messages"},
+        {"{" M "\"messages\":[1]}", "messages"},
+        {"{" M "\"messages\":[{\"content\":\"x\"}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"user\"}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":1}]}]}", "messages"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", "tools"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":1}", "top_logprobs"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", "max_completion_tokens"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", "max_tokens"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model"},
+    };
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *ok =
+        "{" M "\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+        "{\"type\":\"text\",\"text\":\"b\"}],\"name\":\"n\"},"
+        "{\"role\":\"assistant\",\"tool_calls\":[]},"
+        "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"t\"}],"
+        "\"tools\":[{\"type\":\"function\"}],\"max_tokens\":9,"
+        "\"max_completion_tokens\":4,\"logprobs\":true,\"top_logprobs\":3,"
+        "\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"stop\":\"x\",\"seed\":5,\"logit_bias\":{\"7\":1}}";
+    const cJSON *m;
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad_chat) / sizeof(bad_chat[0]); i++) {
+        memset(&e, 0, sizeof(e));
+        if (dsq_openai_parse_chat(bad_chat[i].body, strlen(bad_chat[i].body),
+                                  &LIM, &r, &e) != DSQ_EINVAL)
+            fail_msg("accepted: %s", bad_chat[i].body);
+        if (dsq_apierr_status(e.kind) != 400 || strcmp(e.param, bad_chat[i].param))
+            fail_msg("%s: status %d param '%s'", bad_chat[i].body,
+                     dsq_apierr_status(e.kind), e.param);
+        assert_null(r.messages);
+    }
+    assert_int_equal(dsq_openai_parse_chat(ok, strlen(ok), &LIM, &r, &e), 0);
+    assert_true(r.chat);
+    assert_int_equal(r.n_prompts, 0);
+    assert_int_equal(r.sp.max_tokens, 4);       /* max_completion_tokens wins */
+    assert_int_equal(r.sp.logprobs, 3);
+    assert_int_equal(r.sp.n, 2);
+    assert_true(r.stream && r.include_usage && r.sp.has_seed);
+    assert_int_equal(r.sp.n_stop, 1);
+    assert_int_equal(r.sp.n_logit_bias, 1);
+    assert_int_equal(cJSON_GetArraySize(r.messages), 4);
+    m = cJSON_GetArrayItem(r.messages, 1);
+    assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, "a\nb");
+    assert_string_equal(cJSON_GetObjectItem(m, "name")->valuestring, "n");
+    m = cJSON_GetArrayItem(r.messages, 2);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(m, "content")));
+    assert_true(cJSON_IsArray(cJSON_GetObjectItem(m, "tool_calls")));
+    assert_int_equal(cJSON_GetArraySize(r.tools), 1);
+    dsq_completion_req_deinit(&r);
+    /* defaults: no limit (-1, filled from the context), no logprobs */
+    {
+        const char *b = "{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}";
+        assert_int_equal(dsq_openai_parse_chat(b, strlen(b), &LIM, &r, &e), 0);
+        assert_int_equal(r.sp.max_tokens, -1);
+        assert_int_equal(r.sp.logprobs, 0);
+        assert_null(r.tools);
+        dsq_completion_req_deinit(&r);
+        b = "{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true,\"best_of\":9}";
+        assert_int_equal(dsq_openai_parse_chat(b, strlen(b), &LIM, &r, &e), 0);
+        assert_int_equal(r.sp.logprobs, -1);
+        assert_false(r.echo);
+        dsq_completion_req_deinit(&r);
+    }
+    /* /tokenize with messages */
+    {
+        dsq_tokenize_req_t t;
+        const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"add_generation_prompt\":false}";
+        assert_int_equal(dsq_openai_parse_tokenize_req(b, strlen(b), &LIM, &t, &e), 0);
+        assert_non_null(t.messages);
+        assert_null(t.prompt);
+        assert_false(t.add_generation_prompt);
+        assert_true(t.add_special);
+        dsq_tokenize_req_deinit(&t);
+        b = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
+        assert_int_equal(dsq_openai_parse_tokenize_req(b, strlen(b), &LIM, &t, &e), 0);
+        assert_string_equal(t.prompt, "hi");
+        assert_false(t.add_special);
+        dsq_tokenize_req_deinit(&t);
+        b = "{\"messages\":[{\"role\":\"x\",\"content\":\"x\"}]}";
+        assert_int_equal(dsq_openai_parse_tokenize_req(b, strlen(b), &LIM, &t, &e), DSQ_EINVAL);
+        assert_null(t.messages);
+    }
+}
+
+static void test_chat_response_and_chunks(void **state)
+{
+    int32_t toks[2] = {0, 2};
+    float lps[2] = {-0.25f, -1.5f};
+    dsq_top_logprob_t top[2] = {{0, -0.25f}, {2, -1.5f}};
+    dsq_output_t o = {0};
+    dsq_chat_choice_out_t ch = {0};
+    dsq_usage_t u = {5, 2, 0, false};
+    cJSON *lp = dsq_openai_chat_logprobs_new(), *j, *c0, *t, *d;
+    char *body, *chunk;
+    (void)state;
+    o.n_tokens = 2;
+    o.tokens = toks;
+    o.logprobs = lps;
+    o.top = top;
+    o.n_top = 1;
+    assert_int_equal(dsq_openai_chat_logprobs_add(lp, &o, fake_tok, NULL), 0);
+    ch.content = "Paris";
+    ch.content_len = 5;
+    ch.reasoning = "think";
+    ch.reasoning_len = 5;
+    ch.logprobs = lp;
+    ch.finish = DSQ_FINISH_STOP;
+    body = dsq_openai_chat_body("chatcmpl-1", 7, "smol", &ch, 1, &u);
+    j = cJSON_Parse(body);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    d = cJSON_GetObjectItem(c0, "message");
+    assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+    assert_string_equal(cJSON_GetObjectItem(d, "content")->valuestring, "Paris");
+    assert_string_equal(cJSON_GetObjectItem(d, "reasoning_content")->valuestring, "think");
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    /* token 2 is a broken UTF-8 piece: token text replaced, bytes raw */
+    t = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content"), 1);
+    assert_string_equal(cJSON_GetObjectItem(t, "token")->valuestring, "\xEF\xBF\xBD");
+    assert_true(cJSON_GetObjectItem(t, "logprob")->valuedouble == -1.5);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t, "bytes")), 2);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(t, "bytes"), 0)->valuedouble, 0xE2);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t, "top_logprobs")), 1);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valuedouble, 7);
+    cJSON_Delete(j);
+    free(body);
+    ch.reasoning = NULL;        /* no parser: no reasoning_content member */
+    ch.logprobs = NULL;
+    body = dsq_openai_chat_body("chatcmpl-1", 7, "smol", &ch, 1, &u);
+    j = cJSON_Parse(body);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "reasoning_content"));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
+    cJSON_Delete(j);
+    free(body);
+
+    chunk = dsq_openai_chat_chunk("chatcmpl-1", 7, "smol", 1, "assistant", "", 0,
+                                  NULL, 0, NULL, DSQ_FINISH_NONE, true);
+    assert_memory_equal(chunk, "data: {", 7);
+    j = cJSON_Parse(chunk + 6);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_int_equal(cJSON_GetObjectItem(c0, "index")->valuedouble, 1);
+    d = cJSON_GetObjectItem(c0, "delta");
+    assert_int_equal(cJSON_GetArraySize(d), 2);
+    assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+    assert_string_equal(cJSON_GetObjectItem(d, "content")->valuestring, "");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
+    cJSON_Delete(j);
+    free(chunk);
+    chunk = dsq_openai_chat_chunk("chatcmpl-1", 7, "smol", 0, NULL, NULL, 0,
+                                  "hm", 2, NULL, DSQ_FINISH_NONE, false);
+    j = cJSON_Parse(chunk + 6);
+    d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta");
+    assert_int_equal(cJSON_GetArraySize(d), 1);
+    assert_string_equal(cJSON_GetObjectItem(d, "reasoning_content")->valuestring, "hm");
+    assert_null(cJSON_GetObjectItem(j, "usage"));
+    cJSON_Delete(j);
+    free(chunk);
+    chunk = dsq_openai_chat_chunk("chatcmpl-1", 7, "smol", 0, NULL, NULL, 0,
+                                  NULL, 0, NULL, DSQ_FINISH_LENGTH, false);
+    j = cJSON_Parse(chunk + 6);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(c0, "delta")), 0);
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+    cJSON_Delete(j);
+    free(chunk);
+    chunk = dsq_openai_chat_usage_chunk("chatcmpl-1", 7, "smol", &u);
+    j = cJSON_Parse(chunk + 6);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    cJSON_Delete(j);
+    free(chunk);
+    cJSON_Delete(lp);
+}
+
 static void test_utf8_clean(void **state)
 {
     size_t n;
@@ -462,6 +656,8 @@ int main(void)
         cmocka_unit_test(test_tokenize_bodies),
         cmocka_unit_test(test_response_and_chunks),
         cmocka_unit_test(test_utf8_clean),
+        cmocka_unit_test(test_chat_parse),
+        cmocka_unit_test(test_chat_response_and_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,428 @@
+/* Multi-head latent attention (DeepSeek-V2 MLA) over the paged latent cache,
+ * in the absorbed form, on the CPU.
+ *
+ * The cache holds, per token, one vector of D = kv_lora_rank + rope dims:
+ * the normalised KV latent c followed by the RoPE'd decoupled key k_pe (a
+ * dsq_kv_layer_t with n_kv_heads = 1 and no V pool). With W_UK folded into
+ * the query (q_h = [W_UK_h^T q_nope_h, q_pe_h]) every head's score is one
+ * D-long dot product with the cached vector, and its output is the
+ * softmax-weighted sum of the cached latents (the first kv_lora_rank
+ * values of the same vector); W_UV is applied by the caller afterwards. So
+ * the latent is never expanded per head (DeepSeek-V2 paper, section 2.1.2,
+ * "absorb W_UK into W_Q and W_UV into W_O").
+ *
+ * One task is one query row and a chunk of its heads: each cached vector is
+ * dequantised once per task and dotted with every head of the chunk, then
+ * accumulated into every head's output (online softmax as in
+ * kernels/cpu/attention.c: running max and sum, one rescale per block).
+ * Tasks are claimed through an atomic counter inside dsq__parallel
+ * (kernels/cpu/cpu_internal.h); results do not depend on the thread count.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MLA_X86 1
+#endif
+
+#include "cpu_internal.h"
+#include "error.h"
+#include "kernels.h"
+
+typedef struct mla_ops {
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);
+    void (*f16)(float *dst, const uint16_t *src, int n);
+} mla_ops_t;
+
+static float dot_scalar(const float *a, const float *b, int n)
+{
+    float acc[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++)
+            acc[l] += a[i + l] * b[i + l];
+    for (; i < n; i++)
+        acc[0] += a[i] * b[i];
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void f16_scalar(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = dsq__h2f(src[i]);
+}
+
+#ifdef MLA_X86
+#define MLA_TARGET __attribute__((target("avx2,fma,f16c")))
+
+MLA_TARGET static float dot_avx2(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    __m256 v = _mm256_add_ps(s0, s1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+MLA_TARGET static void axpy_avx2(float *y, float a, const float *x, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+MLA_TARGET static void f16_avx2(float *dst, const uint16_t *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = dsq__h2f(src[i]);
+}
+#endif
+
+/* Dequantise the cached vector of slot t into dst[D]. */
+static void load_latent(float *dst, const dsq_kv_layer_t *kv, int64_t t,
+                        int n_groups, const mla_ops_t *ops)
+{
+    const int D = kv->head_dim;
+    if (kv->dtype == DSQ_KV_F16) {
+        ops->f16(dst, (const uint16_t *)kv->k + t * D, D);
+        return;
+    }
+    if (kv->dtype == DSQ_KV_F32) {
+        memcpy(dst, (const float *)kv->k + t * D, (size_t)D * sizeof(*dst));
+        return;
+    }
+    const int gs = D / n_groups;
+    const int8_t *q = (const int8_t *)kv->k + t * D;
+    for (int g = 0; g < n_groups; g++) {
+        const float s = dsq__h2f(kv->k_scale[t * n_groups + g]);
+        const float z = dsq__h2f(kv->k_zero[t * n_groups + g]);
+        for (int i = g * gs; i < (g + 1) * gs; i++)
+            dst[i] = ((float)q[i] - z) * s;
+    }
+}
+
+typedef struct scratch {
+    float *acc;     /* [G][R]          */
+    float *kbuf;    /* [D]             */
+    float *sc;      /* [G][block_size] */
+    float *mx, *l;  /* [G]             */
+} scratch_t;
+
+/* G heads of one query row: q [G][D] -> out [G][R]. */
+static void attend_row(float *out, const float *q, const dsq_kv_layer_t *kv,
+                       int G, int R, const int32_t *btab, int32_t pos, float scale,
+                       int n_groups, const mla_ops_t *ops, scratch_t *w)
+{
+    const int D = kv->head_dim, bs = kv->block_size;
+    for (int i = 0; i < G * R; i++)
+        w->acc[i] = 0.0f;
+    for (int g = 0; g < G; g++) {
+        w->mx[g] = -INFINITY;
+        w->l[g] = 0.0f;
+    }
+    const int n_blk = pos / bs + 1;
+    for (int b = 0; b < n_blk; b++) {
+        const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
+        const int64_t t0 = (int64_t)btab[b] * bs;
+        for (int j = 0; j < n_t; j++) {
+            load_latent(w->kbuf, kv, t0 + j, n_groups, ops);
+            for (int g = 0; g < G; g++)
+                w->sc[g * bs + j] = ops->dot(q + (size_t)g * D, w->kbuf, D) * scale;
+        }
+        for (int g = 0; g < G; g++) {
+            float *s = w->sc + g * bs;
+            float bm = s[0];
+            for (int j = 1; j < n_t; j++)
+                bm = s[j] > bm ? s[j] : bm;
+            if (bm > w->mx[g]) {
+                const float corr = expf(w->mx[g] - bm);   /* 0 on the first block */
+                w->l[g] *= corr;
+                for (int i = 0; i < R; i++)
+                    w->acc[g * R + i] *= corr;
+                w->mx[g] = bm;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < n_t; j++) {
+                s[j] = expf(s[j] - w->mx[g]);
+                sum += s[j];
+            }
+            w->l[g] += sum;
+        }
+        /* Values are the latents just scored; reload (cheap next to the
+         * G dot products) rather than keep a block of them. */
+        for (int j = 0; j < n_t; j++) {
+            load_latent(w->kbuf, kv, t0 + j, n_groups, ops);
+            for (int g = 0; g < G; g++)
+                ops->axpy(w->acc + (size_t)g * R, w->sc[g * bs + j], w->kbuf, R);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float inv = 1.0f / w->l[g];
+        for (int i = 0; i < R; i++)
+            out[(size_t)g * R + i] = w->acc[(size_t)g * R + i] * inv;
+    }
+}
+
+struct mla_ctx {
+    float *out;
+    const float *q;
+    const dsq_kv_layer_t *kv;
+    const int32_t *row_seq, *row_pos, *block_tables;
+    int max_blocks, n_heads, R, chunk, n_chunks, n_groups;
+    float scale;
+    const mla_ops_t *ops;
+    int64_t n_tasks;
+    float *mem;
+    size_t per_thr;
+    _Atomic int64_t next;
+};
+
+static void mla_region(void *p, int tid, int n_thr)
+{
+    struct mla_ctx *c = p;
+    (void)n_thr;
+    const int D = c->kv->head_dim, chunk = c->chunk, R = c->R;
+    scratch_t w;
+    w.acc = c->mem + (size_t)tid * c->per_thr;
+    w.kbuf = w.acc + (size_t)chunk * R;
+    w.sc = w.kbuf + D;
+    w.mx = w.sc + (size_t)chunk * c->kv->block_size;
+    w.l = w.mx + chunk;
+    for (;;) {
+        const int64_t task = atomic_fetch_add_explicit(&c->next, 1,
+                                                       memory_order_relaxed);
+        if (task >= c->n_tasks)
+            break;
+        const int64_t i = task / c->n_chunks;
+        const int ci = (int)(task % c->n_chunks);
+        const int h0 = ci * chunk;
+        const int nh = h0 + chunk <= c->n_heads ? chunk : c->n_heads - h0;
+        attend_row(c->out + (i * c->n_heads + h0) * (int64_t)R,
+                   c->q + (i * c->n_heads + h0) * (int64_t)D, c->kv, nh, R,
+                   c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
+                   c->row_pos[i], c->scale, c->n_groups, c->ops, &w);
+    }
+}
+
+static int check_layer(const dsq_kv_layer_t *kv)
+{
+    if (!kv || !kv->k || kv->n_kv_heads != 1 || kv->head_dim < 1 ||
+        kv->block_size < 1 || kv->n_blocks < 0)
+        return DSQ_EINVAL;
+    if (kv->dtype == DSQ_KV_INT8 && (!kv->k_scale || !kv->k_zero))
+        return DSQ_EINVAL;
+    if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8 && kv->dtype != DSQ_KV_F32)
+        return DSQ_EINVAL;
+    return DSQ_OK;
+}
+
+int dsq_cpu_mla_attention(float *out, const float *q, int64_t m, int n_heads,
+                          int kv_lora_rank, const dsq_kv_layer_t *kv,
+                          const int32_t *row_seq, const int32_t *row_pos,
+                          const int32_t *block_tables, int max_blocks, float scale)
+{
+    int rc = check_layer(kv);
+    if (rc == DSQ_OK && (!out || !q || !row_seq || !row_pos || !block_tables ||
+                         m < 0 || n_heads < 1 || max_blocks < 1 ||
+                         kv_lora_rank < 1 || kv_lora_rank > kv->head_dim))
+        rc = DSQ_EINVAL;
+    for (int64_t i = 0; rc == DSQ_OK && i < m; i++) {
+        if (row_seq[i] < 0) {
+            rc = DSQ_EINVAL;
+            break;
+        }
+        if (row_pos[i] < 0 || row_pos[i] >= (int64_t)max_blocks * kv->block_size) {
+            rc = DSQ_ERANGE;
+            break;
+        }
+        const int32_t *bt = block_tables + (int64_t)row_seq[i] * max_blocks;
+        for (int b = 0; b <= row_pos[i] / kv->block_size; b++)
+            if (bt[b] < 0 || bt[b] >= kv->n_blocks)
+                rc = DSQ_ERANGE;
+    }
+    if (rc != DSQ_OK || m == 0)
+        return rc;
+
+    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
+#ifdef MLA_X86
+    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
+        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
+#endif
+    const int D = kv->head_dim, R = kv_lora_rank;
+    int64_t work = 0;
+    for (int64_t i = 0; i < m; i++)
+        work += ((int64_t)row_pos[i] + 1) * n_heads * (D + R);
+    int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
+    /* Few rows (decode): split the heads so every thread has work, at the
+     * price of dequantising the cache once per chunk. */
+    int chunk = n_heads;
+    while (chunk > 1 && m * ((n_heads + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
+        chunk = (chunk + 1) / 2;
+    const int n_chunks = (n_heads + chunk - 1) / chunk;
+    const int64_t n_tasks = m * n_chunks;
+    if (n_tasks < n_thr)
+        n_thr = (int)n_tasks;
+    const size_t per_thr = (size_t)chunk * R + D + (size_t)chunk * kv->block_size +
+                           2 * (size_t)chunk;
+    float *mem = malloc(sizeof(*mem) * per_thr * (size_t)n_thr);
+    if (!mem)
+        return DSQ_ENOMEM;
+    struct mla_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
+                        n_heads, R, chunk, n_chunks, dsq_kv_n_groups(D), scale,
+                        &ops, n_tasks, mem, per_thr, 0};
+    dsq__parallel(n_thr, mla_region, &c);
+    free(mem);
+    return DSQ_OK;
+}
+
+int dsq_cpu_mla_kv_write(const dsq_kv_layer_t *kv, const float *latent,
+                         const int32_t *slot, int64_t m)
+{
+    int rc = check_layer(kv);
+    if (rc != DSQ_OK || !latent || !slot || m < 0)
+        return rc != DSQ_OK ? rc : DSQ_EINVAL;
+    if (kv->dtype == DSQ_KV_F32) {
+        const int64_t n_slots = kv->n_blocks * kv->block_size, D = kv->head_dim;
+        for (int64_t i = 0; i < m; i++)
+            if (slot[i] < 0 || slot[i] >= n_slots)
+                return DSQ_ERANGE;
+        for (int64_t i = 0; i < m; i++)
+            memcpy((float *)kv->k + slot[i] * D, latent + i * D,
+                   (size_t)D * sizeof(*latent));
+        return DSQ_OK;
+    }
+    /* The K-and-V writer with V aliased onto K: the same row goes to the
+     * same place twice (identical bits), so the shared writer's rounding
+     * and INT8 scheme apply unchanged to the latent cache. */
+    dsq_kv_layer_t one = *kv;
+    one.v = one.k;
+    one.v_scale = one.k_scale;
+    one.v_zero = one.k_zero;
+    return dsq_cpu_kv_write(&one, latent, latent, slot, m);
+}
+
+int dsq_cpu_mla_kv_read(const dsq_kv_layer_t *kv, const int32_t *slot, int64_t m,
+                        float *out)
+{
+    int rc = check_layer(kv);
+    if (rc != DSQ_OK || !slot || !out || m < 0)
+        return rc != DSQ_OK ? rc : DSQ_EINVAL;
+    const int64_t n_slots = kv->n_blocks * kv->block_size;
+    for (int64_t i = 0; i < m; i++)
+        if (slot[i] < 0 || slot[i] >= n_slots)
+            return DSQ_ERANGE;
+    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
+#ifdef MLA_X86
+    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
+        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
+#endif
+    const int n_groups = dsq_kv_n_groups(kv->head_dim);
+    for (int64_t i = 0; i < m; i++)
+        load_latent(out + i * kv->head_dim, kv, slot[i], n_groups, &ops);
+    return DSQ_OK;
+}
+
+/* ------------------------------------------- expanded (prefill) form */
+
+struct dense_ctx {
+    float *out;
+    const float *q, *kv, *k_pe;
+    const int32_t *row_pos;
+    int n_heads, dn, dr, dv;
+    int64_t n_ctx;
+    float scale;
+    const mla_ops_t *ops;
+    _Atomic int failed;
+};
+
+static void dense_tasks(void *p, int64_t i0, int64_t i1)
+{
+    struct dense_ctx *c = p;
+    const int H = c->n_heads, dn = c->dn, dr = c->dr, dv = c->dv;
+    const int64_t kvw = (int64_t)H * (dn + dv);
+    float *sc = malloc(sizeof(*sc) * (size_t)c->n_ctx);
+    if (!sc) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    for (int64_t task = i0; task < i1; task++) {
+        const int64_t i = task / H;
+        const int h = (int)(task % H);
+        const float *q = c->q + (i * H + h) * (int64_t)(dn + dr);
+        const int64_t n = (int64_t)c->row_pos[i] + 1;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            const float *k = c->kv + t * kvw + (int64_t)h * (dn + dv);
+            sc[t] = (c->ops->dot(q, k, dn) + c->ops->dot(q + dn, c->k_pe + t * dr, dr)) *
+                    c->scale;
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        float *o = c->out + (i * H + h) * (int64_t)dv;
+        for (int j = 0; j < dv; j++)
+            o[j] = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            sc[t] = expf(sc[t] - mx);
+            sum += sc[t];
+        }
+        for (int64_t t = 0; t < n; t++)
+            c->ops->axpy(o, sc[t], c->kv + t * kvw + (int64_t)h * (dn + dv) + dn, dv);
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < dv; j++)
+            o[j] *= inv;
+    }
+    free(sc);
+}
+
+int dsq_cpu_mla_attention_dense(float *out, const float *q, int64_t m, int n_heads,
+                                const int32_t *row_pos, const float *kv,
+                                const float *k_pe, int64_t n_ctx, int qk_nope_dim,
+                                int qk_rope_dim, int v_dim, float scale)
+{
+    if (!out || !q || !row_pos || !kv || !k_pe || m < 0 || n_heads < 1 ||
+        qk_nope_dim < 0 || qk_rope_dim < 1 || v_dim < 1 || n_ctx < 1)
+        return DSQ_EINVAL;
+    for (int64_t i = 0; i < m; i++)
+        if (row_pos[i] < 0 || row_pos[i] >= n_ctx)
+            return DSQ_ERANGE;
+    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
+#ifdef MLA_X86
+    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
+        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
+#endif
+    struct dense_ctx c = {out, q, kv, k_pe, row_pos, n_heads, qk_nope_dim, qk_rope_dim,
+                          v_dim, n_ctx, scale, &ops, 0};
+    /* a task is (row, head); ~n_ctx * (dn + dr + dv) flops each */
+    const int64_t per_task = n_ctx * (qk_nope_dim + qk_rope_dim + v_dim);
+    dsq__parallel_for(m * n_heads, per_task >= 16384 ? 1 : 16384 / per_task + 1,
+                      dense_tasks, &c);
+    return atomic_load(&c.failed) ? DSQ_ENOMEM : DSQ_OK;
+}

@@ -1,0 +1,165 @@
+/* Chat template selection, rendering and prompt tokenization for dsqd (see
+ * chat.h). Owns the compiled template and the BOS/EOS strings; everything
+ * is read-only after create, so connection threads share it unlocked. */
+#include "server/chat.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/chat_template.h"
+#include "engine/error.h"
+#include "engine/log.h"
+
+#define MAX_TEMPLATE_BYTES (4u << 20)
+
+struct dsq_chat {
+    dsq_chat_template_t *t;      /* NULL: no template                      */
+    const dsq_tokenizer_t *tok;
+    char *bos, *eos;             /* token text, or NULL when none          */
+    bool reasoning;
+};
+
+static char *read_all(const char *path, size_t *len, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0;
+    if (!f) {
+        snprintf(err, err_len, "--chat-template %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    buf = malloc(MAX_TEMPLATE_BYTES + 1);
+    if (buf)
+        n = fread(buf, 1, MAX_TEMPLATE_BYTES + 1, f);
+    if (!buf || ferror(f) || n > MAX_TEMPLATE_BYTES) {
+        snprintf(err, err_len, "--chat-template %s: %s", path,
+                 !buf ? "out of memory"
+                      : ferror(f) ? "read error" : "larger than 4 MiB");
+        free(buf);
+        buf = NULL;
+    } else {
+        buf[n] = '\0';
+        *len = n;
+    }
+    fclose(f);
+    return buf;
+}
+
+static char *token_text(const dsq_tokenizer_t *tok, int32_t id)
+{
+    size_t len = 0;
+    const char *s = id >= 0 ? dsq_tokenizer_token_str(tok, id, &len) : NULL;
+    return s ? strndup(s, len) : NULL;
+}
+
+dsq_chat_t *dsq_chat_create(const char *template_path,
+                            const char *model_template,
+                            const dsq_tokenizer_t *tok,
+                            const char *reasoning_parser, char *err,
+                            size_t err_len)
+{
+    dsq_chat_t *c = calloc(1, sizeof(*c));
+    char *src = NULL, why[400] = "";
+    size_t len = 0;
+    const char *origin = "--chat-template";
+
+    if (!c) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    c->tok = tok;
+    if (reasoning_parser && *reasoning_parser &&
+        strcmp(reasoning_parser, "none")) {
+        if (strcmp(reasoning_parser, "deepseek_r1")) {
+            snprintf(err, err_len, "--reasoning-parser %.100s: unknown parser "
+                     "(known: none, deepseek_r1)", reasoning_parser);
+            goto fail;
+        }
+        c->reasoning = true;
+    }
+    if (template_path) {
+        if (!(src = read_all(template_path, &len, err, err_len)))
+            goto fail;
+    } else if (model_template) {
+        origin = "the model's chat template";
+        len = strlen(model_template);
+    }
+    if (src || model_template) {
+        c->t = dsq_chat_template_create(src ? src : model_template, len, why,
+                                        sizeof(why));
+        if (!c->t) {
+            snprintf(err, err_len, "%s%s%s does not compile: %s (pass a "
+                     "working one with --chat-template FILE)", origin,
+                     template_path ? " " : "",
+                     template_path ? template_path : "", why);
+            goto fail;
+        }
+    }
+    c->bos = token_text(tok, dsq_tokenizer_bos(tok));
+    c->eos = token_text(tok, dsq_tokenizer_eos(tok));
+    dsq_log(DSQ_LOG_INFO, "event=chat_template source=%s reasoning_parser=%s",
+            template_path ? "file" : model_template ? "model" : "none",
+            c->reasoning ? "deepseek_r1" : "none");
+    free(src);
+    return c;
+fail:
+    free(src);
+    dsq_chat_destroy(c);
+    return NULL;
+}
+
+void dsq_chat_destroy(dsq_chat_t *c)
+{
+    if (!c)
+        return;
+    dsq_chat_template_destroy(c->t);
+    free(c->bos);
+    free(c->eos);
+    free(c);
+}
+
+bool dsq_chat_has_reasoning(const dsq_chat_t *c)
+{
+    return c && c->reasoning;
+}
+
+int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
+                    const cJSON *tools, bool add_generation_prompt, char **out,
+                    size_t *out_len, dsq_api_error_t *err)
+{
+    char why[400] = "";
+    int rc;
+    *out = NULL;
+    if (!c || !c->t)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 "this model has no chat template; start "
+                                 "dsqd with --chat-template FILE (a Jinja2 "
+                                 "chat template, e.g. the chat_template of "
+                                 "the model's tokenizer_config.json), or use "
+                                 "/v1/completions");
+    rc = dsq_chat_template_render(c->t, messages, tools, add_generation_prompt,
+                                  c->bos, c->eos, NULL, out, out_len, why,
+                                  sizeof(why));
+    if (rc == DSQ_ENOMEM)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    if (rc)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 "the chat template failed on these "
+                                 "messages: %s", why);
+    return DSQ_OK;
+}
+
+int dsq_chat_tokenize(const dsq_chat_t *c, const char *text, size_t len,
+                      bool add_special, int32_t **ids, size_t *n_ids)
+{
+    unsigned flags = DSQ_TOK_PARSE_SPECIAL;
+    size_t bl = c && c->bos ? strlen(c->bos) : 0;
+    if (!c)
+        return DSQ_EINVAL;
+    if (add_special && dsq_tokenizer_add_bos(c->tok) &&
+        !(bl && len >= bl && !memcmp(text, c->bos, bl)))
+        flags |= DSQ_TOK_ADD_BOS;
+    return dsq_tokenizer_encode(c->tok, text, len, flags, ids, n_ids);
+}

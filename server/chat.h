@@ -1,0 +1,61 @@
+/* Chat prompts for the HTTP edge: which chat template the daemon uses, how
+ * a conversation becomes prompt token ids, and whether a reasoning parser
+ * splits the output.
+ *
+ * Template source, first found wins: --chat-template FILE, the model's
+ * tokenizer_config.json chat_template (string or the "default" entry of a
+ * named list), GGUF tokenizer.chat_template (the latter two through
+ * dsq_engine_chat_template). It is compiled once at startup, so a broken
+ * template stops the daemon with the interpreter's message instead of
+ * failing every request. Rendering follows transformers'
+ * apply_chat_template (engine/chat_template.h) with bos_token/eos_token set
+ * to the tokenizer's BOS/EOS token text. */
+#ifndef DSQ_SERVER_CHAT_H
+#define DSQ_SERVER_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/tokenizer.h"
+#include "server/error.h"
+
+/* Immutable after create; shared by every connection thread. */
+typedef struct dsq_chat dsq_chat_t;
+
+/* template_path: --chat-template FILE or NULL; model_template: the model's
+ * own template text or NULL; tok: borrowed, must outlive the result;
+ * reasoning_parser: NULL, "" or "none" (off) or "deepseek_r1".
+ * No template at all is not an error (chat requests then get a 400).
+ * Returns NULL with a one-line reason in err when the file cannot be read,
+ * the template does not compile, or the parser name is unknown. */
+dsq_chat_t *dsq_chat_create(const char *template_path,
+                            const char *model_template,
+                            const dsq_tokenizer_t *tok,
+                            const char *reasoning_parser, char *err,
+                            size_t err_len);
+void dsq_chat_destroy(dsq_chat_t *c);   /* NULL is a no-op */
+
+/* True when --reasoning-parser deepseek_r1 is on. */
+bool dsq_chat_has_reasoning(const dsq_chat_t *c);
+
+/* Render messages (normalised, see dsq_openai_parse_chat) and tools
+ * (NULL = none) with the template. *out: malloc'd NUL-terminated prompt
+ * text of *out_len bytes, caller frees. Returns 0, or DSQ_EINVAL with *err
+ * set to a 400 (no template: says how to provide one; the template raised
+ * an exception or failed on this input: its message). */
+int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
+                    const cJSON *tools, bool add_generation_prompt, char **out,
+                    size_t *out_len, dsq_api_error_t *err);
+
+/* Tokenize rendered prompt text with special tokens parsed. BOS is
+ * prepended only when add_special, the tokenizer wants BOS and the text
+ * does not already start with the BOS token's text (templates that emit
+ * {{ bos_token }} themselves must not get a second one). *ids malloc'd
+ * (caller frees). Returns 0 or DSQ_ENOMEM / DSQ_EINVAL. */
+int dsq_chat_tokenize(const dsq_chat_t *c, const char *text, size_t len,
+                      bool add_special, int32_t **ids, size_t *n_ids);
+
+#endif

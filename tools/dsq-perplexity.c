@@ -1,0 +1,263 @@
+/* dsq-perplexity: the quality meter for quantised models.
+ *
+ * Perplexity over a text with a sliding window (the transformers "perplexity
+ * of fixed-length models" recipe): windows of ctx tokens advance by stride;
+ * each window is a fresh sequence and scores only the tokens not scored by
+ * the previous window (the first window scores all but its first token), so
+ * every token after the first is scored once with at least ctx - stride
+ * tokens of context (except early ones). PPL = exp(mean NLL).
+ * With --ref-model R the same windows run through R and the mean
+ * KL(P_ref || P_model) over the scored tokens is reported (nats).
+ * Both models must share the tokenizer (the text is tokenized with M's). */
+#include "dsq_config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "kv_cache.h"
+#include "loader.h"
+#include "log.h"
+#include "model.h"
+#include "tokenizer.h"
+
+typedef struct runner {
+    dsq_model_file_t *f;
+    dsq_model_t *m;
+    dsq_kv_cache_t *kv;
+    int64_t n_vocab;
+} runner_t;
+
+static int runner_open(runner_t *r, const char *path, const char *tok, int ctx, char *err,
+                       size_t err_len)
+{
+    memset(r, 0, sizeof(*r));
+    r->f = dsq_model_file_open(path, tok, err, err_len);
+    if (!r->f)
+        return DSQ_ENOTFOUND;
+    dsq_model_opts_t mo = {0};
+    r->m = dsq_model_create(r->f, &mo, err, err_len);
+    if (!r->m)
+        return DSQ_EFORMAT;
+    const dsq_model_config_t *c = dsq_model_config(r->m);
+    r->n_vocab = c->n_vocab;
+    r->kv = dsq_kv_create((int)c->n_layer, (int)c->n_head_kv, (int)c->head_dim, 16,
+                          (ctx + 15) / 16 + 1, DSQ_KV_F16, err, err_len);
+    return r->kv ? DSQ_OK : DSQ_ENOMEM;
+}
+
+static void runner_close(runner_t *r)
+{
+    dsq_kv_destroy(r->kv);
+    dsq_model_destroy(r->m);
+    dsq_model_file_close(r->f);
+}
+
+/* logits of rows [first, n) of the window tok[0..n) into out [(n-first)][vocab] */
+static int run_window(runner_t *r, const int32_t *tok, int n, int first, float *out)
+{
+    dsq_block_table_t bt;
+    dsq_block_table_init(&bt);
+    int rc = dsq_kv_seq_reserve(r->kv, &bt, n);
+    int32_t *pos = malloc((size_t)n * sizeof(*pos));
+    int32_t *rs = calloc((size_t)n, sizeof(*rs));
+    int32_t *slot = malloc((size_t)n * sizeof(*slot));
+    int32_t *rows = malloc((size_t)n * sizeof(*rows));
+    if (!rc && (!pos || !rs || !slot || !rows))
+        rc = DSQ_ENOMEM;
+    if (!rc) {
+        for (int i = 0; i < n; i++) {
+            pos[i] = i;
+            slot[i] = dsq_kv_slot(r->kv, &bt, i);
+            rows[i] = i;
+        }
+        dsq_batch_t b = {.n_tokens = n, .tokens = tok, .pos = pos, .row_seq = rs,
+                         .slot = slot, .n_seqs = 1, .block_tables = bt.ids,
+                         .max_blocks = bt.n, .n_logits = n - first,
+                         .logit_rows = rows + first};
+        rc = dsq_model_forward(r->m, r->kv, &b, out);
+    }
+    free(pos);
+    free(rs);
+    free(slot);
+    free(rows);
+    dsq_kv_seq_free(r->kv, &bt);
+    dsq_block_table_deinit(&bt);
+    return rc;
+}
+
+/* log-softmax in place */
+static void log_softmax(float *x, int64_t n)
+{
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += exp((double)x[i] - mx);
+    float lse = mx + (float)log(s);
+    for (int64_t i = 0; i < n; i++)
+        x[i] -= lse;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: dsq-perplexity --model M --text FILE [--tokenizer PATH] [--ctx 512]\n"
+"         [--stride 256] [--max-tokens N] [--ref-model R] [--ref-tokenizer PATH]\n"
+"         [--help] [--version]\n"
+"Prints ppl (sliding window, each token scored once) and, with --ref-model,\n"
+"the mean KL(P_ref || P_model) in nats over the scored tokens.\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *text = NULL, *tok = NULL, *ref = NULL, *ref_tok = NULL;
+    int ctx = 512, stride = 256;
+    long max_tokens = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--version") == 0) {
+            printf("dsq-perplexity %s\n", DSQ_VERSION);
+            return 0;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "dsq-perplexity: unknown option or missing value: %s\n", a);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--model") == 0) model = v;
+        else if (strcmp(a, "--text") == 0) text = v;
+        else if (strcmp(a, "--tokenizer") == 0) tok = v;
+        else if (strcmp(a, "--ref-model") == 0) ref = v;
+        else if (strcmp(a, "--ref-tokenizer") == 0) ref_tok = v;
+        else if (strcmp(a, "--ctx") == 0) ctx = atoi(v);
+        else if (strcmp(a, "--stride") == 0) stride = atoi(v);
+        else if (strcmp(a, "--max-tokens") == 0) max_tokens = atol(v);
+        else {
+            fprintf(stderr, "dsq-perplexity: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!model || !text || ctx < 2 || stride < 1 || stride > ctx) {
+        usage(stderr);
+        return 2;
+    }
+    dsq_log_set_level(getenv("DSQ_LOG_LEVEL") ? getenv("DSQ_LOG_LEVEL") : "warn");
+    char err[1024] = "";
+    runner_t rm, rr;
+    bool have_ref = false;
+    int rc = 1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *lg = NULL, *lr = NULL;
+    char *buf = NULL;
+    if (runner_open(&rm, model, tok, ctx, err, sizeof(err))) {
+        fprintf(stderr, "dsq-perplexity: %s\n", err);
+        goto undo_m;
+    }
+    if (ref) {
+        if (runner_open(&rr, ref, ref_tok ? ref_tok : tok, ctx, err, sizeof(err))) {
+            fprintf(stderr, "dsq-perplexity: ref: %s\n", err);
+            runner_close(&rr);
+            goto undo_m;
+        }
+        have_ref = true;
+        if (rr.n_vocab != rm.n_vocab) {
+            fprintf(stderr, "dsq-perplexity: vocab sizes differ (%lld vs %lld)\n",
+                    (long long)rm.n_vocab, (long long)rr.n_vocab);
+            goto undo;
+        }
+    }
+    const dsq_tokenizer_t *tk = dsq_model_file_tokenizer(rm.f);
+    if (!tk) {
+        fprintf(stderr, "dsq-perplexity: %s has no tokenizer (give --tokenizer)\n", model);
+        goto undo;
+    }
+    FILE *fp = fopen(text, "rb");
+    long len = -1;
+    if (fp && fseek(fp, 0, SEEK_END) == 0 && (len = ftell(fp)) >= 0 &&
+        fseek(fp, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len + 1)) &&
+        fread(buf, 1, (size_t)len, fp) == (size_t)len) {
+        buf[len] = '\0';
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    if (fp)
+        fclose(fp);
+    if (!buf) {
+        fprintf(stderr, "dsq-perplexity: cannot read %s\n", text);
+        goto undo;
+    }
+    if (dsq_tokenizer_encode(tk, buf, (size_t)len, DSQ_TOK_ADD_BOS, &ids, &n_ids)) {
+        fprintf(stderr, "dsq-perplexity: tokenizing %s failed\n", text);
+        goto undo;
+    }
+    if (max_tokens > 0 && n_ids > (size_t)max_tokens)
+        n_ids = (size_t)max_tokens;
+    if (n_ids < 2) {
+        fprintf(stderr, "dsq-perplexity: %s has fewer than 2 tokens\n", text);
+        goto undo;
+    }
+    lg = malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lg));
+    lr = have_ref ? malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lr)) : NULL;
+    if (!lg || (have_ref && !lr))
+        goto undo;
+    double nll = 0, kl = 0;
+    long n_scored = 0;
+    size_t prev_end = 1;            /* tokens [1, prev_end) already scored */
+    for (size_t begin = 0; prev_end < n_ids; begin += (size_t)stride) {
+        size_t end = begin + (size_t)ctx < n_ids ? begin + (size_t)ctx : n_ids;
+        if (end <= prev_end)
+            continue;
+        int n = (int)(end - begin);
+        /* predicting token j needs the logits of row j - 1 */
+        int first = (int)(prev_end - 1 - begin);
+        if (run_window(&rm, ids + begin, n - 1, first, lg) ||
+            (have_ref && run_window(&rr, ids + begin, n - 1, first, lr))) {
+            fprintf(stderr, "dsq-perplexity: forward pass failed\n");
+            goto undo;
+        }
+        for (int row = first; row < n - 1; row++) {
+            float *p = lg + (size_t)(row - first) * (size_t)rm.n_vocab;
+            log_softmax(p, rm.n_vocab);
+            nll -= p[ids[begin + (size_t)row + 1]];
+            if (have_ref) {
+                float *q = lr + (size_t)(row - first) * (size_t)rm.n_vocab;
+                log_softmax(q, rm.n_vocab);
+                double k = 0;
+                for (int64_t v = 0; v < rm.n_vocab; v++)
+                    k += exp((double)q[v]) * ((double)q[v] - p[v]);
+                kl += k;
+            }
+            n_scored++;
+        }
+        prev_end = end;
+        if (end == n_ids)
+            break;
+    }
+    printf("ppl=%.4f nll=%.5f tokens=%ld ctx=%d stride=%d", exp(nll / n_scored),
+           nll / n_scored, n_scored, ctx, stride);
+    if (have_ref)
+        printf(" kl=%.6f", kl / n_scored);
+    printf(" model=%s\n", model);
+    rc = 0;
+undo:
+    if (have_ref)
+        runner_close(&rr);
+undo_m:
+    runner_close(&rm);
+    free(ids);
+    free(lg);
+    free(lr);
+    free(buf);
+    return rc;
+}
