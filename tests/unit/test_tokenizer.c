@@ -8,7 +8,10 @@
  *   llama-spm. qwen2 / deepseek-r1-qwen vectors run on the Qwen3
  *   tokenizer.json (same vocab, merges and pre-tokenizer), deepseek-v3
  *   vectors on its tokenizer.json, smollm vectors on the SmolLM2 GGUF in
- *   $DSQ_MODELS_DIR (same tokenizer as SmolLM). llama-bpe has no vocab here.
+ *   $DSQ_MODELS_DIR (same tokenizer as SmolLM), llama-bpe vectors on
+ *   llama.cpp's ggml-vocab-llama-bpe.gguf, which scripts/fetch-model
+ *   llama-bpe-vocab extracts from the llama-cpp-python sdist into
+ *   $DSQ_MODELS_DIR.
  * - stories260K greedy reference (llama2.c run.c): prompt ids and text.
  * - a hand-computed tiny BPE (merge order and leftmost tie-break).
  * - property: decode(encode(s)) == s on random valid UTF-8 (fixed seed),
@@ -306,6 +309,16 @@ static void test_vectors_smollm(void **state)
     dsq_tokenizer_destroy(t);
 }
 
+static void test_vectors_llama_bpe(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_gguf("DSQ_MODELS_DIR", "ggml-vocab-llama-bpe.gguf");
+    check_vectors(t, "llama-bpe (Llama 3)",
+                  "vocab/llama.cpp/ggml-vocab-llama-bpe.gguf.inp",
+                  "vocab/llama.cpp/ggml-vocab-llama-bpe.gguf.out");
+    dsq_tokenizer_destroy(t);
+}
+
 /* ---- llama2.c stories260K ---- */
 
 /* Parse a Python repr string literal ('...' or "..."); malloc'd. */
@@ -584,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_vectors_qwen2),
         cmocka_unit_test(test_vectors_deepseek_v3),
         cmocka_unit_test(test_vectors_smollm),
+        cmocka_unit_test(test_vectors_llama_bpe),
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_bytes_and_long),
         cmocka_unit_test(test_roundtrip),
