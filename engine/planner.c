@@ -294,27 +294,30 @@ char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
             n += snprintf(s + n, cap - (size_t)n, "  weights %-13s %14lld bytes  %s\n",
                           class_names[i], (long long)p->class_bytes[i],
                           fmt_bytes(b1, sizeof(b1), p->class_bytes[i]));
+    char b3[32], b4[32];
     n += snprintf(s + n, cap - (size_t)n,
                   "  weights total         %14lld bytes  %s\n"
                   "  coarse 1.25*params/2  %14lld bytes  %s (params %lld; exact/coarse %.3f)\n"
                   "  workspace             %14lld bytes  %s\n"
-                  "  budget                %14lld bytes  %s\n"
-                  "  KV budget             %14lld bytes\n"
+                  "  budget                %14lld bytes  %s\n",
+                  (long long)p->weight_bytes, fmt_bytes(b1, sizeof(b1), p->weight_bytes),
+                  (long long)p->coarse_estimate_bytes,
+                  fmt_bytes(b2, sizeof(b2), p->coarse_estimate_bytes), (long long)p->n_params,
+                  p->coarse_estimate_bytes ? (double)p->weight_bytes / (double)p->coarse_estimate_bytes : 0,
+                  (long long)p->workspace_bytes, fmt_bytes(b3, sizeof(b3), p->workspace_bytes),
+                  (long long)p->budget_bytes, fmt_bytes(b4, sizeof(b4), p->budget_bytes));
+    n += snprintf(s + n, cap - (size_t)n,
+                  "  KV budget             %14lld bytes  %s\n"
                   "  KV bytes per token    %14lld\n"
                   "  block bytes           %14lld (%d tokens)\n"
                   "  KV blocks             %14lld\n"
                   "  KV tokens             %14lld\n"
                   "  max_model_len         %14d\n"
                   "  concurrent sequences at max_model_len: %.2f\n",
-                  (long long)p->weight_bytes, fmt_bytes(b1, sizeof(b1), p->weight_bytes),
-                  (long long)p->coarse_estimate_bytes,
-                  fmt_bytes(b2, sizeof(b2), p->coarse_estimate_bytes), (long long)p->n_params,
-                  p->coarse_estimate_bytes ? (double)p->weight_bytes / (double)p->coarse_estimate_bytes : 0,
-                  (long long)p->workspace_bytes, fmt_bytes(b1, sizeof(b1), p->workspace_bytes),
-                  (long long)p->budget_bytes, fmt_bytes(b2, sizeof(b2), p->budget_bytes),
-                  (long long)p->kv_budget_bytes, (long long)p->kv_bytes_per_token,
-                  (long long)p->block_bytes, p->block_size, (long long)p->num_blocks,
-                  (long long)p->max_tokens, p->max_model_len, p->max_concurrent_seqs);
+                  (long long)p->kv_budget_bytes, fmt_bytes(b1, sizeof(b1), p->kv_budget_bytes),
+                  (long long)p->kv_bytes_per_token, (long long)p->block_bytes, p->block_size,
+                  (long long)p->num_blocks, (long long)p->max_tokens, p->max_model_len,
+                  p->max_concurrent_seqs);
     return s;
 }
 

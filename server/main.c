@@ -208,7 +208,10 @@ int main(int argc, char **argv)
         /* print the memory plan and exit: 0 when it fits, 1 when not */
         char *table = NULL;
         engine_opts(&o, &eo);
-        rc = dsq_engine_plan(&eo, false, &table, err, sizeof(err));
+        /* nothing is loaded: keep the loader's progress lines out of it */
+        if (!getenv("DSQ_LOG_LEVEL") && dsq_log_threshold > DSQ_LOG_WARN)
+            dsq_log_set_level("warn");
+        rc = dsq_engine_plan(&eo, o.json, &table, err, sizeof(err));
         if (table)
             fputs(table, stdout);
         if (rc)

@@ -62,6 +62,7 @@ static const opt_t table[] = {
     {"reasoning-parser", T_STR, O(reasoning_parser), "none", 0, 0, "none|deepseek_r1", "split <think>...</think> into reasoning_content (chat)", NULL},
     {"config", T_STR, O(config), NULL, 0, 0, NULL, "JSON config file; keys are these option names", NULL},
     {"plan", T_BOOL, O(plan), "false", 0, 0, NULL, "print the memory plan and exit", NULL},
+    {"json", T_BOOL, O(json), "false", 0, 0, NULL, "with --plan: print the plan as a JSON object", NULL},
     {"help", T_BOOL, O(help), "false", 0, 0, NULL, "print this help and exit", NULL},
     {"version", T_BOOL, O(version), "false", 0, 0, NULL, "print the version and exit", NULL},
 };

@@ -48,6 +48,7 @@ typedef struct dsq_options {
     char *reasoning_parser;      /* none | deepseek_r1                     */
     char *config;
     bool plan;
+    bool json;
     bool help;
     bool version;
 } dsq_options_t;
