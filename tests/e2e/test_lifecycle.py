@@ -90,6 +90,30 @@ def test_cli():
     assert r.returncode == 1 and "max_model_len" in r.stdout
 
 
+def test_plan_json_and_config_only():
+    """--plan --json keys, and planning a model from its config.json alone."""
+    import json
+    r = run_cli("--plan", "--json", "--model", model_path(), "--kv-cache-memory", "512MiB")
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = json.loads(r.stdout)
+    for k in ("weight_bytes", "kv_bytes_per_token", "block_bytes", "num_blocks",
+              "max_tokens", "max_concurrent_seqs", "coarse_estimate_bytes"):
+        assert k in p, k
+    # SmolLM2: 2 x 30 layers x 3 kv heads x 64 x 2 bytes; 512 MiB / (16 x 23040)
+    assert p["kv_bytes_per_token"] == 23040
+    assert p["num_blocks"] == (512 << 20) // (16 * 23040)
+    assert p["max_tokens"] == p["num_blocks"] * 16
+    assert "load" not in r.stderr        # nothing loaded, no progress lines
+    cfg = os.path.join(os.environ.get("DSQ_TEST_DATA", ""), "configs", "hf",
+                       "DeepSeek-V2-Lite-Chat")
+    r = run_cli("--plan", "--json", "--model", cfg, "--quantize", "int4",
+                "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
+    assert r.returncode == 0, r.stderr[-2000:]
+    p = json.loads(r.stdout)
+    assert p["weights_from_config"] is True
+    assert p["kv_bytes_per_token"] == 27 * (512 + 64) * 2    # MLA latent + rope key
+
+
 def test_request_timeout(daemon_factory):
     d = daemon_factory("--request-timeout", "0.5")
     body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 4000, "temperature": 0,
