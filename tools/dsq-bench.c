@@ -257,6 +257,7 @@ out:
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) { extern int dsq__bench_tokenize(int, char **); return dsq__bench_tokenize(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "sched") == 0) { extern int dsq__bench_sched(int, char **); return dsq__bench_sched(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
             printf("dsq-bench %s\n", DSQ_VERSION);
@@ -266,7 +267,9 @@ int main(int argc, char **argv)
             printf("usage: dsq-bench [--help] [--version]\n"
                    "       dsq-bench matmul [--threads N] [--seconds S]\n"
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
-                   " [--gen-tokens 128] [--reps 3]\n");
+                   " [--gen-tokens 128] [--reps 3]\n"
+                   "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
+                   "       dsq-bench sched [--seqs 256] [--steps 20000]\n");
             return 0;
         }
     }
