@@ -412,7 +412,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     const dsq_model_config_t *c = dsq_model_file_config(f);
     if (c->arch != DSQ_ARCH_LLAMA && c->arch != DSQ_ARCH_QWEN2)
         FAIL(DSQ_EUNSUPPORTED, "quantize: architecture %s: only llama and qwen2 can be "
-             "calibrated and written (the deepseek2 graph is not in engine/model.c)",
+             "calibrated and written (the activation tap is in the llama/qwen2 graph only)",
              dsq_arch_name(c->arch));
     if (c->ckpt_quant != DSQ_CKPT_QUANT_NONE)
         FAIL(DSQ_EUNSUPPORTED, "quantize: %s is already AWQ/GPTQ-packed; give an fp or "
