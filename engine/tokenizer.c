@@ -1107,3 +1107,52 @@ out:
     free(buf);
     return rc;
 }
+
+/* ---- merge candidate heap (shared by tokenizer_bpe.c and tokenizer_spm.c) ---- */
+
+static bool cand_less(const dsq__cand_t *x, const dsq__cand_t *y)
+{
+    return x->key < y->key || (x->key == y->key && x->left < y->left);
+}
+
+int dsq__heap_push(dsq__heap_t *h, dsq__cand_t c)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        dsq__cand_t *v = realloc(h->v, cap * sizeof(*v));
+        if (!v)
+            return DSQ_ENOMEM;
+        h->v = v;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!cand_less(&c, &h->v[p]))
+            break;
+        h->v[i] = h->v[p];
+        i = p;
+    }
+    h->v[i] = c;
+    return DSQ_OK;
+}
+
+dsq__cand_t dsq__heap_pop(dsq__heap_t *h)
+{
+    dsq__cand_t top = h->v[0], last = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && cand_less(&h->v[c + 1], &h->v[c]))
+            c++;
+        if (!cand_less(&h->v[c], &last))
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n)
+        h->v[i] = last;
+    return top;
+}

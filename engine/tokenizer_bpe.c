@@ -230,51 +230,6 @@ static int split_ranges(const pcre2_code *re, pcre2_match_data *md,
 
 /* ---- merge loop ---- */
 
-typedef struct cand { int32_t rank, left, a, b; } cand_t;
-
-static bool cand_less(const cand_t *x, const cand_t *y)
-{
-    return x->rank < y->rank || (x->rank == y->rank && x->left < y->left);
-}
-
-typedef struct heap { cand_t *v; size_t n, cap; } heap_t;
-
-static int heap_push(heap_t *h, cand_t c)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        cand_t *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return DSQ_ENOMEM;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!cand_less(&c, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = c;
-    return 0;
-}
-
-static cand_t heap_pop(heap_t *h)
-{
-    cand_t top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && cand_less(&h->v[c + 1], &h->v[c])) c++;
-        if (!cand_less(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
-}
-
 static const dsq__merge_t *find_merge(const dsq_tokenizer_t *t, int32_t a,
                                       int32_t b)
 {
@@ -293,7 +248,7 @@ static const dsq__merge_t *find_merge(const dsq_tokenizer_t *t, int32_t a,
 typedef struct work {
     int32_t *id, *next, *prev;
     size_t cap;
-    heap_t heap;
+    dsq__heap_t heap;
     char *buf;       /* byte-level string of a piece (ignore_merges) */
     size_t buf_cap;
 } work_t;
@@ -317,8 +272,8 @@ static int try_pair(const dsq_tokenizer_t *t, work_t *w, int32_t l)
     if (l < 0 || w->next[l] < 0) return 0;
     const dsq__merge_t *m = find_merge(t, w->id[l], w->id[w->next[l]]);
     if (!m) return 0;
-    cand_t c = { m->rank, l, m->a, m->b };
-    return heap_push(&w->heap, c);
+    dsq__cand_t c = { .key = m->rank, .left = l, .a = m->a, .b = m->b };
+    return dsq__heap_push(&w->heap, c);
 }
 
 /* Whole piece as a token (llama3 ignore_merges). */
@@ -374,7 +329,7 @@ static int encode_piece(const dsq_tokenizer_t *t, work_t *w,
     for (size_t i = 0; i + 1 < len && rc == 0; i++)
         rc = try_pair(t, w, (int32_t)i);
     while (w->heap.n && rc == 0) {
-        cand_t c = heap_pop(&w->heap);
+        dsq__cand_t c = dsq__heap_pop(&w->heap);
         int32_t l = c.left, r = w->next[l];
         if (w->id[l] != c.a || r < 0 || w->id[r] != c.b) continue;
         w->id[l] = find_merge(t, c.a, c.b)->id;

@@ -108,4 +108,25 @@ void dsq__bpe_free(dsq_tokenizer_t *t);
 int dsq__spm_encode(const dsq_tokenizer_t *t, const char *text, size_t len,
                     bool prefix, dsq__ids_t *out);
 
+/* Merge candidate of the BPE (by rank) and SPM (by score) merge loops: the
+ * heap pops the lowest key first (BPE: merge rank; SPM: -score), the
+ * leftmost on ties. a, b: BPE pair ids / SPM merged id in a; len: SPM
+ * merged byte length. */
+typedef struct dsq__cand {
+    double key;
+    int32_t left, a, b;
+    size_t len;
+} dsq__cand_t;
+
+/* Binary min-heap of candidates; zero-initialise, free(h.v) when done. */
+typedef struct dsq__heap {
+    dsq__cand_t *v;
+    size_t n, cap;
+} dsq__heap_t;
+
+/* Returns 0 or DSQ_ENOMEM. */
+int dsq__heap_push(dsq__heap_t *h, dsq__cand_t c);
+/* Pop the smallest (h->n must be > 0). */
+dsq__cand_t dsq__heap_pop(dsq__heap_t *h);
+
 #endif

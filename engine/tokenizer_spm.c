@@ -16,61 +16,19 @@
 #include "tokenizer_internal.h"
 
 typedef struct sym { size_t off, len; int32_t prev, next; } sym_t;
-typedef struct cand { float score; int32_t left; size_t len; int32_t id; } cand_t;
-
-static bool cand_before(const cand_t *x, const cand_t *y)
-{
-    return x->score > y->score || (x->score == y->score && x->left < y->left);
-}
-
-typedef struct heap { cand_t *v; size_t n, cap; } heap_t;
-
-static int heap_push(heap_t *h, cand_t c)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        cand_t *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return DSQ_ENOMEM;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!cand_before(&c, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = c;
-    return 0;
-}
-
-static cand_t heap_pop(heap_t *h)
-{
-    cand_t top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && cand_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!cand_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
-}
 
 static int try_pair(const dsq_tokenizer_t *t, const char *s, sym_t *sy,
-                    int32_t l, heap_t *h)
+                    int32_t l, dsq__heap_t *h)
 {
     if (l < 0 || sy[l].next < 0) return 0;
     int32_t r = sy[l].next;
     size_t len = sy[l].len + sy[r].len;
     int32_t id = dsq__tok_find(t, s + sy[l].off, len);
     if (id < 0) return 0;
-    cand_t c = { t->scores ? t->scores[id] : 0.0f, l, len, id };
-    return heap_push(h, c);
+    /* best score first: the heap pops the lowest key */
+    dsq__cand_t c = { .key = -(double)(t->scores ? t->scores[id] : 0.0f), .left = l,
+                      .a = id, .len = len };
+    return dsq__heap_push(h, c);
 }
 
 static size_t utf8_len(unsigned char c)
@@ -89,7 +47,7 @@ int dsq__spm_encode(const dsq_tokenizer_t *t, const char *text, size_t len,
     size_t sp_len = t->spm_raw_space ? 1 : 3;
     char *s = NULL;
     sym_t *sy = NULL;
-    heap_t h = { 0 };
+    dsq__heap_t h = { 0 };
     if (len == 0) goto out;
 
     /* Escape whitespace into a private copy. */
@@ -128,7 +86,7 @@ int dsq__spm_encode(const dsq_tokenizer_t *t, const char *text, size_t len,
     }
     for (int32_t i = 0; i + 1 < n && rc == 0; i++) rc = try_pair(t, s, sy, i, &h);
     while (h.n && rc == 0) {
-        cand_t c = heap_pop(&h);
+        dsq__cand_t c = dsq__heap_pop(&h);
         int32_t l = c.left, r = sy[l].next;
         if (sy[l].len == 0 || r < 0 || sy[l].len + sy[r].len != c.len)
             continue;
