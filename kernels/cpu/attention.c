@@ -19,125 +19,16 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define ATT_X86 1
-#endif
-
 #include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
-
-typedef struct vec_ops {
-    float (*dot)(const float *a, const float *b, int n);
-    void (*axpy)(float *y, float a, const float *x, int n);
-    void (*f16)(float *dst, const uint16_t *src, int n);
-    void (*i8)(float *dst, const int8_t *q, float s, float c, int n);
-} vec_ops_t;
-
-/* ---------------------------------------------------------------- scalar */
-
-static float dot_scalar(const float *a, const float *b, int n)
-{
-    float acc[4] = {0, 0, 0, 0};
-    int i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int l = 0; l < 4; l++)
-            acc[l] += a[i + l] * b[i + l];
-    for (; i < n; i++)
-        acc[0] += a[i] * b[i];
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-static void axpy_scalar(float *y, float a, const float *x, int n)
-{
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
-
-static void f16_scalar(float *dst, const uint16_t *src, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = dsq__h2f(src[i]);
-}
-
-/* v = (q - z) * s = q * s + c with c = -z * s */
-static void i8_scalar(float *dst, const int8_t *q, float s, float c, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = (float)q[i] * s + c;
-}
-
-/* ------------------------------------------------------------------ AVX2 */
-
-#ifdef ATT_X86
-#define ATT_TARGET __attribute__((target("avx2,fma,f16c")))
-
-ATT_TARGET static float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-ATT_TARGET static float dot_avx2(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float r = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-ATT_TARGET static void axpy_avx2(float *y, float a, const float *x, int n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
-ATT_TARGET static void f16_avx2(float *dst, const uint16_t *src, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
-            _mm_loadu_si128((const __m128i *)(const void *)(src + i))));
-    for (; i < n; i++)
-        dst[i] = dsq__h2f(src[i]);
-}
-
-ATT_TARGET static void i8_avx2(float *dst, const int8_t *q, float s, float c, int n)
-{
-    __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(q + i));
-        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-        _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(f, vs, vc));
-    }
-    for (; i < n; i++)
-        dst[i] = (float)q[i] * s + c;
-}
-#endif
 
 /* -------------------------------------------------------------- the op */
 
 /* Dequantise head kh of slot t (K or V) into dst[head_dim]. */
 static void load_kv(float *dst, const dsq_kv_layer_t *kv, const void *base,
                     const uint16_t *sc, const uint16_t *zr, int64_t t, int kh,
-                    int n_groups, const vec_ops_t *ops)
+                    int n_groups, const dsq__vec_ops_t *ops)
 {
     const int D = kv->head_dim;
     const int64_t e = (t * kv->n_kv_heads + kh) * (int64_t)D;
@@ -168,7 +59,7 @@ typedef struct scratch {
 
 static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
                        int G, int kh, const int32_t *btab, int32_t pos,
-                       float scale, int n_groups, const vec_ops_t *ops,
+                       float scale, int n_groups, const dsq__vec_ops_t *ops,
                        scratch_t *w)
 {
     const int D = kv->head_dim, bs = kv->block_size;
@@ -257,7 +148,7 @@ struct att_ctx {
     const int32_t *row_seq, *row_pos, *block_tables;
     int max_blocks;
     float scale;
-    const vec_ops_t *ops;
+    const dsq__vec_ops_t *ops;
     int G, chunk, n_chunks;
     int64_t n_tasks;
     int n_groups;
@@ -305,11 +196,7 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     if (rc != DSQ_OK || m == 0)
         return rc;
 
-    vec_ops_t ops = { dot_scalar, axpy_scalar, f16_scalar, i8_scalar };
-#ifdef ATT_X86
-    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
-        ops = (vec_ops_t){ dot_avx2, axpy_avx2, f16_avx2, i8_avx2 };
-#endif
+    const dsq__vec_ops_t *ops = dsq__vec_ops();
     const int n_kv = kv->n_kv_heads, D = kv->head_dim;
     const int G = n_heads / n_kv;
     const int n_groups = dsq_kv_n_groups(D);
@@ -335,7 +222,7 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     if (!mem)
         return DSQ_ENOMEM;
     struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, &ops, G, chunk, n_chunks, n_tasks, n_groups, row,
+                        scale, ops, G, chunk, n_chunks, n_tasks, n_groups, row,
                         mem, per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
     free(mem);

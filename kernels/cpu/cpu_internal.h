@@ -116,4 +116,16 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[6]);
 /* Row bytes of Q8_0 weights: 34 bytes per 32 weights. */
 #define DSQ__Q8_0_BLOCK 34
 
+/* fp32 vector helpers of the attention kernels (kernels/cpu/vec_ops.c).
+ * n elements, no alignment needed; dot sums in fp32. */
+typedef struct dsq__vec_ops {
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);              /* y += a*x  */
+    void (*f16)(float *dst, const uint16_t *src, int n);                 /* fp16 -> fp32 */
+    void (*i8)(float *dst, const int8_t *q, float s, float c, int n);   /* q*s + c   */
+} dsq__vec_ops_t;
+
+/* The helpers for the ISA level in force now (scalar or AVX2). */
+const dsq__vec_ops_t *dsq__vec_ops(void);
+
 #endif

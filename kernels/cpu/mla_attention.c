@@ -23,93 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MLA_X86 1
-#endif
-
 #include "cpu_internal.h"
 #include "error.h"
 #include "kernels.h"
 
-typedef struct mla_ops {
-    float (*dot)(const float *a, const float *b, int n);
-    void (*axpy)(float *y, float a, const float *x, int n);
-    void (*f16)(float *dst, const uint16_t *src, int n);
-} mla_ops_t;
-
-static float dot_scalar(const float *a, const float *b, int n)
-{
-    float acc[4] = {0, 0, 0, 0};
-    int i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int l = 0; l < 4; l++)
-            acc[l] += a[i + l] * b[i + l];
-    for (; i < n; i++)
-        acc[0] += a[i] * b[i];
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-static void axpy_scalar(float *y, float a, const float *x, int n)
-{
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
-
-static void f16_scalar(float *dst, const uint16_t *src, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = dsq__h2f(src[i]);
-}
-
-#ifdef MLA_X86
-#define MLA_TARGET __attribute__((target("avx2,fma,f16c")))
-
-MLA_TARGET static float dot_avx2(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    __m256 v = _mm256_add_ps(s0, s1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    float r = _mm_cvtss_f32(s);
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-MLA_TARGET static void axpy_avx2(float *y, float a, const float *x, int n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
-MLA_TARGET static void f16_avx2(float *dst, const uint16_t *src, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
-            _mm_loadu_si128((const __m128i *)(const void *)(src + i))));
-    for (; i < n; i++)
-        dst[i] = dsq__h2f(src[i]);
-}
-#endif
-
 /* Dequantise the cached vector of slot t into dst[D]. */
 static void load_latent(float *dst, const dsq_kv_layer_t *kv, int64_t t,
-                        int n_groups, const mla_ops_t *ops)
+                        int n_groups, const dsq__vec_ops_t *ops)
 {
     const int D = kv->head_dim;
     if (kv->dtype == DSQ_KV_F16) {
@@ -140,7 +60,7 @@ typedef struct scratch {
 /* G heads of one query row: q [G][D] -> out [G][R]. */
 static void attend_row(float *out, const float *q, const dsq_kv_layer_t *kv,
                        int G, int R, const int32_t *btab, int32_t pos, float scale,
-                       int n_groups, const mla_ops_t *ops, scratch_t *w)
+                       int n_groups, const dsq__vec_ops_t *ops, scratch_t *w)
 {
     const int D = kv->head_dim, bs = kv->block_size;
     for (int i = 0; i < G * R; i++)
@@ -199,7 +119,7 @@ struct mla_ctx {
     const int32_t *row_seq, *row_pos, *block_tables;
     int max_blocks, n_heads, R, chunk, n_chunks, n_groups;
     float scale;
-    const mla_ops_t *ops;
+    const dsq__vec_ops_t *ops;
     int64_t n_tasks;
     float *mem;
     size_t per_thr;
@@ -272,11 +192,7 @@ int dsq_cpu_mla_attention(float *out, const float *q, int64_t m, int n_heads,
     if (rc != DSQ_OK || m == 0)
         return rc;
 
-    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
-#ifdef MLA_X86
-    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
-        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
-#endif
+    const dsq__vec_ops_t *ops = dsq__vec_ops();
     const int D = kv->head_dim, R = kv_lora_rank;
     int64_t work = 0;
     for (int64_t i = 0; i < m; i++)
@@ -298,7 +214,7 @@ int dsq_cpu_mla_attention(float *out, const float *q, int64_t m, int n_heads,
         return DSQ_ENOMEM;
     struct mla_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
                         n_heads, R, chunk, n_chunks, dsq_kv_n_groups(D), scale,
-                        &ops, n_tasks, mem, per_thr, 0};
+                        ops, n_tasks, mem, per_thr, 0};
     dsq__parallel(n_thr, mla_region, &c);
     free(mem);
     return DSQ_OK;
@@ -340,14 +256,10 @@ int dsq_cpu_mla_kv_read(const dsq_kv_layer_t *kv, const int32_t *slot, int64_t m
     for (int64_t i = 0; i < m; i++)
         if (slot[i] < 0 || slot[i] >= n_slots)
             return DSQ_ERANGE;
-    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
-#ifdef MLA_X86
-    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
-        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
-#endif
+    const dsq__vec_ops_t *ops = dsq__vec_ops();
     const int n_groups = dsq_kv_n_groups(kv->head_dim);
     for (int64_t i = 0; i < m; i++)
-        load_latent(out + i * kv->head_dim, kv, slot[i], n_groups, &ops);
+        load_latent(out + i * kv->head_dim, kv, slot[i], n_groups, ops);
     return DSQ_OK;
 }
 
@@ -360,7 +272,7 @@ struct dense_ctx {
     int n_heads, dn, dr, dv;
     int64_t n_ctx;
     float scale;
-    const mla_ops_t *ops;
+    const dsq__vec_ops_t *ops;
     _Atomic int failed;
 };
 
@@ -413,13 +325,9 @@ int dsq_cpu_mla_attention_dense(float *out, const float *q, int64_t m, int n_hea
     for (int64_t i = 0; i < m; i++)
         if (row_pos[i] < 0 || row_pos[i] >= n_ctx)
             return DSQ_ERANGE;
-    mla_ops_t ops = {dot_scalar, axpy_scalar, f16_scalar};
-#ifdef MLA_X86
-    if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
-        ops = (mla_ops_t){dot_avx2, axpy_avx2, f16_avx2};
-#endif
+    const dsq__vec_ops_t *ops = dsq__vec_ops();
     struct dense_ctx c = {out, q, kv, k_pe, row_pos, n_heads, qk_nope_dim, qk_rope_dim,
-                          v_dim, n_ctx, scale, &ops, 0};
+                          v_dim, n_ctx, scale, ops, 0};
     /* a task is (row, head); ~n_ctx * (dn + dr + dv) flops each */
     const int64_t per_task = n_ctx * (qk_nope_dim + qk_rope_dim + v_dim);
     dsq__parallel_for(m * n_heads, per_task >= 16384 ? 1 : 16384 / per_task + 1,
