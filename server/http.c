@@ -1043,7 +1043,8 @@ static bool json_content_type(conn_t *c)
     while (*ct == ' ')
         ct++;
     return !strncasecmp(ct, "application/json", 16) &&
-           (ct[16] == '\0' || ct[16] == ';' || ct[16] == ' ');
+           (ct[16] == '\0' || ct[16] == ';' || ct[16] == ' ' ||
+            ct[16] == '\t');
 }
 
 static enum MHD_Result preflight(conn_t *c)

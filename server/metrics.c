@@ -40,8 +40,9 @@ typedef struct hist {
     double sum;
 } hist_t;
 
-static const int status_codes[] = {200, 400, 401, 404, 405, 408, 413, 415,
-                                   429, 500, 503};
+/* 204: CORS preflight; 499: the client went away (docs/api.md) */
+static const int status_codes[] = {200, 204, 400, 401, 404, 405, 408, 413,
+                                   415, 429, 499, 500, 503};
 #define N_STATUS (sizeof(status_codes) / sizeof(status_codes[0]))
 
 struct dsq_metrics {

@@ -3,6 +3,7 @@
  * field as `param`, so the unit tests can walk the reference. */
 #include "server/openai.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,10 +94,33 @@ static int get_bool(const cJSON *obj, const char *name, bool *out,
     return DSQ_OK;
 }
 
+/* cJSON ends a string at a \u0000 escape, so "a\u0000b" would silently
+ * become "a": true when the body holds one (a backslash that is not itself
+ * escaped, then u0000). */
+static bool has_nul_escape(const char *body, size_t len)
+{
+    for (size_t i = 0; i + 6 <= len; i++) {
+        size_t k = 0;
+        if (memcmp(body + i, "\\u0000", 6))
+            continue;
+        while (k < i && body[i - 1 - k] == '\\')
+            k++;
+        if (k % 2 == 0)
+            return true;
+    }
+    return false;
+}
+
 static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
 {
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    cJSON *root;
+    if (has_nul_escape(body, len)) {
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
+                          "strings must not contain U+0000 (\\u0000)");
+        return NULL;
+    }
+    root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     while (root && end && end < body + len &&
            (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t' ||
             *end == '\0'))
@@ -561,11 +585,16 @@ sampling:
     dv = 1.0;
     if ((rc = get_num(root, "temperature", 0, false, 2, false, &dv, err)))
         goto fail;
-    r->sp.temperature = (float)dv;
+    /* Below 1e-5 means greedy, as in vLLM (_SAMPLING_EPS): the sampler
+     * divides by the float temperature, and 1/t overflows to inf below
+     * ~3e-39 (NaN probabilities, a garbage token every step). */
+    r->sp.temperature = dv < 1e-5 ? 0.0f : (float)dv;
     dv = 1.0;
     if ((rc = get_num(root, "top_p", 0, true, 1, false, &dv, err)))
         goto fail;
-    r->sp.top_p = (float)dv;
+    /* a top_p that rounds to 0.0f (accepted above as > 0) keeps the
+     * top token, as any tiny top_p does */
+    r->sp.top_p = (float)dv > 0 ? (float)dv : FLT_TRUE_MIN;
     iv = -1;
     if ((rc = get_int(root, "top_k", -1, 1 << 30, &iv, err)))
         goto fail;
@@ -585,7 +614,10 @@ sampling:
     dv = 1.0;
     if ((rc = get_num(root, "repetition_penalty", 0, true, 2, false, &dv, err)))
         goto fail;
-    r->sp.repetition_penalty = (float)dv;
+    /* Keep logit / penalty finite (an inf logit makes NaN probabilities)
+     * and non-zero (0 turns the penalty off): below 1e-30 every
+     * repeated token is already favoured without bound. */
+    r->sp.repetition_penalty = dv < 1e-30 ? 1e-30f : (float)dv;
     iv = 1;
     if ((rc = get_int(root, "n", 1, DSQ_OPENAI_MAX_N, &iv, err)))
         goto fail;

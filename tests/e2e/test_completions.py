@@ -282,3 +282,19 @@ def test_tokenize_detokenize(server):
     assert t["max_model_len"] > 0
     d = post(server, "/detokenize", {"tokens": t["tokens"]}).json()
     assert d["prompt"].endswith("Hello world")
+
+
+def test_tiny_sampling_values_stay_sane(server):
+    # float overflow in the sampler: 1/temperature = inf, logit/penalty = inf,
+    # top_p rounding to 0.0f; each used to give NaN probabilities (the
+    # vocabulary's last token every step) or a 400 without a param
+    greedy = complete(server, prompt=PROMPT, max_tokens=6, temperature=0)["choices"][0]["text"]
+    for t in (1e-39, 1e-45, 5e-324):
+        got = complete(server, prompt=PROMPT, max_tokens=6, temperature=t)["choices"][0]["text"]
+        assert got == greedy, (t, got)
+    got = complete(server, prompt=PROMPT, max_tokens=6, temperature=1, seed=1,
+                   top_p=1e-46)["choices"][0]["text"]
+    assert got == greedy
+    pen = [complete(server, prompt=PROMPT, max_tokens=6, temperature=0,
+                    repetition_penalty=rp)["choices"][0]["text"] for rp in (1e-30, 1e-40)]
+    assert pen[0] == pen[1], pen

@@ -4,6 +4,7 @@ that go with it (Allow, Retry-After, WWW-Authenticate). Also auth, CORS,
 TLS and the body limit, which need daemons with other options."""
 import concurrent.futures
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -106,6 +107,29 @@ def test_415(server):
     r = requests.post(server.url("/v1/completions"), data=json.dumps(dict(P, max_tokens=1)),
                       headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200
+    r = requests.post(server.url("/v1/completions"), data=json.dumps(dict(P, max_tokens=1)),
+                      headers={"Content-Type": "application/json\t; charset=utf-8"})
+    assert r.status_code == 200
+
+
+def test_nul_escape_refused(server):
+    # cJSON ends strings at \u0000: "a\u0000b" used to run as the prompt "a"
+    for path, body in [("/v1/completions", dict(P, prompt="a\u0000b")),
+                       ("/tokenize", {"prompt": "a\u0000b"}),
+                       ("/v1/chat/completions",
+                        {"model": MODEL_NAME, "messages": [{"role": "user", "content": "\u0000"}]})]:
+        e = err(post(server, path, body), 400, None)
+        assert "U+0000" in e["message"]
+    # an escaped backslash followed by the text u0000 is fine
+    assert post(server, "/tokenize", raw=b'{"prompt": "a\\\\u0000"}').status_code == 200
+
+
+
+def test_metrics_count_499_and_204(server):
+    # docs/api.md: 499 (client went away) is a status label, not "other"
+    text = requests.get(server.url("/metrics")).text
+    for code in ("204", "499"):
+        assert re.search(r'dsq:http_requests_total\{[^}]*status="%s"\} \d+' % code, text), code
 
 
 def test_tokenize_errors(server):

@@ -127,6 +127,9 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400, "stream_options", NULL},
     /* user */
     {"{" M "\"prompt\":\"a\",\"user\":5}", 400, "user", NULL},
+    /* \u0000 would cut the string short in cJSON: refused, not truncated */
+    {"{" M "\"prompt\":\"a\\u0000b\"}", 400, NULL, NULL},
+    {"{" M "\"prompt\":\"a\",\"user\":\"\\\\\\u0000\"}", 400, NULL, NULL},
 };
 
 static void check_error_json(const dsq_api_error_t *e, int status,
@@ -250,6 +253,27 @@ static void test_all_fields(void **state)
     assert_true(r.sp.ignore_eos);
     assert_true(r.stream);
     assert_true(r.include_usage);
+    dsq_completion_req_deinit(&r);
+}
+
+/* Values the float sampler cannot take as they are: a temperature whose
+ * inverse overflows, a top_p or repetition_penalty that rounds to 0.0f. */
+static void test_tiny_sampling_values(void **state)
+{
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *b = "{\"model\":\"smol\",\"prompt\":\"a\",\"temperature\":1e-45,"
+                    "\"top_p\":1e-46,\"repetition_penalty\":5e-324}";
+    const char *esc = "{\"model\":\"smol\",\"prompt\":\"a\\\\u0000\"}";
+    (void)state;
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_true(r.sp.temperature == 0.0f);              /* greedy */
+    assert_true(r.sp.top_p > 0.0f);
+    assert_true(r.sp.repetition_penalty >= 1e-30f);
+    dsq_completion_req_deinit(&r);
+    /* an escaped backslash before u0000 is plain text */
+    assert_int_equal(dsq_openai_parse_completion(esc, strlen(esc), &LIM, &r, &e), 0);
+    assert_string_equal(r.prompts[0].text, "a\\u0000");
     dsq_completion_req_deinit(&r);
 }
 
@@ -651,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_all_fields),
         cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_tiny_sampling_values),
         cmocka_unit_test(test_context_length),
         cmocka_unit_test(test_error_table),
         cmocka_unit_test(test_tokenize_bodies),
