@@ -194,7 +194,8 @@ int dsq_sampler_pick(dsq_sampler_t *s, const dsq_sampling_t *sp,
     apply_penalties(s, sp, hist, logits);
 
     int32_t pick = 0;
-    if (sp->temperature == 0) {
+    /* below 1e-5, 1/temperature overflows float: greedy (as vLLM) */
+    if (sp->temperature < 1e-5f) {
         for (int i = 1; i < n; i++)
             if (logits[i] > logits[pick])
                 pick = i;

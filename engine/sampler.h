@@ -4,7 +4,8 @@
  * Keskar et al. 2019: positive logits divided, negative multiplied, over
  * prompt and output tokens), frequency and presence penalties (OpenAI API
  * definition, over output tokens), then temperature 0 -> argmax (lowest id
- * on ties); otherwise divide by temperature, top-k, top-p (Holtzman et al.
+ * on ties; also below 1e-5, where 1/temperature overflows float); otherwise
+ * divide by temperature, top-k, top-p (Holtzman et al.
  * 2019), min-p (Nguyen et al. 2024), and draw from the remaining
  * distribution with the sequence's own RNG (xoshiro256**, seeded per
  * request). Logprobs are the log-softmax of the raw model logits, before any

@@ -149,6 +149,15 @@ static void test_temperature_topk_topp_minp(void **state)
     double g[V];
     draw_hist(s, &sp, base, g);
     assert_memory_equal(f, g, sizeof(f));
+    /* a temperature too small for 1/T in float is greedy, not NaN */
+    dsq_sampling_t tiny = greedy();
+    tiny.temperature = 1e-39f;
+    float lt[V] = {1, 2, 0, 3, -1, 0.5f, 2.5f, -3};
+    int32_t tt;
+    dsq_rng_t r2;
+    dsq_rng_seed(&r2, 7);
+    assert_int_equal(dsq_sampler_pick(s, &tiny, NULL, lt, &r2, &tt, NULL, NULL, 0), DSQ_OK);
+    assert_int_equal(tt, 3);
     dsq_sampling_t bad = greedy();
     bad.top_p = 0;
     float lg[V] = {0};
