@@ -12,6 +12,7 @@
  */
 #include "gguf.h"
 #include "error.h"
+#include "mapfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -578,34 +579,16 @@ undo_g:
 
 dsq_gguf_t *dsq_gguf_open(const char *path, char *err, size_t err_len)
 {
-    dsq_gguf_t *g = NULL;
-    void *map = MAP_FAILED;
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    void *map;
+    size_t size;
+    if (dsq__map_file(path, 4, "not a GGUF file (too short)", &map, &size, err,
+                      err_len) != DSQ_OK)
         return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, err_len, "%s: not a regular file", path);
-        goto undo_fd;
-    }
-    if (st.st_size < 4) {
-        set_err(err, err_len, "%s: not a GGUF file (too short: %lld bytes)", path, (long long)st.st_size);
-        goto undo_fd;
-    }
-    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        set_err(err, err_len, "%s: mmap failed: %s", path, strerror(errno));
-        goto undo_fd;
-    }
-    g = dsq_gguf_open_buffer(map, (size_t)st.st_size, path, err, err_len);
+    dsq_gguf_t *g = dsq_gguf_open_buffer(map, size, path, err, err_len);
     if (g)
         g->mapped = true;
     else
-        munmap(map, (size_t)st.st_size);
-undo_fd:
-    close(fd);
+        munmap(map, size);
     return g;
 }
 

@@ -9,6 +9,7 @@
  */
 #include "llama2c.h"
 #include "error.h"
+#include "mapfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -174,37 +175,23 @@ void dsq_llama2c_close(dsq_llama2c_t *m)
 
 dsq_llama2c_t *dsq_llama2c_open(const char *path, char *err, size_t err_len)
 {
-    dsq_llama2c_t *m = NULL;
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    void *map;
+    size_t size;
+    if (dsq__map_file(path, 28, "not a llama2.c checkpoint (shorter than its 28-byte header)",
+                      &map, &size, err, err_len) != DSQ_OK)
         return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 28) {
-        set_err(err, err_len, "%s: not a llama2.c checkpoint (not a regular file of >= 28 bytes)", path);
-        goto undo_fd;
-    }
-    m = calloc(1, sizeof(*m));
+    dsq_llama2c_t *m = calloc(1, sizeof(*m));
     if (!m) {
         set_err(err, err_len, "%s: out of memory", path);
-        goto undo_fd;
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        set_err(err, err_len, "%s: mmap failed: %s", path, strerror(errno));
-        free(m);
-        m = NULL;
-        goto undo_fd;
+        munmap(map, size);
+        return NULL;
     }
     m->base = map;
-    m->size = (size_t)st.st_size;
+    m->size = size;
     if (build(m, path, err, err_len) != DSQ_OK) {
         dsq_llama2c_close(m);
         m = NULL;
     }
-undo_fd:
-    close(fd);
     return m;
 }
 

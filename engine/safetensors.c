@@ -8,6 +8,7 @@
  */
 #include "safetensors.h"
 #include "error.h"
+#include "mapfile.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -241,33 +242,16 @@ dsq_safetensors_t *dsq_safetensors_open_buffer(const void *buf, size_t size,
 dsq_safetensors_t *dsq_safetensors_open(const char *path, char *err,
                                         size_t err_len)
 {
-    dsq_safetensors_t *s = NULL;
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    void *map;
+    size_t size;
+    if (dsq__map_file(path, 8, "not a safetensors file (shorter than 8 bytes)", &map, &size,
+                      err, err_len) != DSQ_OK)
         return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, err_len, "%s: not a regular file", path);
-        goto undo_fd;
-    }
-    if (st.st_size < 8) {
-        set_err(err, err_len, "%s: not a safetensors file (shorter than 8 bytes)", path);
-        goto undo_fd;
-    }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        set_err(err, err_len, "%s: mmap failed: %s", path, strerror(errno));
-        goto undo_fd;
-    }
-    s = dsq_safetensors_open_buffer(map, (size_t)st.st_size, path, err, err_len);
+    dsq_safetensors_t *s = dsq_safetensors_open_buffer(map, size, path, err, err_len);
     if (s)
         s->mapped = true;
     else
-        munmap(map, (size_t)st.st_size);
-undo_fd:
-    close(fd);
+        munmap(map, size);
     return s;
 }
 

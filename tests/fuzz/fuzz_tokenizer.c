@@ -22,7 +22,7 @@
  *   clang -g -O1 -std=c17 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
  *     -Iengine tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c \
  *     engine/tokenizer_bpe.c engine/tokenizer_spm.c engine/detok.c \
- *     engine/gguf.c engine/tensor.c engine/log.c \
+ *     engine/gguf.c engine/mapfile.c engine/tensor.c engine/log.c \
  *     -lcjson -lpcre2-8 -lm -o fuzz_tokenizer
  * Run with DSQ_TEST_DATA set, seeded with the llama.cpp .inp test vectors
  * (tests/fuzz/meson.build does both).
