@@ -30,11 +30,13 @@
 #include "loader.h"
 #include "log.h"
 #include "model.h"
+#include "padding.h"
 #include "planner.h"
 #include "sampler.h"
 #include "scheduler.h"
 
 #define MAX_TOP_LOGPROBS 20
+#define MAX_BEST_OF 1024            /* api: sequences one request may fork   */
 
 /* Engine-side state of one choice. Engine thread only. */
 typedef struct eseq {
@@ -46,6 +48,7 @@ typedef struct eseq {
     size_t hold_len, hold_cap;
     size_t text_bytes;             /* bytes of text decoded so far            */
     int n_generated;
+    double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
     bool finished;
     /* pending output event */
     dsq_output_t ev;
@@ -75,6 +78,15 @@ struct dsq_req {
     int n_final_pushed;            /* choices whose final event was queued    */
     int n_final_popped;
 
+    /* api: prompt logprobs (sp.prompt_logprobs), engine thread only:
+     * entry i = prompt token i + 1; plp_n entries computed so far */
+    float *plp;
+    dsq_top_logprob_t *plp_top;
+    int plp_n;
+    bool plp_sent;
+    bool scored;                   /* api: max_tokens 0 ended every choice
+                                      after the prompt (finish "length") */
+
     /* engine thread only */
     eseq_t **seqs;
     int n_seqs;                    /* created so far (1 until the fork)       */
@@ -100,6 +112,10 @@ struct dsq_engine {
     float *logits;
     int logits_cap;
     float *logits_fork;
+    /* api: prompt-logprob rows appended to the scheduler's logit rows */
+    int32_t *lrows, *xpos;
+    eseq_t **xseq;
+    int lrows_cap;
 
     pthread_t thread;
     uv_loop_t loop;
@@ -107,6 +123,12 @@ struct dsq_engine {
     uv_idle_t idle;
     bool idle_on;
     uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
+    /* itl: admission window (engine.h admission_window_ms) */
+    uv_timer_t burst;
+    double t_last_submit;          /* under mu                                */
+    double t_last_step;            /* engine thread: end of the last step     */
+    double t_burst;                /* engine thread: first wait of this burst */
+    int window_ms;                 /* quiet time; <= 0: off                   */
     int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
 
     pthread_mutex_t mu;            /* guards submit queue and stats           */
@@ -118,6 +140,7 @@ struct dsq_engine {
 
     dsq_req_t *active;             /* engine thread: list of live requests    */
     uint64_t next_order;
+    dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
 };
 
 static atomic_uint_fast64_t next_req_id = 1;
@@ -140,6 +163,8 @@ void dsq_output_free(dsq_output_t *o)
     free(o->logprobs);
     free(o->top);
     free(o->token_text_offset);
+    free(o->prompt_logprobs);
+    free(o->prompt_top);
     memset(o, 0, sizeof(*o));
 }
 
@@ -156,8 +181,16 @@ static void req_free(dsq_req_t *r)
         dsq_output_free(&r->q[(r->q_head + i) % r->q_cap]);
     free(r->q);
     free(r->seqs);
+    free(r->plp);
+    free(r->plp_top);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+/* api: sequences the request generates: n, or best_of when larger. */
+static int req_n_total(const dsq_req_t *r)
+{
+    return r->sp.best_of > r->sp.n ? r->sp.best_of : r->sp.n;
 }
 
 dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
@@ -172,7 +205,8 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
     if (sp->max_tokens < 0 || sp->n < 1 || sp->temperature < 0 ||
         !(sp->top_p > 0 && sp->top_p <= 1) || sp->min_p < 0 || sp->min_p > 1 ||
         sp->logprobs > MAX_TOP_LOGPROBS || sp->n_logit_bias < 0 || sp->n_stop < 0 ||
-        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0) {
+        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 ||
+        sp->best_of < 0 || sp->best_of > MAX_BEST_OF) {
         snprintf(err, err_len, "invalid sampling parameters");
         return NULL;
     }
@@ -223,9 +257,18 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
         }
     }
     r->sp.stop = (const char *const *)r->stop;
-    r->seqs = calloc((size_t)sp->n, sizeof(*r->seqs));
+    r->seqs = calloc((size_t)req_n_total(r), sizeof(*r->seqs));
     if (!r->seqs)
         goto oom;
+    if (sp->prompt_logprobs && n_prompt > 1) {
+        int k = sp->logprobs > 0 ? sp->logprobs : 0;
+        r->plp = malloc((size_t)(n_prompt - 1) * sizeof(*r->plp));
+        if (!r->plp)
+            goto oom;
+        if (k > 0 && !(r->plp_top = malloc((size_t)(n_prompt - 1) * (size_t)k *
+                                           sizeof(*r->plp_top))))
+            goto oom;
+    }
     return r;
 oom:
     snprintf(err, err_len, "out of memory");
@@ -443,9 +486,20 @@ static void flush_event(eseq_t *s)
             ev->queue_us = 1;
         s->req->queue_reported = true;
     }
+    if (s->req->plp && !s->req->plp_sent) {
+        /* api: prompt logprobs ride on the request's first event */
+        dsq_req_t *r = s->req;
+        r->plp_sent = true;
+        ev->n_prompt_logprobs = r->plp_n;
+        ev->prompt_logprobs = r->plp;
+        ev->prompt_top = r->plp_top;
+        r->plp = NULL;
+        r->plp_top = NULL;
+    }
     if (ev->finish != DSQ_FINISH_NONE) {
         ev->prompt_tokens = s->req->n_prompt;
         ev->completion_tokens = s->n_generated;
+        ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
     }
     s->ev_text = NULL;
     s->ev_text_len = s->ev_text_cap = 0;
@@ -499,6 +553,39 @@ static void active_remove(dsq_engine_t *e, dsq_req_t *r)
         r->next_active->prev_active = r->prev_active;
 }
 
+/* api: best_of > n. Candidates' events accumulate in their pending event
+ * until every candidate ended; then the n with the highest cum_logprob are
+ * renumbered 0..n-1 (best first, stable) and flushed, the others dropped
+ * with their token count reported as discarded_tokens. Returns whether
+ * anything was queued. */
+static bool publish_best_of(dsq_req_t *r)
+{
+    if (r->n_live > 0)
+        return false;
+    int n = r->n_seqs < r->sp.n ? r->n_seqs : r->sp.n;
+    int discarded = 0;
+    /* selection sort of the first n places by cum_logprob, stable */
+    for (int k = 0; k < n; k++) {
+        int best = k;
+        for (int i = k + 1; i < r->n_seqs; i++)
+            if (r->seqs[i]->cum_logprob > r->seqs[best]->cum_logprob)
+                best = i;
+        eseq_t *t = r->seqs[best];
+        memmove(r->seqs + k + 1, r->seqs + k, (size_t)(best - k) * sizeof(*r->seqs));
+        r->seqs[k] = t;
+    }
+    for (int i = n; i < r->n_seqs; i++)
+        discarded += r->seqs[i]->n_generated;
+    for (int k = 0; k < n; k++) {
+        eseq_t *s = r->seqs[k];
+        s->seq.index = k;
+        if (k == 0)
+            s->ev.discarded_tokens = discarded;
+        flush_event(s);
+    }
+    return true;
+}
+
 /* Deliver events, notify, and release requests whose choices all ended. */
 static void publish(dsq_engine_t *e)
 {
@@ -506,7 +593,9 @@ static void publish(dsq_engine_t *e)
     while (r) {
         dsq_req_t *next = r->next_active;
         bool any = false;
-        for (int i = 0; i < r->n_seqs; i++) {
+        if (req_n_total(r) > r->sp.n)
+            any = publish_best_of(r);
+        for (int i = 0; i < r->n_seqs && req_n_total(r) <= r->sp.n; i++) {
             eseq_t *s = r->seqs[i];
             if (s->ev.n_tokens || s->ev_text_len || s->ev.finish) {
                 flush_event(s);
@@ -514,13 +603,14 @@ static void publish(dsq_engine_t *e)
             }
         }
         if (r->n_live == 0) {
-            /* choices never created (abort before the fork) still need a
+            /* choices never created (abort before the fork, or max_tokens
+             * 0: nothing to generate, the fork is skipped) still need a
              * final event each */
-            for (int i = r->n_seqs; i < r->sp.n; i++) {
+            for (int i = r->n_seqs < r->sp.n ? r->n_seqs : r->sp.n; i < r->sp.n; i++) {
                 dsq_output_t ev = {0};
                 ev.index = i;
                 ev.text = strdup("");
-                ev.finish = DSQ_FINISH_ABORT;
+                ev.finish = r->scored ? DSQ_FINISH_LENGTH : DSQ_FINISH_ABORT;
                 ev.prompt_tokens = r->n_prompt;
                 req_push(r, &ev);
                 any = true;
@@ -550,6 +640,8 @@ static void update_stats(dsq_engine_t *e)
     e->stats.kv_blocks_total = dsq_kv_n_blocks(e->kv);
     e->stats.kv_blocks_used = dsq_kv_n_blocks(e->kv) - dsq_kv_n_free(e->kv);
     e->stats.preemptions_total = dsq_sched_n_preemptions(e->sched);
+    dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
+                           &e->stats.prefix_cache_hits_total);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -572,11 +664,16 @@ static void admit_new(dsq_engine_t *e)
             for (int j = 0; j < r->n_prompt && !rc; j++)
                 rc = seq_append(&s->seq, r->prompt[j]);
             s->seq.n_prompt = r->n_prompt;
+            s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
+            /* prefix: cached positions produce no logits */
+            s->seq.no_prefix_cache = r->sp.prompt_logprobs;
             uint64_t seed = r->sp.seed;
             if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
                 seed = (uint64_t)now_s() ^ r->id;
             dsq_rng_seed(&s->rng, seed);
         }
+        dsq_log(DSQ_LOG_DEBUG, "event=admit req=%llu n_prompt=%d queued_ms=%.2f",
+                (unsigned long long)r->id, r->n_prompt, (now_s() - r->t_arrival) * 1e3);
         r->seqs[0] = s;
         r->n_seqs = s ? 1 : 0;
         r->n_live = s ? 1 : 0;
@@ -635,6 +732,7 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
             memcpy(ev->top + (size_t)k * (size_t)n_top, top, (size_t)n_top * sizeof(*top));
     }
     s->n_generated++;
+    s->cum_logprob += lp;
     if (r->t_first_token == 0)
         r->t_first_token = now_s();
     pthread_mutex_lock(&e->mu);
@@ -670,7 +768,7 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
 static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
 {
     eseq_t *parent = r->seqs[0];
-    for (int i = 1; i < r->sp.n; i++) {
+    for (int i = 1; i < req_n_total(r); i++) {
         eseq_t *c = eseq_create(e, r, i);
         if (!c)
             return DSQ_ENOMEM;
@@ -678,6 +776,9 @@ static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
         r->n_live++;
         c->seq.order = parent->seq.order;
         c->seq.n_prompt = parent->seq.n_prompt;
+        c->seq.n_max_tokens = parent->seq.n_max_tokens;   /* itl */
+        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;   /* prefix */
+        c->seq.no_prefix_cache = parent->seq.no_prefix_cache;
         for (int j = 0; j < parent->seq.n_tokens; j++)
             if (seq_append(&c->seq, parent->seq.tokens[j]))
                 return DSQ_ENOMEM;
@@ -711,10 +812,98 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         .n_output = s->seq.n_tokens - s->seq.n_prompt,
     };
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
-                              r->sp.logprobs >= 0 ? &lp : NULL, n_top ? top : NULL, n_top);
+                              r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
+                              n_top ? top : NULL, n_top);
     if (!rc)
         rc = accept_token(e, s, tok, lp, top);
     return rc;
+}
+
+/* api: add to e->lrows (after the scheduler's n_logits rows) the rows of
+ * this step whose logits give prompt logprobs: for each request that wants
+ * them, the rows at positions plp_n, plp_n + 1, ... < n_prompt - 1 (the
+ * logits at position p score prompt token p + 1). Positions below plp_n
+ * (a recompute after preemption) are never taken twice. *n_x gets the
+ * count. Returns 0 or DSQ_ENOMEM. */
+static int plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x)
+{
+    int need = out->n_logits + out->n_tokens;
+    bool any = false;
+    *n_x = 0;
+    for (int i = 0; i < out->n_seqs && !any; i++) {
+        const dsq_req_t *r = ((eseq_t *)out->seqs[i]->owner)->req;
+        any = r->plp && !r->plp_sent;
+    }
+    if (!any)
+        return DSQ_OK;    /* nobody wants prompt logprobs */
+    if (need > e->lrows_cap) {
+        int32_t *a = realloc(e->lrows, (size_t)need * sizeof(*a));
+        if (a)
+            e->lrows = a;
+        int32_t *b = realloc(e->xpos, (size_t)need * sizeof(*b));
+        if (b)
+            e->xpos = b;
+        eseq_t **c = realloc(e->xseq, (size_t)need * sizeof(*c));
+        if (c)
+            e->xseq = c;
+        if (!a || !b || !c)
+            return DSQ_ENOMEM;
+        e->lrows_cap = need;
+    }
+    memcpy(e->lrows, out->logit_rows, (size_t)out->n_logits * sizeof(*e->lrows));
+    for (int i = 0; i < out->n_seqs; i++) {
+        dsq_seq_t *q = out->seqs[i];
+        eseq_t *s = (eseq_t *)q->owner;
+        dsq_req_t *r = s->req;
+        if (!r->plp || r->plp_sent || s->seq.index != 0)
+            continue;
+        int next = r->plp_n;
+        for (int row = q->sched_row; row < q->sched_row + q->sched_tokens; row++) {
+            if (out->pos[row] != next || next >= r->n_prompt - 1)
+                continue;
+            e->lrows[out->n_logits + *n_x] = row;
+            e->xpos[*n_x] = next++;
+            e->xseq[(*n_x)++] = s;
+        }
+    }
+    return DSQ_OK;
+}
+
+/* api: log-softmax of one logits row (raw model distribution, as the
+ * sampler's logprobs) -> the logprob of prompt token pos + 1 and the top
+ * alternatives, stored as entry pos. */
+static void plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row)
+{
+    dsq_req_t *r = s->req;
+    int n = e->n_vocab, k = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
+    float mx = -INFINITY;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)row[i] - mx);
+    double lse = mx + log(sum);
+    r->plp[pos] = (float)(row[r->prompt[pos + 1]] - lse);
+    if (k > 0) {
+        /* top k by insertion: k <= 20, one pass over the vocabulary */
+        dsq_top_logprob_t *t = r->plp_top + (size_t)pos * (size_t)k;
+        int have = 0;
+        for (int i = 0; i < n; i++) {
+            if (have == k && row[i] <= t[k - 1].logprob)
+                continue;
+            int j = have < k ? have++ : k - 1;
+            while (j > 0 && t[j - 1].logprob < row[i]) {
+                t[j] = t[j - 1];
+                j--;
+            }
+            t[j].token = i;
+            t[j].logprob = row[i];
+        }
+        for (int j = 0; j < have; j++)
+            t[j].logprob = (float)(t[j].logprob - lse);
+    }
+    if (pos + 1 > r->plp_n)
+        r->plp_n = pos + 1;
 }
 
 /* One scheduler step: plan, forward, sample, publish. Returns true when
@@ -722,15 +911,22 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
 static bool engine_step(dsq_engine_t *e)
 {
     dsq_sched_out_t out;
+    /* itl: step timings by composition, logged at debug level */
+    bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
+    double t0 = timed ? now_s() : 0, t_fwd = 0, t_smp = 0;
     admit_new(e);
     reap_cancelled(e);
     int rc = dsq_sched_step(e->sched, &out);
+    int n_x = 0;                   /* api: prompt-logprob rows */
+    if (rc == DSQ_OK && out.n_tokens > 0)
+        rc = plp_collect(e, &out, &n_x);
     if (rc == DSQ_OK && out.n_tokens > 0) {
-        if (out.n_logits > e->logits_cap) {
-            float *p = realloc(e->logits, (size_t)out.n_logits * (size_t)e->n_vocab * sizeof(float));
+        if (out.n_logits + n_x > e->logits_cap) {
+            float *p = realloc(e->logits, (size_t)(out.n_logits + n_x) * (size_t)e->n_vocab *
+                                          sizeof(float));
             if (p) {
                 e->logits = p;
-                e->logits_cap = out.n_logits;
+                e->logits_cap = out.n_logits + n_x;
             } else {
                 rc = DSQ_ENOMEM;
             }
@@ -757,12 +953,20 @@ static bool engine_step(dsq_engine_t *e)
                 .n_tokens = out.n_tokens, .tokens = out.tokens, .pos = out.pos,
                 .row_seq = out.row_seq, .slot = out.slot, .n_seqs = out.n_seqs,
                 .block_tables = out.block_tables, .max_blocks = out.max_blocks,
-                .n_logits = out.n_logits, .logit_rows = out.logit_rows,
+                .n_logits = out.n_logits + n_x,
+                .logit_rows = n_x ? e->lrows : out.logit_rows,
             };
+            if (timed)
+                t_fwd = now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
+            if (timed)
+                t_smp = now_s();
         }
         if (!rc) {
             dsq_sched_commit(e->sched, &out);
+            for (int j = 0; j < n_x; j++)
+                plp_store(e, e->xseq[j], e->xpos[j],
+                          e->logits + (size_t)(out.n_logits + j) * (size_t)e->n_vocab);
             for (int i = 0; i < out.n_logits; i++) {
                 eseq_t *s = (eseq_t *)out.logit_seqs[i]->owner;
                 const float *row = e->logits + (size_t)i * (size_t)e->n_vocab;
@@ -770,10 +974,11 @@ static bool engine_step(dsq_engine_t *e)
                 if (s->finished)
                     continue;
                 if (r->sp.max_tokens == 0) {
+                    r->scored = true;
                     finish_seq(e, s, DSQ_FINISH_LENGTH, false);
                     continue;
                 }
-                if (r->sp.n > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
+                if (req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
                     break;
                 if (s->seq.index == 0 && r->forked && r->n_seqs > 1 &&
                     s->n_generated == 0) {
@@ -794,18 +999,96 @@ static bool engine_step(dsq_engine_t *e)
                 finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
         }
     }
+    if (n_x > 0) {
+        /* api: a prompt-logprob prefill needed one logits row per prompt
+         * token (chunk x n_vocab floats); give that memory back */
+        free(e->logits);
+        e->logits = NULL;
+        e->logits_cap = 0;
+    }
 #ifndef NDEBUG
     if (!dsq_sched_check(e->sched))
         dsq_log(DSQ_LOG_ERROR, "event=kv_invariant_broken");
 #endif
+    /* decode rows: sequences past their prompt (counted before publish,
+     * which frees finished ones); the rest is prefill */
+    int n_dec = 0;
+    for (int i = 0; timed && rc == DSQ_OK && i < out.n_seqs; i++) {
+        int end = i + 1 < out.n_seqs ? out.seqs[i + 1]->sched_row : out.n_tokens;
+        n_dec += end - out.seqs[i]->sched_row == 1 &&
+                 out.seqs[i]->n_computed > out.seqs[i]->n_prompt;
+    }
+    double t_pub = timed ? now_s() : 0;
     publish(e);
     update_stats(e);
+    if (timed && rc == DSQ_OK && out.n_tokens > 0) {
+        double t1 = now_s();
+        dsq_log(DSQ_LOG_DEBUG,
+                "event=step n_seqs=%d n_decode=%d n_prefill_tokens=%d n_tokens=%d "
+                "n_waiting=%d sched_ms=%.2f forward_ms=%.2f sample_ms=%.2f "
+                "publish_ms=%.2f step_ms=%.2f",
+                out.n_seqs, n_dec, out.n_tokens - n_dec, out.n_tokens,
+                dsq_sched_n_waiting(e->sched), (t_fwd - t0) * 1e3, (t_smp - t_fwd) * 1e3,
+                (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3);
+    }
     return dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
+}
+
+static void on_idle(uv_idle_t *h);
+
+/* itl: milliseconds to hold back the first step of a burst. With nothing
+ * running, new requests wait until no request arrived and no step ended for
+ * window_ms (at most 10 x window_ms after the first wait): clients answered
+ * in the same step (closed loops, agents) send their next requests within
+ * milliseconds of each other, and a long prefill step started on the first
+ * of them would leave the rest, and their streams for the rest of the run,
+ * one prefill behind, each group stalling the other's decodes. Waiting
+ * also leaves the CPUs to the HTTP threads that deliver those answers. */
+static int burst_wait_ms(dsq_engine_t *e)
+{
+    if (e->window_ms <= 0 || dsq_sched_n_running(e->sched) > 0) {
+        e->t_burst = 0;
+        return 0;
+    }
+    pthread_mutex_lock(&e->mu);
+    int n_new = e->subq_n;
+    double t_sub = e->t_last_submit;
+    pthread_mutex_unlock(&e->mu);
+    if (n_new == 0 && dsq_sched_n_waiting(e->sched) == 0)
+        return 0;
+    double now = now_s(), w = e->window_ms * 1e-3;
+    if (e->t_burst == 0)
+        e->t_burst = now;
+    double last = t_sub > e->t_last_step ? t_sub : e->t_last_step;
+    double left = last + w - now;
+    if (e->t_burst + 10 * w - now < left)
+        left = e->t_burst + 10 * w - now;
+    if (left <= 0) {
+        e->t_burst = 0;
+        return 0;
+    }
+    return (int)ceil(left * 1e3);
+}
+
+static void on_burst(uv_timer_t *h)
+{
+    dsq_engine_t *e = h->data;
+    if (!e->idle_on) {
+        uv_idle_start(&e->idle, on_idle);
+        e->idle_on = true;
+    }
 }
 
 static void on_idle(uv_idle_t *h)
 {
     dsq_engine_t *e = h->data;
+    int wait_ms = burst_wait_ms(e);
+    if (wait_ms > 0) {
+        uv_idle_stop(&e->idle);
+        e->idle_on = false;
+        uv_timer_start(&e->burst, on_burst, (uint64_t)wait_ms, 0);
+        return;
+    }
     /* == deploy: test-only wedge (debug builds), once, on the first step == */
     if (e->wedge_ms > 0) {
         struct timespec ts = {e->wedge_ms / 1000, (long)(e->wedge_ms % 1000) * 1000000L};
@@ -815,7 +1098,9 @@ static void on_idle(uv_idle_t *h)
             ;
     }
     /* == end deploy == */
-    if (!engine_step(e)) {
+    bool busy = engine_step(e);
+    e->t_last_step = now_s();
+    if (!busy) {
         pthread_mutex_lock(&e->mu);
         bool more = e->subq_n > 0;
         pthread_mutex_unlock(&e->mu);
@@ -860,6 +1145,7 @@ static void on_async(uv_async_t *h)
         uv_close((uv_handle_t *)&e->idle, on_close);
         uv_close((uv_handle_t *)&e->async, on_close);
         uv_close((uv_handle_t *)&e->heartbeat, on_close);   /* deploy */
+        uv_close((uv_handle_t *)&e->burst, on_close);       /* itl */
         return;
     }
     if (!e->idle_on) {
@@ -959,9 +1245,14 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                  e->max_model_len, (long long)need);
         goto fail;
     }
-    dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size};
+    dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
+                           .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
+        goto fail;
+    /* pad: the CPU backend runs ragged batches, so the padding model is only
+     * loaded and logged here; the CUDA-graph path will plan with it. */
+    if (dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len) != 0)
         goto fail;
     const dsq_model_config_t *c = dsq_model_config(e->model);
     e->n_vocab = (int)c->n_vocab;
@@ -982,10 +1273,22 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                              n_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
         goto fail;
+    if (opts->enable_prefix_caching && dsq_kv_set_prefix_caching(e->kv, true) != DSQ_OK) {
+        snprintf(err, err_len, "prefix caching: out of memory for %lld blocks",
+                 (long long)n_blocks);
+        goto fail;
+    }
     dsq_sched_opts_t so = {
         .max_num_seqs = opts->max_num_seqs > 0 ? opts->max_num_seqs : 256,
         .max_num_batched_tokens = opts->max_num_batched_tokens > 0 ?
                                   opts->max_num_batched_tokens : 2048,
+        .max_prefill_tokens_with_decode = opts->max_prefill_tokens_with_decode > 0 ?
+                                          opts->max_prefill_tokens_with_decode :
+                                          DSQ_ENGINE_PREFILL_WITH_DECODE,
+        .admission_defer_steps = opts->admission_defer_steps == 0 ?
+                                 DSQ_ENGINE_ADMISSION_DEFER_STEPS :
+                                 opts->admission_defer_steps < 0 ? 0 :
+                                 opts->admission_defer_steps,
     };
     e->sched = dsq_sched_create(e->kv, &so);
     e->sampler = dsq_sampler_create(e->n_vocab);
@@ -1000,6 +1303,10 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     }
     uv_async_init(&e->loop, &e->async, on_async);
     uv_idle_init(&e->loop, &e->idle);
+    uv_timer_init(&e->loop, &e->burst);   /* itl */
+    e->burst.data = e;
+    e->window_ms = opts->admission_window_ms == 0 ? DSQ_ENGINE_ADMISSION_WINDOW_MS
+                                                  : opts->admission_window_ms;
     e->async.data = e;
     e->idle.data = e;
     /* == deploy: heartbeat timer and the debug-only test wedge == */
@@ -1020,6 +1327,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         uv_close((uv_handle_t *)&e->idle, NULL);
         uv_close((uv_handle_t *)&e->async, NULL);
         uv_close((uv_handle_t *)&e->heartbeat, NULL);   /* deploy */
+        uv_close((uv_handle_t *)&e->burst, NULL);       /* itl */
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         goto fail;
@@ -1039,6 +1347,7 @@ fail:
     free(e->logits_fork);
     dsq_kv_destroy(e->kv);
     dsq_model_destroy(e->model);
+    dsq_pad_model_destroy(e->pad_model);
     dsq_model_file_close(e->file);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -1132,8 +1441,12 @@ void dsq_engine_destroy(dsq_engine_t *e)
     dsq_sampler_destroy(e->sampler);
     free(e->logits);
     free(e->logits_fork);
+    free(e->lrows);
+    free(e->xpos);
+    free(e->xseq);
     dsq_kv_destroy(e->kv);
     dsq_model_destroy(e->model);
+    dsq_pad_model_destroy(e->pad_model);
     dsq_model_file_close(e->file);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -1190,6 +1503,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
         if (!rc) {
             dsq_req_ref(r);
             r->t_arrival = now_s();
+            e->t_last_submit = r->t_arrival;   /* itl */
             e->subq[e->subq_n++] = r;
             atomic_fetch_add(&e->n_waiting, 1);
         }

@@ -19,6 +19,14 @@
 
 #define DSQ_ENGINE_KV_AUTO (-1)
 
+/* itl: default prefill-token cap of a step that carries decodes (see
+ * dsq_sched_opts_t.max_prefill_tokens_with_decode and docs/benchmarks.md,
+ * serving section, for the measurement behind it). */
+#define DSQ_ENGINE_PREFILL_WITH_DECODE 2048
+/* itl: defaults of admission_defer_steps and admission_window_ms. */
+#define DSQ_ENGINE_ADMISSION_DEFER_STEPS 4
+#define DSQ_ENGINE_ADMISSION_WINDOW_MS 5
+
 typedef struct dsq_engine dsq_engine_t;
 typedef struct dsq_req dsq_req_t;
 
@@ -30,6 +38,20 @@ typedef struct dsq_engine_opts {
     int max_model_len;               /* tokens; default n_ctx_train (capped)    */
     int max_num_seqs;                /* default 256                             */
     int max_num_batched_tokens;      /* default max(2048, max_model_len)?       */
+    int max_prefill_tokens_with_decode; /* itl: prefill tokens per step while
+                                        any sequence decodes (scheduler.h);
+                                        default DSQ_ENGINE_PREFILL_WITH_DECODE;
+                                        >= max_num_batched_tokens: no cap    */
+    int admission_defer_steps;       /* itl: dsq_sched_opts_t's; 0 = default
+                                        DSQ_ENGINE_ADMISSION_DEFER_STEPS,
+                                        < 0 = off                            */
+    int admission_window_ms;         /* itl: with nothing running, the first
+                                        step of a burst of requests waits
+                                        until none arrived (and no step
+                                        ended) for this long, at most 10x it
+                                        after the first wait; 0 = default
+                                        DSQ_ENGINE_ADMISSION_WINDOW_MS,
+                                        < 0 = off                            */
     int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
     int block_size;                  /* tokens per KV block, default 16         */
     int kv_cache_dtype;              /* dsq_kv_dtype_t, or DSQ_ENGINE_KV_AUTO:
@@ -38,10 +60,16 @@ typedef struct dsq_engine_opts {
                                         FP16 otherwise                       */
     int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
     int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
-    bool enable_prefix_caching;
+    bool enable_prefix_caching;      /* reuse KV blocks of shared prefixes
+                                        (engine/kv_cache.h); default off        */
     int n_threads;                   /* CPU threads, default physical cores     */
     const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
     int quant_group_size;            /* with quantize=int4: 32/64/128           */
+    int activation_dtype;            /* dsq_act_dtype_t (kernels.h): activations
+                                        of quantised matmuls, DSQ_ACT_INT8 (0,
+                                        default, llama.cpp's scheme and speed)
+                                        or DSQ_ACT_F32 (fp32: W·x exact up to
+                                        fp32 rounding, slower)               */
     /* == deploy: liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
      * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
      * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from
@@ -55,6 +83,14 @@ typedef struct dsq_engine_opts {
     void (*heartbeat)(void *user);
     void *heartbeat_user;
     int heartbeat_interval_ms;
+    /* == pad: padding cost model (engine/padding.h), a JSON file written by
+     * `dsq-bench pad`. NULL: the backend's default file when it exists
+     * (dsq_pad_default_path; a malformed default is ignored with a
+     * warning); set: that file, and any failure to load it fails
+     * dsq_engine_create. Logged at start-up; on the CPU backend
+     * informational (batches are ragged), the CUDA-graph path will plan
+     * its bucket launches with it (dsq_pad_choose). */
+    const char *padding_model_path;
 } dsq_engine_opts_t;
 
 /* Load the model and start the engine thread. On failure returns NULL with a
@@ -95,6 +131,10 @@ typedef struct dsq_engine_stats {
     int64_t prompt_tokens_total, generation_tokens_total;
     int64_t preemptions_total;
     int64_t requests_finished_total;
+    /* prefix: prefix cache lookups in tokens (vLLM V1 prefix_cache_queries /
+     * prefix_cache_hits): queries = tokens of every admitted sequence,
+     * hits = those whose KV came from the cache. 0 while it is off. */
+    int64_t prefix_cache_queries_total, prefix_cache_hits_total;
 } dsq_engine_stats_t;
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
 
@@ -115,6 +155,21 @@ typedef struct dsq_sampling {
     bool ignore_eos;
     int logprobs;                    /* -1: none; 0..20 top alternatives        */
     int n;                           /* choices, >= 1                           */
+    /* api: best_of > n generates best_of sequences from one prompt (forked
+     * copy-on-write after the prefill, like n > 1) and returns the n with
+     * the highest cumulative raw log-probability of their completion
+     * tokens (sum, as vLLM; OpenAI documents "highest log probability per
+     * token"), renumbered 0..n-1 best first; ties keep generation order.
+     * Their events are held until every candidate ended (no streaming).
+     * 0 or <= n: n sequences. At most 1024 (dsq_req_create rejects more). */
+    int best_of;
+    /* api: compute the logprob of every prompt token but the first under
+     * the raw model distribution (log-softmax of the logits at the position
+     * before it), with max(logprobs, 0) top alternatives each, and deliver
+     * them on the request's first output event (dsq_output_t
+     * prompt_logprobs). Each position is computed once, also across chunked
+     * prefill and preemption by recompute. */
+    bool prompt_logprobs;
     int n_logit_bias;
     const int32_t *logit_bias_ids;   /* [n_logit_bias], copied on create        */
     const float *logit_bias;         /* [n_logit_bias], copied on create        */
@@ -157,7 +212,21 @@ typedef struct dsq_output {
     dsq_finish_t finish;
     int prompt_tokens;               /* set on the final event                  */
     int completion_tokens;           /* set on the final event                  */
-    int cached_tokens;               /* prompt tokens served from prefix cache  */
+    int cached_tokens;               /* set on the final event: prompt tokens
+                                        whose KV came from the prefix cache at
+                                        admission (a multiple of block_size,
+                                        < prompt_tokens; 0 when off)            */
+    /* api: prompt logprobs (dsq_sampling_t.prompt_logprobs), on the
+     * request's first event only: entry i is prompt token i + 1 (the first
+     * prompt token has none), n_prompt_logprobs <= n_prompt - 1 (fewer only
+     * when the prompt was not computed, e.g. an abort); top rows hold n_top
+     * alternatives, most likely first. NULL / 0 otherwise. */
+    int n_prompt_logprobs;
+    float *prompt_logprobs;          /* [n_prompt_logprobs]                     */
+    dsq_top_logprob_t *prompt_top;   /* [n_prompt_logprobs][n_top] or NULL      */
+    /* api: best_of > n: tokens generated by the candidates that were not
+     * returned, on one final event of the request (usage counts them). */
+    int discarded_tokens;
     int64_t queue_us;                /* on the request's first event (0 = not
                                         reported): microseconds from
                                         dsq_engine_submit to the step that

@@ -375,6 +375,80 @@ static void hf_chat_template(dsq_model_file_t *f, const char *dir)
     }
 }
 
+/* ---- deepseek2 GGUF: llama.cpp's stacked tensors as per-slice views ----
+ *
+ * llama.cpp's converter (convert_hf_to_gguf.py, DeepseekV2Model) stacks the
+ * routed experts of a layer into one 3-D tensor per projection,
+ * blk.N.ffn_{gate,up,down}_exps.weight with ne = [k, n, n_expert], and
+ * (since the MLA absorption change, mid 2025) splits kv_b_proj per head into
+ * blk.N.attn_k_b.weight ne = [qk_nope, kv_lora_rank, n_head] (W_UK_h^T) and
+ * blk.N.attn_v_b.weight ne = [kv_lora_rank, v_head_dim, n_head] (W_UV_h).
+ * Every slice along ne[2] is a contiguous 2-D matrix, so the loader exposes
+ * it as its own view (no copy): blk.N.ffn_gate.E.weight (the name the
+ * safetensors path uses), blk.N.attn_k_b.H.weight, blk.N.attn_v_b.H.weight.
+ * The stacked tensor itself is not listed. */
+
+/* Whether name is a stacked deepseek2 tensor; if so and out is given, writes
+ * the slice-name prefix ("blk.N.ffn_gate") to out. */
+static bool ds2_stacked(const char *name, char *out, size_t out_len)
+{
+    static const struct { const char *from, *to; } map[] = {
+        {"ffn_gate_exps.weight", "ffn_gate"}, {"ffn_up_exps.weight", "ffn_up"},
+        {"ffn_down_exps.weight", "ffn_down"}, {"attn_k_b.weight", "attn_k_b"},
+        {"attn_v_b.weight", "attn_v_b"},
+    };
+    if (strncmp(name, "blk.", 4) != 0)
+        return false;
+    const char *dot = strchr(name + 4, '.');
+    if (!dot || dot == name + 4)
+        return false;
+    for (const char *p = name + 4; p < dot; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        if (strcmp(dot + 1, map[i].from) != 0)
+            continue;
+        if (out)
+            snprintf(out, out_len, "%.*s.%s", (int)(dot - name), name, map[i].to);
+        return true;
+    }
+    return false;
+}
+
+/* Append the slices of t (if it is a stacked deepseek2 tensor) to f's table. */
+static int ds2_add_split(dsq_model_file_t *f, const dsq_tensor_t *t, char *err,
+                         size_t err_len)
+{
+    char prefix[128];
+    if (!ds2_stacked(t->name, prefix, sizeof(prefix)))
+        return DSQ_OK;
+    int64_t ns = t->ne[2];
+    if (t->n_dims != 3 || ns <= 0 || t->ne[3] != 1 || t->n_bytes % (size_t)ns != 0) {
+        set_err(err, err_len, "%s: tensor '%s' must be 3-D [k, n, slices] with equal slices",
+                f->path, t->name);
+        return DSQ_EFORMAT;
+    }
+    size_t slice = t->n_bytes / (size_t)ns;
+    for (int64_t e = 0; e < ns; e++) {
+        char name[160];
+        snprintf(name, sizeof(name), "%s.%lld.weight", prefix, (long long)e);
+        char *owned = strdup(name);
+        if (!owned) {
+            set_err(err, err_len, "%s: out of memory", f->path);
+            return DSQ_ENOMEM;
+        }
+        dsq_tensor_t v = *t;
+        v.name = owned;
+        v.n_dims = 2;
+        v.ne[2] = 1;
+        v.data = (const uint8_t *)t->data + (size_t)e * slice;
+        v.n_bytes = slice;
+        f->owned_names[f->n_tensors] = owned;
+        f->tensors[f->n_tensors++] = v;
+    }
+    return DSQ_OK;
+}
+
 /* ---- formats ---- */
 
 static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
@@ -391,13 +465,29 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
         return rc;
     }
     int n = dsq_gguf_n_tensors(f->gguf);
-    if (alloc_table(f, n, false) != DSQ_OK) {
+    int64_t extra = 0;
+    bool ds2 = f->config.arch == DSQ_ARCH_DEEPSEEK2;
+    for (int i = 0; ds2 && i < n; i++) {
+        const dsq_tensor_t *t = dsq_gguf_tensor(f->gguf, i);
+        if (ds2_stacked(t->name, NULL, 0) && t->ne[2] > 0)
+            extra += t->ne[2] - 1;
+    }
+    if (extra > INT32_MAX / 2 - n) {
+        set_err(err, err_len, "%s: too many stacked expert/head slices", f->path);
+        return DSQ_EFORMAT;
+    }
+    if (alloc_table(f, n + (int)extra, ds2) != DSQ_OK) {
         set_err(err, err_len, "%s: out of memory", f->path);
         return DSQ_ENOMEM;
     }
-    for (int i = 0; i < n; i++)
-        f->tensors[i] = *dsq_gguf_tensor(f->gguf, i);
-    f->n_tensors = n;
+    for (int i = 0; i < n; i++) {
+        const dsq_tensor_t *t = dsq_gguf_tensor(f->gguf, i);
+        rc = ds2 ? ds2_add_split(f, t, err, err_len) : DSQ_OK;
+        if (rc != DSQ_OK)
+            return rc;
+        if (!ds2 || !ds2_stacked(t->name, NULL, 0))
+            f->tensors[f->n_tensors++] = *t;
+    }
     size_t tl;
     const char *ct = dsq_gguf_get_str(f->gguf, "tokenizer.chat_template", &tl);
     if (ct && !(f->chat_template = strndup(ct, tl))) {

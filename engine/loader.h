@@ -32,6 +32,16 @@
  *     mlp.shared_experts.{gate,up,down}_proj -> ffn_{gate,up,down}_shexp,
  *     mlp.experts.E.{gate,up,down}_proj -> blk.N.ffn_{gate,up,down}.E.<suffix>
  *     (one tensor per routed expert, not llama.cpp's stacked *_exps).
+ *
+ * deepseek2 GGUF (llama.cpp's convert_hf_to_gguf.py layout): the stacked 3-D
+ * tensors are listed as per-slice views (no copy) and not themselves:
+ *   blk.N.ffn_{gate,up,down}_exps.weight [k, n, n_expert]
+ *       -> blk.N.ffn_{gate,up,down}.E.weight [k, n]  (as from safetensors)
+ *   blk.N.attn_k_b.weight [qk_nope, kv_lora_rank, n_head]
+ *       -> blk.N.attn_k_b.H.weight [qk_nope, kv_lora_rank]  (W_UK_h^T)
+ *   blk.N.attn_v_b.weight [kv_lora_rank, v_head_dim, n_head]
+ *       -> blk.N.attn_v_b.H.weight [kv_lora_rank, v_head_dim]  (W_UV_h)
+ *   A stacked tensor that is not 3-D is DSQ_EFORMAT at open.
  *   suffix is one of weight, bias, qweight, qzeros, scales, g_idx. Other
  *   names (e.g. rotary_emb.inv_freq) are skipped with a warning. AWQ/GPTQ
  *   tensors keep the checkpoint's raw layout, shape reversed as for every

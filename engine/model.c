@@ -4,7 +4,18 @@
  * (zero-copy views for formats the kernels read directly, exact repacking
  * for Q4_0/Q4_1/AWQ/GPTQ, RTN INT4 with --quantize int4). Norm weights and
  * biases are converted to fp32 once. Activations are fp32; the workspace
- * grows to the largest step seen and is reused. */
+ * grows to the largest step seen and is reused. opts->activation_dtype is
+ * stamped on every linear weight (kernels.h dsq_act_dtype_t).
+ *
+ * GPTQ act-order (desc_act): the repacked weight's k dimension is permuted
+ * so that groups are contiguous (engine/quant.h, dsq_quant_from_gptq), and
+ * y = W'·x' with x'[j] = x[perm[j]]. The permutation cannot be folded into
+ * the weights at load time without breaking group contiguity, nor into the
+ * previous op (the residual stream and attention heads are shared), so the
+ * graph gathers the activation rows at run time (T*k copies, negligible
+ * next to the matmul), once per distinct (input, permutation) pair: q/k/v
+ * and gate/up of a GPTQ checkpoint normally share one permutation (the same
+ * input, hence the same Hessian order), which load_linear deduplicates. */
 #include "model.h"
 
 #include <math.h>
@@ -22,6 +33,8 @@
 typedef struct layer_weights {
     dsq_weight_t wq, wk, wv, wo, w_gate, w_up, w_down;
     const float *attn_norm, *ffn_norm;
+    /* GPTQ act-order input permutations (NULL = none), owned by the model */
+    const int32_t *perm_q, *perm_k, *perm_v, *perm_o, *perm_gate, *perm_up, *perm_down;
 } layer_weights_t;
 
 struct dsq_model {
@@ -39,6 +52,15 @@ struct dsq_model {
     /* workspace, sized for ws_tokens rows */
     int ws_tokens;
     float *x, *h, *q, *k, *v, *att, *g, *u, *lg;
+
+    /* GPTQ act-order: the last permutation loaded (shared when equal), and
+     * the permuted copy xp of input xp_src under xp_perm (NULL = stale) */
+    const int32_t *last_perm;
+    int64_t last_perm_k;
+    bool has_perm;
+    float *xp;
+    const float *xp_src;
+    const int32_t *xp_perm;
 
     dsq_model_tap_fn tap;    /* == activation tap (quant): see model.h == */
     void *tap_user;
@@ -140,11 +162,33 @@ static size_t weight_bytes(const dsq_weight_t *w)
            (w->zeros ? 2 * sc : sc);
 }
 
-/* Linear weight named base + ".weight" (or AWQ/GPTQ parts) of shape [n, k]. */
-static int load_linear(dsq_model_t *m, const dsq_model_file_t *f,
-                       const dsq_model_opts_t *opts, const char *base, int64_t n,
-                       int64_t k, bool quantize, dsq_weight_t *w, char *err,
-                       size_t err_len)
+/* Keep a GPTQ act-order permutation of k entries: reuse the previous one
+ * when equal (q/k/v, gate/up), else the model takes ownership. */
+static int keep_perm(dsq_model_t *m, int32_t *perm, int64_t k, const int32_t **out)
+{
+    if (m->last_perm && m->last_perm_k == k &&
+        memcmp(m->last_perm, perm, (size_t)k * sizeof(*perm)) == 0) {
+        free(perm);
+        *out = m->last_perm;
+        return DSQ_OK;
+    }
+    int rc = keep(m, perm, (size_t)k * sizeof(*perm));
+    if (rc == DSQ_OK) {
+        m->last_perm = perm;
+        m->last_perm_k = k;
+        m->has_perm = true;
+        *out = perm;
+    }
+    return rc;
+}
+
+/* Linear weight named base + ".weight" (or AWQ/GPTQ parts) of shape [n, k].
+ * perm_out: where a GPTQ act-order permutation goes (see the file comment);
+ * NULL refuses such weights (callers that cannot apply one). */
+static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
+                         const dsq_model_opts_t *opts, const char *base, int64_t n,
+                         int64_t k, bool quantize, dsq_weight_t *w,
+                         const int32_t **perm_out, char *err, size_t err_len)
 {
     char name[160];
     void *storage = NULL;
@@ -202,12 +246,21 @@ static int load_linear(dsq_model_t *m, const dsq_model_file_t *f,
             rc = DSQ_EFORMAT;
         }
     }
-    if (rc == DSQ_OK && perm) {
+    if (perm_out)
+        *perm_out = NULL;
+    if (rc == DSQ_OK && perm && !perm_out) {
         snprintf(err, err_len, "model: %s uses GPTQ act-order (desc_act) with a row "
-                 "permutation, not supported by the llama graph yet", base);
+                 "permutation, not supported for this tensor", base);
         rc = DSQ_EUNSUPPORTED;
+    } else if (rc == DSQ_OK && perm) {
+        rc = keep_perm(m, perm, k, perm_out);
+        perm = NULL;
+        if (rc == DSQ_ENOMEM)
+            snprintf(err, err_len, "model: out of memory");
     }
     free(perm);
+    if (rc == DSQ_OK && opts)
+        w->act = opts->activation_dtype;
     if (rc == DSQ_OK) {
         size_t b = weight_bytes(w);
         m->weight_bytes += b;
@@ -216,6 +269,14 @@ static int load_linear(dsq_model_t *m, const dsq_model_file_t *f,
         free(storage);
     }
     return rc;
+}
+
+static int load_linear(dsq_model_t *m, const dsq_model_file_t *f,
+                       const dsq_model_opts_t *opts, const char *base, int64_t n,
+                       int64_t k, bool quantize, dsq_weight_t *w, char *err,
+                       size_t err_len)
+{
+    return load_linear_p(m, f, opts, base, n, k, quantize, w, NULL, err, err_len);
 }
 
 static int load_bias(dsq_model_t *m, const dsq_model_file_t *f, const char *base,
@@ -248,6 +309,13 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     dsq_model_t *m = NULL;
     int rc = DSQ_OK;
     char base[128];
+
+    if (opts && opts->activation_dtype != DSQ_ACT_INT8 &&
+        opts->activation_dtype != DSQ_ACT_F32) {
+        snprintf(err, err_len, "model: unknown activation dtype %d",
+                 (int)opts->activation_dtype);
+        return NULL;
+    }
 
     /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
     if (c->arch == DSQ_ARCH_DEEPSEEK2) {
@@ -305,19 +373,20 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
         goto fail;
     for (int64_t l = 0; l < c->n_layer; l++) {
         layer_weights_t *L = &m->layers[l];
-        struct { const char *nm; dsq_weight_t *w; int64_t n, k; bool bias; } lin[] = {
-            {"attn_q", &L->wq, q_dim, d, true},
-            {"attn_k", &L->wk, kv_dim, d, true},
-            {"attn_v", &L->wv, kv_dim, d, true},
-            {"attn_output", &L->wo, d, q_dim, false},
-            {"ffn_gate", &L->w_gate, c->n_ff, d, false},
-            {"ffn_up", &L->w_up, c->n_ff, d, false},
-            {"ffn_down", &L->w_down, d, c->n_ff, false},
+        struct { const char *nm; dsq_weight_t *w; int64_t n, k; bool bias;
+                 const int32_t **perm; } lin[] = {
+            {"attn_q", &L->wq, q_dim, d, true, &L->perm_q},
+            {"attn_k", &L->wk, kv_dim, d, true, &L->perm_k},
+            {"attn_v", &L->wv, kv_dim, d, true, &L->perm_v},
+            {"attn_output", &L->wo, d, q_dim, false, &L->perm_o},
+            {"ffn_gate", &L->w_gate, c->n_ff, d, false, &L->perm_gate},
+            {"ffn_up", &L->w_up, c->n_ff, d, false, &L->perm_up},
+            {"ffn_down", &L->w_down, d, c->n_ff, false, &L->perm_down},
         };
         for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
             snprintf(base, sizeof(base), "blk.%lld.%s", (long long)l, lin[i].nm);
-            rc = load_linear(m, f, opts, base, lin[i].n, lin[i].k, true, lin[i].w, err,
-                             err_len);
+            rc = load_linear_p(m, f, opts, base, lin[i].n, lin[i].k, true, lin[i].w,
+                               lin[i].perm, err, err_len);
             if (!rc && lin[i].bias)
                 rc = load_bias(m, f, base, lin[i].n, lin[i].w, err, err_len);
             if (rc)
@@ -353,7 +422,7 @@ void dsq_model_destroy(dsq_model_t *m)
         free(m->owned[i]);
     free(m->owned);
     free(m->layers);
-    float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg};
+    float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
         free(ws[i]);
     free(m);
@@ -371,8 +440,12 @@ static int ensure_ws(dsq_model_t *m, int n_tokens)
         {&m->x, t * d}, {&m->h, t * (d > qd ? d : qd)}, {&m->q, t * qd},
         {&m->k, t * kvd}, {&m->v, t * kvd}, {&m->att, t * qd}, {&m->g, t * ff},
         {&m->u, t * ff}, {&m->lg, t * d},
+        /* act-order gathers: any linear input (d, q_dim or n_ff wide) */
+        {&m->xp, m->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        if (bufs[i].n == 0)
+            continue;                /* xp without act-order weights */
         float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
         if (!p)
             return DSQ_ENOMEM;
@@ -380,6 +453,24 @@ static int ensure_ws(dsq_model_t *m, int n_tokens)
     }
     m->ws_tokens = n_tokens;
     return DSQ_OK;
+}
+
+/* The input a linear layer expects: x itself, or (GPTQ act-order) its rows
+ * gathered through perm into m->xp, reused while (x, perm) is unchanged;
+ * the forward pass sets m->xp_src = NULL whenever an input is rewritten. */
+static const float *lin_in(dsq_model_t *m, const float *x, int T, int64_t k,
+                           const int32_t *perm)
+{
+    if (!perm)
+        return x;
+    if (m->xp_src != x || m->xp_perm != perm) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < k; j++)
+                m->xp[t * k + j] = x[t * k + perm[j]];
+        m->xp_src = x;
+        m->xp_perm = perm;
+    }
+    return m->xp;
 }
 
 int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
@@ -412,25 +503,32 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         const layer_weights_t *L = &m->layers[l];
         const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
         rc = dsq_cpu_rmsnorm(m->h, m->x, L->attn_norm, T, d, eps);
+        m->xp_src = NULL;
         if (!rc) TAP("attn_q", m->h, d);
-        if (!rc) rc = dsq_cpu_matmul(m->q, m->h, T, &L->wq);
-        if (!rc) rc = dsq_cpu_matmul(m->k, m->h, T, &L->wk);
-        if (!rc) rc = dsq_cpu_matmul(m->v, m->h, T, &L->wv);
+        if (!rc) rc = dsq_cpu_matmul(m->q, lin_in(m, m->h, T, d, L->perm_q), T, &L->wq);
+        if (!rc) rc = dsq_cpu_matmul(m->k, lin_in(m, m->h, T, d, L->perm_k), T, &L->wk);
+        if (!rc) rc = dsq_cpu_matmul(m->v, lin_in(m, m->h, T, d, L->perm_v), T, &L->wv);
         if (!rc) rc = dsq_cpu_rope(m->q, T, (int)nh, (int)hd, b->pos, &m->rope);
         if (!rc) rc = dsq_cpu_rope(m->k, T, (int)nkv, (int)hd, b->pos, &m->rope);
         if (!rc) rc = dsq_cpu_kv_write(kl, m->k, m->v, b->slot, T);
         if (!rc) rc = dsq_cpu_attention(m->att, m->q, T, (int)nh, kl, b->row_seq, b->pos,
                                         b->block_tables, b->max_blocks, m->attn_scale);
+        m->xp_src = NULL;
         if (!rc) TAP("attn_output", m->att, nh * hd);
-        if (!rc) rc = dsq_cpu_matmul(m->h, m->att, T, &L->wo);
+        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->att, T, nh * hd, L->perm_o), T,
+                                     &L->wo);
         if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
         if (!rc) rc = dsq_cpu_rmsnorm(m->h, m->x, L->ffn_norm, T, d, eps);
+        m->xp_src = NULL;
         if (!rc) TAP("ffn_gate", m->h, d);
-        if (!rc) rc = dsq_cpu_matmul(m->g, m->h, T, &L->w_gate);
-        if (!rc) rc = dsq_cpu_matmul(m->u, m->h, T, &L->w_up);
+        if (!rc) rc = dsq_cpu_matmul(m->g, lin_in(m, m->h, T, d, L->perm_gate), T,
+                                     &L->w_gate);
+        if (!rc) rc = dsq_cpu_matmul(m->u, lin_in(m, m->h, T, d, L->perm_up), T, &L->w_up);
         if (!rc) rc = dsq_cpu_swiglu(m->g, m->g, m->u, T, ff);
+        m->xp_src = NULL;
         if (!rc) TAP("ffn_down", m->g, ff);
-        if (!rc) rc = dsq_cpu_matmul(m->h, m->g, T, &L->w_down);
+        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->g, T, ff, L->perm_down), T,
+                                     &L->w_down);
         if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
     }
     if (rc || b->n_logits == 0)

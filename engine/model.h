@@ -30,6 +30,10 @@ typedef struct dsq_model_opts {
     const char *quantize;      /* NULL/"none": keep file formats; "int4": RTN
                                   every 16/32-bit or Q8_0 linear weight      */
     int group_size;            /* for quantize=int4: 32, 64 or 128 (def. 32) */
+    dsq_act_dtype_t activation_dtype; /* set on every quantised linear weight
+                                  (kernels.h): DSQ_ACT_INT8 (0, default) or
+                                  DSQ_ACT_F32 (fp32 activations, exact up to
+                                  fp32 rounding, slower)                     */
 } dsq_model_opts_t;
 
 /* Build the model from an open model file (which must outlive the model:

@@ -247,6 +247,10 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
         if (gi(g, arch, "expert_gating_func", 1) == 2) {
             snprintf(c.scoring_func, sizeof(c.scoring_func), "sigmoid");
             snprintf(c.topk_method, sizeof(c.topk_method), "noaux_tc");
+        } else if (c.n_group > 1) {
+            /* softmax gate with expert groups: DeepSeek-V2's
+             * group_limited_greedy (GGUF has no topk_method key) */
+            snprintf(c.topk_method, sizeof(c.topk_method), "group_limited_greedy");
         }
     }
     int rc = check_config(&c, path, err, err_len);

@@ -117,8 +117,10 @@ void dsq_model_config_defaults(dsq_model_config_t *c);
  * attention.q_lora_rank, attention.kv_lora_rank, expert_count,
  * expert_shared_count, expert_used_count, expert_feed_forward_length,
  * leading_dense_block_count, expert_weights_scale, expert_weights_norm,
- * expert_gating_func (1 softmax, 2 sigmoid), expert_group_count,
- * expert_group_used_count. RoPE pairing as llama.cpp: llama and deepseek2
+ * expert_gating_func (1 softmax, 2 sigmoid: topk_method noaux_tc),
+ * expert_group_count, expert_group_used_count (softmax with more than one
+ * group: topk_method group_limited_greedy; llama.cpp's converter writes the
+ * group keys only since late 2025, older files route greedily). RoPE pairing as llama.cpp: llama and deepseek2
  * adjacent pairs (rope_neox false), qwen2 neox. tie_word_embeddings is true
  * when the file has no output.weight tensor; attn_qkv_bias when qwen2 or
  * blk.0.attn_q.bias exists. bos/eos from tokenizer.ggml.*_token_id.

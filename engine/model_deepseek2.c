@@ -14,13 +14,16 @@
  * W_UK_h^T q_nope_h), attention runs over the cached vectors
  * (dsq_cpu_mla_attention) and W_UV (the v rows of kv_b_proj) is applied to
  * each head's attended latent, so the latent is never expanded per head.
- * The per-head W_UK_h^T [kvl, dn] and W_UV_h [dv, kvl] are built once at
- * load from kv_b_proj (dequantised, transposed, then RTN INT4 again with
- * --quantize int4). A sequence with many rows in one step (prefill) may
- * instead expand its context's latents once to per-head k_nope / v with
- * kv_b_proj and run plain attention (dsq_cpu_mla_attention_dense), which
- * costs fewer multiply-adds beyond ~170 rows at V2-Lite's shapes (rule at
- * use_expanded; DSQ_MLA_PREFILL=absorbed|expanded forces one). Softmax scale:
+ * W_UV_h [dv, kvl] is a row view of kv_b_proj; W_UK_h^T [kvl, dn] is built
+ * once at load from kv_b_proj (dequantised, transposed, then RTN INT4 again
+ * with --quantize int4). llama.cpp GGUFs that store both split (attn_k_b /
+ * attn_v_b, one slice per head) are used in place, with no copy. A
+ * sequence with many rows in one step (prefill) may instead expand its
+ * context's latents once to per-head k_nope / v with kv_b_proj (not in
+ * split GGUFs: those always run absorbed) and run plain attention
+ * (dsq_cpu_mla_attention_dense), which costs fewer multiply-adds beyond
+ * ~170 rows at V2-Lite's shapes (rule at use_expanded;
+ * DSQ_MLA_PREFILL=absorbed|expanded forces one). Softmax scale:
  * 1/sqrt(qk_nope + qk_rope) times yarn_mscale(factor, mscale_all_dim)^2
  * under YaRN (DeepSeek's rule; transformers' V2 port ignores rope_scaling,
  * its V3 port applies it as here).
@@ -40,6 +43,7 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "log.h"
 #include "model_internal.h"
 #include "quant.h"
 #include "tensor.h"
@@ -58,7 +62,8 @@ typedef struct ds2_layer {
 
 /* Attention form for multi-row (prefill) sequences; DSQ_MLA_PREFILL in the
  * environment at load ("absorbed", "expanded", "auto") overrides auto,
- * so tests can check the two forms against each other. */
+ * so tests can check the two forms against each other. GGUFs in llama.cpp's
+ * split attn_k_b/attn_v_b layout hold no kv_b_proj: always absorbed. */
 typedef enum ds2_prefill {
     DS2_PREFILL_AUTO = 0,
     DS2_PREFILL_ABSORBED,
@@ -68,6 +73,7 @@ typedef enum ds2_prefill {
 struct dsq_ds2 {
     dsq_model_t *m;
     ds2_prefill_t prefill_mode;
+    bool split_kv_b;               /* GGUF attn_k_b/attn_v_b: no kv_b, absorbed only */
     dsq_model_config_t c;
     dsq_weight_t tok_embd, output;
     const float *output_norm;
@@ -113,67 +119,6 @@ static int make_weight(dsq_model_t *m, float *buf, int64_t n, int64_t k,
     return dsq__model_keep_weight(m, buf, (size_t)(n * k) * sizeof(float));
 }
 
-/* Per-head absorbed weights from kv_b_proj [H*(dn+dv), kvl]. */
-static int load_absorbed(dsq_ds2_t *g, const dsq_model_file_t *f,
-                         const dsq_model_opts_t *opts, int64_t l, ds2_layer_t *L,
-                         char *err, size_t err_len)
-{
-    const int64_t H = g->H, dn = g->dn, dv = g->dv, kvl = g->kvl;
-    char base[96];
-    dsq_weight_t kvb;
-    int rc;
-    float *full = NULL;
-    snprintf(base, sizeof(base), "blk.%lld.attn_kv_b", (long long)l);
-    rc = dsq__model_load_linear(g->m, f, NULL, base, H * (dn + dv), kvl, false, &kvb,
-                                err, err_len);
-    if (rc)
-        return rc;
-    L->wkv_b = kvb;
-    if (opts && opts->quantize && strcmp(opts->quantize, "int4") == 0)
-        rc = dsq__model_load_linear(g->m, f, opts, base, H * (dn + dv), kvl, true,
-                                    &L->wkv_b, err, err_len);
-    if (rc)
-        return rc;
-    L->wuk = calloc((size_t)H, sizeof(*L->wuk));
-    L->wuv = calloc((size_t)H, sizeof(*L->wuv));
-    full = malloc((size_t)(H * (dn + dv) * kvl) * sizeof(*full));
-    if (!L->wuk || !L->wuv || !full) {
-        rc = DSQ_ENOMEM;
-        goto undo_full;
-    }
-    for (int64_t r = 0; r < H * (dn + dv) && rc == DSQ_OK; r++)
-        rc = dsq_weight_dequant_row(&kvb, r, full + r * kvl);
-    if (rc) {
-        snprintf(err, err_len, "model: %s: cannot dequantise", base);
-        goto undo_full;
-    }
-    for (int64_t hh = 0; hh < H && rc == DSQ_OK; hh++) {
-        const float *blk = full + hh * (dn + dv) * kvl;
-        float *uk = malloc((size_t)(kvl * dn) * sizeof(*uk));
-        float *uv = malloc((size_t)(dv * kvl) * sizeof(*uv));
-        if (!uk || !uv) {
-            free(uk);
-            free(uv);
-            rc = DSQ_ENOMEM;
-            break;
-        }
-        for (int64_t r = 0; r < kvl; r++)          /* W_UK_h^T: [kvl][dn] */
-            for (int64_t c = 0; c < dn; c++)
-                uk[r * dn + c] = blk[c * kvl + r];
-        memcpy(uv, blk + dn * kvl, (size_t)(dv * kvl) * sizeof(*uv));
-        rc = make_weight(g->m, uk, kvl, dn, opts, &L->wuk[hh], err, err_len);
-        if (rc == DSQ_OK)
-            rc = make_weight(g->m, uv, dv, kvl, opts, &L->wuv[hh], err, err_len);
-        else
-            free(uv);
-    }
-undo_full:
-    free(full);
-    if (rc == DSQ_ENOMEM)
-        snprintf(err, err_len, "model: out of memory building %s absorbed weights", base);
-    return rc;
-}
-
 static int lin(dsq_ds2_t *g, const dsq_model_file_t *f, const dsq_model_opts_t *o,
                int64_t l, const char *nm, int64_t n, int64_t k, bool quantize,
                dsq_weight_t *w, char *err, size_t err_len)
@@ -189,6 +134,116 @@ static int vec(dsq_ds2_t *g, const dsq_model_file_t *f, int64_t l, const char *n
     char name[96];
     snprintf(name, sizeof(name), "blk.%lld.%s", (long long)l, nm);
     return dsq__model_load_vec(g->m, f, name, n, required, out, err, err_len);
+}
+
+/* W_UK_h^T / W_UV_h as views of the per-head slices of llama.cpp's split
+ * GGUF layout (blk.l.attn_k_b.H / attn_v_b.H, split by the loader); nothing
+ * is copied unless --quantize int4 repacks them. There is no kv_b_proj, so
+ * L->wkv_b stays empty and prefill uses the absorbed form (use_expanded). */
+static int load_split(dsq_ds2_t *g, const dsq_model_file_t *f, const dsq_model_opts_t *o,
+                      int64_t l, ds2_layer_t *L, char *err, size_t err_len)
+{
+    char nm[64];
+    int rc = DSQ_OK;
+    L->wuk = calloc((size_t)g->H, sizeof(*L->wuk));
+    L->wuv = calloc((size_t)g->H, sizeof(*L->wuv));
+    if (!L->wuk || !L->wuv) {
+        snprintf(err, err_len, "model: out of memory");
+        return DSQ_ENOMEM;
+    }
+    for (int64_t hh = 0; hh < g->H && !rc; hh++) {
+        snprintf(nm, sizeof(nm), "attn_k_b.%lld", (long long)hh);
+        rc = lin(g, f, o, l, nm, g->kvl, g->dn, true, &L->wuk[hh], err, err_len);
+        snprintf(nm, sizeof(nm), "attn_v_b.%lld", (long long)hh);
+        if (!rc) rc = lin(g, f, o, l, nm, g->dv, g->kvl, true, &L->wuv[hh], err, err_len);
+    }
+    return rc;
+}
+
+/* Rows [r0, r0 + n) of w as a weight of its own (same storage, no copy):
+ * every format keeps whole rows contiguous (kernels.h), so the view starts
+ * r0 rows into data, scales and zeros. */
+static dsq_weight_t row_view(const dsq_weight_t *w, int64_t r0, int64_t n)
+{
+    dsq_weight_t v = *w;
+    size_t rb = dsq_weight_data_bytes(w->format, 1, w->k, w->group_size);
+    size_t sb = dsq_weight_scale_bytes(w->format, 1, w->k, w->group_size) / sizeof(uint16_t);
+    v.n = n;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * rb;
+    v.scales = w->scales ? w->scales + (size_t)r0 * sb : NULL;
+    v.zeros = w->zeros ? w->zeros + (size_t)r0 * sb : NULL;
+    v.bias = w->bias ? w->bias + r0 : NULL;
+    return v;
+}
+
+/* Per-head absorbed weights from kv_b_proj [H*(dn+dv), kvl] (HF checkpoints
+ * and GGUFs from converters before the k_b/v_b split). kv_b_proj is loaded
+ * once (L->wkv_b, INT4 with --quantize int4); it serves the expanded prefill
+ * form, and its v rows serve as W_UV_h [dv, kvl] in place (row views: the
+ * grouping is along kvl either way, so INT4 is the same as quantising each
+ * head's block alone). W_UK_h^T [kvl, dn] is a transpose and must be built:
+ * from the file's own precision (a temporary view, not kept) when it has a
+ * plain .weight, else from L->wkv_b (AWQ/GPTQ), kept as F32, or RTN INT4
+ * with --quantize int4. These copies are the "mla_absorbed" bytes
+ * engine/planner.c adds to the prediction: n_layer x n_head x kvl x dn
+ * weights. */
+static int load_absorbed(dsq_ds2_t *g, const dsq_model_file_t *f,
+                         const dsq_model_opts_t *opts, int64_t l, ds2_layer_t *L,
+                         char *err, size_t err_len)
+{
+    const int64_t H = g->H, dn = g->dn, dv = g->dv, kvl = g->kvl;
+    char base[96], name[112];
+    dsq_weight_t tmp;
+    const dsq_weight_t *src = &L->wkv_b;
+    void *tmp_storage = NULL;
+    int rc;
+    float *row = NULL;
+    snprintf(base, sizeof(base), "blk.%lld.attn_kv_b", (long long)l);
+    rc = dsq__model_load_linear(g->m, f, opts, base, H * (dn + dv), kvl, true, &L->wkv_b,
+                                err, err_len);
+    if (rc)
+        return rc;
+    snprintf(name, sizeof(name), "%s.weight", base);
+    const dsq_tensor_t *t = dsq_model_file_find(f, name);
+    if (t && L->wkv_b.format == DSQ_WFMT_INT4 && t->type != DSQ_TYPE_Q4_0 &&
+        t->type != DSQ_TYPE_Q4_1 && t->type != DSQ_TYPE_Q4_K) {
+        rc = dsq_quant_from_gguf(t, &tmp, &tmp_storage, err, err_len);
+        if (rc)
+            return rc;
+        src = &tmp;
+    }
+    L->wuk = calloc((size_t)H, sizeof(*L->wuk));
+    L->wuv = calloc((size_t)H, sizeof(*L->wuv));
+    row = malloc((size_t)kvl * sizeof(*row));
+    if (!L->wuk || !L->wuv || !row) {
+        rc = DSQ_ENOMEM;
+        goto undo;
+    }
+    for (int64_t hh = 0; hh < H && rc == DSQ_OK; hh++) {
+        float *uk = malloc((size_t)(kvl * dn) * sizeof(*uk));
+        if (!uk) {
+            rc = DSQ_ENOMEM;
+            break;
+        }
+        for (int64_t c = 0; c < dn && rc == DSQ_OK; c++) {   /* W_UK_h^T: [kvl][dn] */
+            rc = dsq_weight_dequant_row(src, hh * (dn + dv) + c, row);
+            for (int64_t r = 0; r < kvl && rc == DSQ_OK; r++)
+                uk[r * dn + c] = row[r];
+        }
+        if (rc) {
+            free(uk);
+            snprintf(err, err_len, "model: %s: cannot dequantise", base);
+            break;
+        }
+        rc = make_weight(g->m, uk, kvl, dn, opts, &L->wuk[hh], err, err_len);
+        L->wuv[hh] = row_view(&L->wkv_b, hh * (dn + dv) + dn, dv);
+    }
+undo:
+    free(row);
+    free(tmp_storage);
+    if (rc == DSQ_ENOMEM)
+        snprintf(err, err_len, "model: out of memory building %s absorbed weights", base);
+    return rc;
 }
 
 static int load_layer(dsq_ds2_t *g, const dsq_model_file_t *f,
@@ -210,7 +265,8 @@ static int load_layer(dsq_ds2_t *g, const dsq_model_file_t *f,
     if (!rc) rc = lin(g, f, o, l, "attn_kv_a_mqa", g->D, d, true, &L->wkv_a, err, err_len);
     if (!rc) rc = vec(g, f, l, "attn_kv_a_norm.weight", g->kvl, true, &L->kv_a_norm,
                       err, err_len);
-    if (!rc) rc = load_absorbed(g, f, o, l, L, err, err_len);
+    if (!rc) rc = g->split_kv_b ? load_split(g, f, o, l, L, err, err_len)
+                                : load_absorbed(g, f, o, l, L, err, err_len);
     if (!rc) rc = lin(g, f, o, l, "attn_output", d, g->H * g->dv, true, &L->wo, err, err_len);
     if (rc)
         return rc;
@@ -313,6 +369,13 @@ dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
     g->prefill_mode = !pm ? DS2_PREFILL_AUTO :
                       strcmp(pm, "absorbed") == 0 ? DS2_PREFILL_ABSORBED :
                       strcmp(pm, "expanded") == 0 ? DS2_PREFILL_EXPANDED : DS2_PREFILL_AUTO;
+    /* llama.cpp's newer GGUF layout: kv_b_proj split into attn_k_b/attn_v_b */
+    g->split_kv_b = !dsq_model_file_find(f, "blk.0.attn_kv_b.weight") &&
+                    !dsq_model_file_find(f, "blk.0.attn_kv_b.qweight") &&
+                    dsq_model_file_find(f, "blk.0.attn_k_b.0.weight") != NULL;
+    if (g->split_kv_b && g->prefill_mode == DS2_PREFILL_EXPANDED)
+        dsq_log(DSQ_LOG_WARN, "model mla_prefill=absorbed reason=\"no attn_kv_b in this GGUF "
+                "(split attn_k_b/attn_v_b layout); DSQ_MLA_PREFILL=expanded ignored\"");
     g->d = c->n_embd;
     g->H = c->n_head;
     g->dn = c->qk_nope_head_dim;
@@ -573,7 +636,7 @@ undo:
  * always uses the absorbed form. */
 static bool use_expanded(const dsq_ds2_t *g, int64_t n_rows)
 {
-    if (n_rows <= 1 || g->prefill_mode == DS2_PREFILL_ABSORBED)
+    if (n_rows <= 1 || g->split_kv_b || g->prefill_mode == DS2_PREFILL_ABSORBED)
         return false;
     if (g->prefill_mode == DS2_PREFILL_EXPANDED)
         return true;

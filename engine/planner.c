@@ -35,6 +35,21 @@ int64_t dsq_plan_kv_bytes_per_token(const dsq_model_config_t *c, dsq_kv_dtype_t 
            (int64_t)dsq_kv_bytes_per_token_layer((int)c->n_head_kv, (int)c->head_dim, dt);
 }
 
+/* blk.N.ffn_{gate,up,down}.E.<suffix>: one routed expert (HF checkpoints,
+ * and llama.cpp's stacked *_exps as the loader splits them). */
+static bool is_expert_slice(const char *name)
+{
+    const char *p = strstr(name, ".ffn_");
+    if (!p)
+        return false;
+    p += 5;
+    if (!strncmp(p, "gate.", 5)) p += 5;
+    else if (!strncmp(p, "up.", 3)) p += 3;
+    else if (!strncmp(p, "down.", 5)) p += 5;
+    else return false;
+    return *p >= '0' && *p <= '9';
+}
+
 static int classify(const char *name)
 {
     if (strstr(name, "token_embd"))
@@ -43,7 +58,8 @@ static int classify(const char *name)
         return DSQ_PLAN_OUTPUT;
     if (strstr(name, "norm") || strstr(name, ".bias"))
         return DSQ_PLAN_NORM;
-    if (strstr(name, "_exps") || strstr(name, "ffn_gate_inp") || strstr(name, "exp_probs"))
+    if (strstr(name, "_exps") || strstr(name, "ffn_gate_inp") || strstr(name, "exp_probs") ||
+        is_expert_slice(name))
         return DSQ_PLAN_EXPERTS;
     if (strstr(name, "attn"))
         return DSQ_PLAN_ATTN;
@@ -94,7 +110,9 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
         return;
     }
     int64_t k = t->ne[0], n = ne / k;
-    bool linear = cls != DSQ_PLAN_EMBED && cls != DSQ_PLAN_OUTPUT;
+    /* the MoE router stays in the file's precision (model_deepseek2.c) */
+    bool linear = cls != DSQ_PLAN_EMBED && cls != DSQ_PLAN_OUTPUT &&
+                  !strstr(t->name, "ffn_gate_inp");
     switch (t->type) {
     case DSQ_TYPE_Q4_0:
         bytes = lin_bytes(DSQ_WFMT_INT4, n, k, 32, false);
@@ -115,6 +133,26 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
         }
     }
     p->class_bytes[cls] += bytes;
+}
+
+/* blk.N.attn_kv_b.weight or .qweight: one layer's whole kv_b_proj. */
+static bool is_kv_b(const char *name)
+{
+    const char *p = strstr(name, ".attn_kv_b.");
+    return p && (!strcmp(p, ".attn_kv_b.weight") || !strcmp(p, ".attn_kv_b.qweight"));
+}
+
+/* One layer's absorbed MLA copies (model_deepseek2.c load_absorbed): per
+ * head W_UK_h^T [kv_lora_rank, qk_nope] (a transpose of kv_b_proj rows;
+ * W_UV_h is a view), F32, or RTN INT4 (group_size, with zeros) with
+ * quantize. */
+static void add_mla_absorbed(dsq_plan_t *p, const dsq_model_config_t *c,
+                             const dsq_plan_opts_t *o)
+{
+    int g = o->group_size > 0 ? o->group_size : 32;
+    dsq_wformat_t f = want_int4(o) ? DSQ_WFMT_INT4 : DSQ_WFMT_F32;
+    p->class_bytes[DSQ_PLAN_MLA_ABSORBED] +=
+        c->n_head * lin_bytes(f, c->kv_lora_rank, c->qk_nope_head_dim, g, want_int4(o));
 }
 
 /* Config-only: one linear weight [n, k] of class cls. */
@@ -155,6 +193,7 @@ static void shapes_from_config(dsq_plan_t *p, const dsq_model_config_t *c,
             add_shape(p, DSQ_PLAN_NORM, c->kv_lora_rank, 1, o);
             add_shape(p, DSQ_PLAN_ATTN, nh * (c->qk_nope_head_dim + c->v_head_dim),
                       c->kv_lora_rank, o);
+            add_mla_absorbed(p, c, o);     /* a config.json dir holds kv_b_proj */
             add_shape(p, DSQ_PLAN_ATTN, d, nh * c->v_head_dim, o);
             bool moe = c->n_routed_experts > 0 && l >= c->first_k_dense_replace &&
                        (c->moe_layer_freq <= 1 || l % c->moe_layer_freq == 0);
@@ -210,8 +249,11 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     int64_t ctx = c->n_ctx_train > 0 ? c->n_ctx_train : 2048;
     out->max_model_len = o->max_model_len > 0 ? o->max_model_len : (int)ctx;
     if (n_tensors > 0) {
-        for (int i = 0; i < n_tensors; i++)
+        for (int i = 0; i < n_tensors; i++) {
             add_tensor(out, tensors[i], o, c);
+            if (c->arch == DSQ_ARCH_DEEPSEEK2 && is_kv_b(tensors[i]->name))
+                add_mla_absorbed(out, c, o);
+        }
     } else {
         out->weights_from_config = true;
         shapes_from_config(out, c, o);
@@ -263,7 +305,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
 }
 
 static const char *const class_names[DSQ_PLAN_N_CLASSES] = {
-    "embedding", "attention", "ffn", "experts", "output", "norms_biases"};
+    "embedding", "attention", "ffn", "experts", "output", "norms_biases", "mla_absorbed"};
 
 static char *fmt_bytes(char *buf, size_t n, int64_t b)
 {

@@ -54,6 +54,13 @@ enum {
     DSQ_PLAN_EXPERTS,     /* routed experts and the router                  */
     DSQ_PLAN_OUTPUT,      /* lm_head (0 when tied)                          */
     DSQ_PLAN_NORM,        /* norms and biases (fp32)                        */
+    DSQ_PLAN_MLA_ABSORBED,/* deepseek2 with a whole kv_b_proj (HF, older
+                             GGUF): the per-head W_UK_h^T [kv_lora_rank,
+                             qk_nope] copies the engine builds for the
+                             absorbed MLA form (a transpose; W_UV_h is a
+                             view of kv_b_proj), F32 or INT4 with quantize;
+                             0 for llama.cpp's split attn_k_b/attn_v_b
+                             GGUFs, whose slices are used in place          */
     DSQ_PLAN_N_CLASSES
 };
 

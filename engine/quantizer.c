@@ -5,11 +5,14 @@
  * Built for clarity over speed: the expensive inner products go through
  * dsq_cpu_matmul (F32 weights) or OpenMP loops; clip search works on the
  * per-group Gram blocks X_g^T X_g so a candidate costs g^2, not t*g. GPTQ's
- * Cholesky factorisations are written out here (fp64, k <= a few thousand)
- * so the engine library needs no LAPACK. */
+ * linear algebra uses Debian's LAPACKE (dpotrf/dpotri, fp64) and OpenBLAS
+ * (sgemm for the lazy block updates). */
 #include "quantizer.h"
 
+#include <cblas.h>
+#include <lapacke.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,28 +200,44 @@ double dsq_quantizer_clip_kl(const float *v, int n, float lo, float hi)
     return kl;
 }
 
+/* Groups run along k; the last one may be partial (k % g != 0), as in
+ * AutoGPTQ (ceil(k / g) groups, g_idx = j / g) and GGUF. */
 static int check_shape(int64_t n, int64_t k, int g)
 {
-    if (n <= 0 || k <= 0 || (g != 32 && g != 64 && g != 128) || k % g)
+    if (n <= 0 || k <= 0 || (g != 32 && g != 64 && g != 128))
         return DSQ_EINVAL;
     return DSQ_OK;
 }
 
-/* Gram blocks G_b = X_b^T X_b / t, [k/g][g][g], for the clip search. */
+static int64_t n_groups(int64_t k, int g)
+{
+    return (k + g - 1) / g;
+}
+
+/* Length of group b (g, or the remainder for the last one). */
+static int group_len(int64_t k, int g, int64_t b)
+{
+    int64_t l = k - b * g;
+    return (int)(l < g ? l : g);
+}
+
+/* Gram blocks G_b = X_b^T X_b / t, [nb][g][g] (a partial last block uses
+ * its top-left gl x gl corner), for the clip search. */
 static float *gram_blocks(const float *x, int64_t t, int64_t k, int g)
 {
-    int64_t nb = k / g;
+    int64_t nb = n_groups(k, g);
     float *G = calloc((size_t)(nb * g * g), sizeof(*G));
     if (!G)
         return NULL;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         float *gb = G + b * g * g;
+        int gl = group_len(k, g, b);
         for (int64_t r = 0; r < t; r++) {
             const float *xr = x + r * k + b * g;
-            for (int i = 0; i < g; i++) {
+            for (int i = 0; i < gl; i++) {
                 float xi = xr[i];
-                for (int j = 0; j < g; j++)
+                for (int j = 0; j < gl; j++)
                     gb[i * g + j] += xi * xr[j];
             }
         }
@@ -235,7 +254,7 @@ int dsq_quantizer_quantize(const float *w, int64_t n, int64_t k,
     if (!w || !o || !q || !scales || !zeros || check_shape(n, k, o->group_size))
         return DSQ_EINVAL;
     const int g = o->group_size;
-    const int64_t nb = k / g;
+    const int64_t nb = n_groups(k, g);
     bool search = o->clip_search && x && t > 0;
     float *G = NULL;
     if (search) {
@@ -252,9 +271,13 @@ int dsq_quantizer_quantize(const float *w, int64_t n, int64_t k,
         for (int64_t b = 0; b < nb; b++) {
             const float *v = w + r * k + b * g;
             uint8_t *qo = q + r * k + b * g;
+            const int gl = group_len(k, g, b);
             float lo, hi;
-            group_range(v, g, o, tmp, &lo, &hi);
-            quant_group(v, g, o->sym, lo, hi, qo, &scales[r * nb + b], &zeros[r * nb + b]);
+            group_range(v, gl, o, tmp, &lo, &hi);
+            quant_group(v, gl, o->sym, lo, hi, qo, &scales[r * nb + b], &zeros[r * nb + b]);
+            if (o->zero_min1 && zeros[r * nb + b] == 0)
+                quant_group(v, gl, o->sym, -hi / 14.0f, hi, qo, &scales[r * nb + b],
+                            &zeros[r * nb + b]);
             if (!search)
                 continue;
             const float *gb = G + b * g * g;
@@ -263,24 +286,26 @@ int dsq_quantizer_quantize(const float *w, int64_t n, int64_t k,
                 float ratio = 1.0f - (float)i / grid;
                 float clo = lo * ratio, chi = hi * ratio;
                 if (i > 0 && o->clip_kl_bound > 0 &&
-                    dsq_quantizer_clip_kl(v, g, clo, chi) > o->clip_kl_bound)
+                    dsq_quantizer_clip_kl(v, gl, clo, chi) > o->clip_kl_bound)
                     break;
                 uint16_t s16;
                 uint8_t z;
-                quant_group(v, g, o->sym, clo, chi, qq, &s16, &z);
+                quant_group(v, gl, o->sym, clo, chi, qq, &s16, &z);
+                if (o->zero_min1 && z == 0)
+                    quant_group(v, gl, o->sym, -chi / 14.0f, chi, qq, &s16, &z);
                 float sf = h2f(s16);
-                for (int j = 0; j < g; j++)
+                for (int j = 0; j < gl; j++)
                     d[j] = v[j] - ((float)qq[j] - (float)z) * sf;
                 double e = 0;
-                for (int a = 0; a < g; a++) {
+                for (int a = 0; a < gl; a++) {
                     double acc = 0;
-                    for (int c = 0; c < g; c++)
+                    for (int c = 0; c < gl; c++)
                         acc += (double)gb[a * g + c] * d[c];
                     e += acc * d[a];
                 }
                 if (e < best) {
                     best = e;
-                    memcpy(qo, qq, (size_t)g);
+                    memcpy(qo, qq, (size_t)gl);
                     scales[r * nb + b] = s16;
                     zeros[r * nb + b] = z;
                 }
@@ -295,7 +320,7 @@ void dsq_quantizer_dequant(const uint8_t *q, const uint16_t *scales,
                            const uint8_t *zeros, int64_t n, int64_t k,
                            int group_size, float *w_out)
 {
-    int64_t nb = k / group_size;
+    int64_t nb = n_groups(k, group_size);
     for (int64_t r = 0; r < n; r++)
         for (int64_t c = 0; c < k; c++) {
             int64_t b = c / group_size;
@@ -354,8 +379,9 @@ int dsq_quantizer_awq_scales(const float *const *ws, const int64_t *ns,
     float *s = malloc((size_t)k * sizeof(*s));
     float *wsc = malloc((size_t)(nmax * k) * sizeof(*wsc));
     uint8_t *q = malloc((size_t)(nmax * k));
-    uint16_t *sc = malloc((size_t)(nmax * (k / g)) * sizeof(*sc));
-    uint8_t *z = malloc((size_t)(nmax * (k / g)));
+    const int64_t nb = n_groups(k, g);
+    uint16_t *sc = malloc((size_t)(nmax * nb) * sizeof(*sc));
+    uint8_t *z = malloc((size_t)(nmax * nb));
     if (!wmean || !s || !wsc || !q || !sc || !z) {
         rc = DSQ_ENOMEM;
         goto undo;
@@ -363,13 +389,14 @@ int dsq_quantizer_awq_scales(const float *const *ws, const int64_t *ns,
     /* w_mean: |w| normalised by its group's absmax, averaged over all rows */
     for (int i = 0; i < n_w; i++)
         for (int64_t r = 0; r < ns[i]; r++)
-            for (int64_t b = 0; b < k / g; b++) {
+            for (int64_t b = 0; b < nb; b++) {
                 const float *v = ws[i] + r * k + b * g;
+                const int gl = group_len(k, g, b);
                 float amax = 0;
-                for (int j = 0; j < g; j++)
+                for (int j = 0; j < gl; j++)
                     amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
                 if (amax > 0)
-                    for (int j = 0; j < g; j++)
+                    for (int j = 0; j < gl; j++)
                         wmean[b * g + j] += fabsf(v[j]) / amax;
             }
     for (int64_t j = 0; j < k; j++)
@@ -433,69 +460,26 @@ undo:
 
 /* ---- GPTQ ---- */
 
-/* In-place lower Cholesky a = L L^T (a [k][k], upper part left alone).
- * Returns DSQ_ERANGE if not positive definite. */
-static int cholesky_lower(double *a, int64_t k)
+int dsq_quantizer_hinv_chol(double *h, int64_t k)
 {
-    for (int64_t j = 0; j < k; j++) {
-        double d = a[j * k + j];
-        for (int64_t p = 0; p < j; p++)
-            d -= a[j * k + p] * a[j * k + p];
-        if (!(d > 0))
-            return DSQ_ERANGE;
-        d = sqrt(d);
-        a[j * k + j] = d;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = j + 1; i < k; i++) {
-            double v = a[i * k + j];
-            for (int64_t p = 0; p < j; p++)
-                v -= a[i * k + p] * a[j * k + p];
-            a[i * k + j] = v / d;
-        }
-    }
-    return DSQ_OK;
-}
-
-/* h -> U with h^{-1} = U^T U (U upper), via L = chol(h), L^{-1},
- * h^{-1} = L^{-T} L^{-1}, then the Cholesky of h^{-1}. */
-static int hessian_inverse_upper(double *h, int64_t k)
-{
-    int rc = cholesky_lower(h, k);
-    if (rc)
-        return rc;
-    double *li = calloc((size_t)(k * k), sizeof(*li));   /* L^{-1}, lower */
-    if (!li)
-        return DSQ_ENOMEM;
-#pragma omp parallel for schedule(dynamic, 8)
-    for (int64_t c = 0; c < k; c++) {          /* column c of L^{-1} */
-        li[c * k + c] = 1.0 / h[c * k + c];
-        for (int64_t i = c + 1; i < k; i++) {
-            double v = 0;
-            for (int64_t p = c; p < i; p++)
-                v -= h[i * k + p] * li[p * k + c];
-            li[i * k + c] = v / h[i * k + i];
-        }
-    }
-    /* h := L^{-T} L^{-1}: h[i][j] = sum_p li[p][i] li[p][j], p >= max(i,j) */
-#pragma omp parallel for schedule(dynamic, 8)
-    for (int64_t i = 0; i < k; i++)
-        for (int64_t j = 0; j <= i; j++) {
-            double v = 0;
-            for (int64_t p = i; p < k; p++)
-                v += li[p * k + i] * li[p * k + j];
-            h[i * k + j] = v;
-            h[j * k + i] = v;
-        }
-    free(li);
-    rc = cholesky_lower(h, k);
-    if (rc)
-        return rc;
-    /* upper U = L^T */
-    for (int64_t i = 0; i < k; i++)
-        for (int64_t j = i + 1; j < k; j++) {
-            h[i * k + j] = h[j * k + i];
-            h[j * k + i] = 0;
-        }
+    if (!h || k <= 0 || k > INT32_MAX)
+        return DSQ_EINVAL;
+    const lapack_int n = (lapack_int)k;
+    /* h = U^T U (upper), then h^{-1} in the upper triangle, then the
+     * Cholesky factor of h^{-1}. LAPACK's info > 0: a leading minor is not
+     * positive definite (or U is singular for dpotri). */
+    lapack_int info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', n, h, n);
+    if (info == 0)
+        info = LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'U', n, h, n);
+    if (info == 0)
+        info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', n, h, n);
+    if (info < 0)
+        return DSQ_EINVAL;
+    if (info > 0)
+        return DSQ_ERANGE;
+    for (int64_t i = 1; i < k; i++)
+        for (int64_t j = 0; j < i; j++)
+            h[i * k + j] = 0;
     return DSQ_OK;
 }
 
@@ -521,7 +505,7 @@ int dsq_quantizer_gptq(const float *w, int64_t n, int64_t k, const double *h,
         check_shape(n, k, o->group_size))
         return DSQ_EINVAL;
     const int g = o->group_size;
-    const int64_t nb = k / g, B = 128;
+    const int64_t nb = n_groups(k, g), B = 128;
     int rc = DSQ_OK;
     float *W = malloc((size_t)(n * k) * sizeof(*W));        /* processing order */
     double *H = malloc((size_t)(k * k) * sizeof(*H));
@@ -529,7 +513,8 @@ int dsq_quantizer_gptq(const float *w, int64_t n, int64_t k, const double *h,
     int32_t *perm = malloc((size_t)k * sizeof(*perm));
     gptq_sort_t *srt = malloc((size_t)k * sizeof(*srt));
     uint8_t *qp = malloc((size_t)(n * k));
-    if (!W || !H || !E || !perm || !srt || !qp) {
+    float *Hf = malloc((size_t)(k * k) * sizeof(*Hf));      /* fp32 copy of U */
+    if (!W || !H || !E || !perm || !srt || !qp || !Hf) {
         rc = DSQ_ENOMEM;
         goto undo;
     }
@@ -560,25 +545,28 @@ int dsq_quantizer_gptq(const float *w, int64_t n, int64_t k, const double *h,
     mean_diag /= (double)k;
     for (int64_t j = 0; j < k; j++)
         H[j * k + j] += damp * mean_diag;
-    rc = hessian_inverse_upper(H, k);
+    rc = dsq_quantizer_hinv_chol(H, k);
     if (rc)
         goto undo;
+    for (int64_t i = 0; i < k * k; i++)
+        Hf[i] = (float)H[i];
     for (int64_t i1 = 0; i1 < k; i1 += B) {
         int64_t i2 = i1 + B < k ? i1 + B : k, cnt = i2 - i1;
         for (int64_t i = i1; i < i2; i++) {
             if (i % g == 0) {
                 /* group parameters from the error-compensated columns */
                 int64_t b = i / g;
+                const int gl = group_len(k, g, b);
 #pragma omp parallel for schedule(static)
                 for (int64_t r = 0; r < n; r++) {
                     float tmp[128], lo, hi;
                     uint8_t qq[128];
-                    group_range(W + r * k + i, g, o, tmp, &lo, &hi);
-                    quant_group(W + r * k + i, g, o->sym, lo, hi, qq,
+                    group_range(W + r * k + i, gl, o, tmp, &lo, &hi);
+                    quant_group(W + r * k + i, gl, o->sym, lo, hi, qq,
                                 &scales[r * nb + b], &zeros[r * nb + b]);
                     /* GPTQ v1 stores z - 1: keep z >= 1 (range [-hi/14, hi]) */
                     if (zeros[r * nb + b] == 0)
-                        quant_group(W + r * k + i, g, o->sym, -hi / 14.0f, hi, qq,
+                        quant_group(W + r * k + i, gl, o->sym, -hi / 14.0f, hi, qq,
                                     &scales[r * nb + b], &zeros[r * nb + b]);
                 }
             }
@@ -593,18 +581,15 @@ int dsq_quantizer_gptq(const float *w, int64_t n, int64_t k, const double *h,
                 qp[r * k + i] = (uint8_t)x;
                 float err = (float)((wv - (x - zf) * sf) / d);
                 for (int64_t j = i + 1; j < i2; j++)
-                    W[r * k + j] -= err * (float)H[i * k + j];
+                    W[r * k + j] -= err * Hf[i * k + j];
                 E[r * B + (i - i1)] = err;
             }
         }
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t j = i2; j < k; j++) {
-                double acc = 0;
-                for (int64_t p = 0; p < cnt; p++)
-                    acc += (double)E[r * B + p] * H[(i1 + p) * k + j];
-                W[r * k + j] -= (float)acc;
-            }
+        /* lazy batch update: W[:, i2:] -= E[:, :cnt] U[i1:i2, i2:] */
+        if (i2 < k)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n,
+                        (blasint)(k - i2), (blasint)cnt, -1.0f, E, (blasint)B,
+                        Hf + i1 * k + i2, (blasint)k, 1.0f, W + i2, (blasint)k);
     }
     for (int64_t j = 0; j < k; j++)
         g_idx[perm[j]] = (int32_t)(j / g);
@@ -618,6 +603,7 @@ undo:
     free(perm);
     free(srt);
     free(qp);
+    free(Hf);
     return rc;
 }
 
@@ -630,8 +616,8 @@ int dsq_quantizer_pack_awq(const uint8_t *q, const uint16_t *scales_in,
 {
     static const int pos[8] = {0, 4, 1, 5, 2, 6, 3, 7};
     if (!q || !scales_in || !zeros || !qweight || !qzeros || !scales || n <= 0 ||
-        n % 8 || check_shape(n, k, group_size))
-        return DSQ_EINVAL;
+        n % 8 || check_shape(n, k, group_size) || k % group_size)
+        return DSQ_EINVAL;   /* AutoAWQ's WQLinear_GEMM: in_features % group_size == 0 */
     const int64_t n8 = n / 8, nb = k / group_size;
     for (int64_t r = 0; r < k; r++)
         for (int64_t j = 0; j < n8; j++) {

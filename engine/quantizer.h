@@ -68,7 +68,9 @@ dsq_qscheme_t dsq_quantizer_recipe_select(dsq_qrecipe_t r, const char *name,
 
 /* Options of the INT4 group quantiser. Zero-initialised = plain RTN. */
 typedef struct dsq_qopts {
-    int group_size;        /* 32, 64 or 128; k % group_size == 0             */
+    int group_size;        /* 32, 64 or 128 along k; when k % group_size != 0
+                              the last group is partial (k - (nb-1) g wide),
+                              nb = ceil(k / group_size) groups per row      */
     bool sym;              /* absmax, z = 8; else min/max with zero point    */
     /* AWQ-style clip search (needs activations): shrink each group's range
      * by ratios 1, 1 - 1/clip_grid, ... down to clip_min_ratio, keep the
@@ -85,6 +87,10 @@ typedef struct dsq_qopts {
      * value before RTN/clip search. clip_quantile <= 0: off. */
     double clip_quantile;  /* e.g. 0.99                                      */
     double clip_ratio;     /* e.g. 1.5                                       */
+    /* Keep every zero point >= 1 (AutoGPTQ v1 stores z - 1 in 4 bits): an
+     * asymmetric group that would get z = 0 (all weights >= 0) is
+     * re-quantised on [-hi/14, hi]. dsq_quantizer_gptq always does this. */
+    bool zero_min1;
 } dsq_qopts_t;
 
 /* RTN group quantisation of W [n][k] (optionally with clip search over the
@@ -92,7 +98,8 @@ typedef struct dsq_qopts {
  * asym: range [min(w, 0), max(w, 0)] (ratio-shrunk), s = range / 15 rounded
  * to fp16, z = clamp(round(-min / s), 0, 15); sym: s = absmax / 7, z = 8
  * (AWQ checkpoints always carry a zero point). q = clamp(round(w / s) + z,
- * 0, 15). Outputs q [n][k], scales fp16 [n][k/g], zeros [n][k/g].
+ * 0, 15). Outputs q [n][k], scales fp16 [n][nb], zeros [n][nb],
+ * nb = ceil(k / g) (a partial last group is quantised on its own values).
  * Returns 0 or DSQ_EINVAL (shape, group), DSQ_ENOMEM. */
 int dsq_quantizer_quantize(const float *w, int64_t n, int64_t k,
                            const float *x, int64_t t, const dsq_qopts_t *o,
@@ -148,13 +155,25 @@ int dsq_quantizer_gptq(const float *w, int64_t n, int64_t k, const double *h,
                        uint8_t *q, uint16_t *scales, uint8_t *zeros,
                        int32_t *g_idx);
 
+/* GPTQ's inverse-Hessian factor, in place: h (SPD, fp64 row-major [k][k],
+ * both triangles or just the upper one) becomes the upper-triangular U with
+ * h^{-1} = U^T U (lower triangle zeroed). LAPACK: dpotrf ('U', h = R^T R),
+ * dpotri (h^{-1} from R), dpotrf again (Frantar et al. 2022, sec. 3.3 / the
+ * reference code's torch.linalg.cholesky(H^{-1}, upper=True)).
+ * Returns 0, DSQ_EINVAL (NULL, k <= 0 or k > INT32_MAX), DSQ_ERANGE (not
+ * positive definite; h is then garbage). */
+int dsq_quantizer_hinv_chol(double *h, int64_t k);
+
 /* ---- packing ---- */
 
 /* AutoAWQ GEMM packing, the exact inverse of dsq_quant_from_awq (quant.h):
  *   qweight int32 [k][n/8]: column 8j+i of row r in bits 4*p..4*p+3 of
  *   element (r, j), p = {0,4,1,5,2,6,3,7}[i] (AWQ_ORDER {0,2,4,6,1,3,5,7}
  *   inverted); qzeros int32 [k/g][n/8] likewise; scales fp16 [k/g][n].
- * q [n][k], scales_in / zeros [n][k/g]. Requires n % 8 == 0, k % g == 0.
+ * q [n][k], scales_in / zeros [n][k/g]. Requires n % 8 == 0, k % g == 0
+ * (AutoAWQ's WQLinear_GEMM has k / g groups and asserts in_features %
+ * group_size == 0, so the AWQ format has no partial groups; write GPTQ,
+ * which has ceil(k / g) groups, for such shapes).
  * Returns 0 or DSQ_EINVAL. */
 int dsq_quantizer_pack_awq(const uint8_t *q, const uint16_t *scales_in,
                            const uint8_t *zeros, int64_t n, int64_t k,
@@ -241,6 +260,12 @@ typedef struct dsq_qrun_opts {
     const char *tokenizer;     /* optional tokenizer override (loader.h)       */
     const char *out_dir;       /* created if missing (required)                */
     const char *method;        /* "rtn", "awq" or "gptq" (NULL: rtn)           */
+    /* Checkpoint format: "awq" (AutoAWQ GEMM), "gptq" (AutoGPTQ v1) or
+     * NULL/"auto": gptq for --method gptq; for rtn/awq the AWQ format
+     * unless some linear that GPTQ can pack (n % 8 == 0, k % 8 == 0) has
+     * k % group_size != 0 (a partial last group, which only GPTQ's
+     * ceil(k/g) groups hold), then gptq. */
+    const char *format;
     int w_bit;                 /* 4 (0: 4)                                      */
     int group_size;            /* 32/64/128 (0: 128)                            */
     bool sym;
@@ -262,8 +287,9 @@ typedef struct dsq_qrun_opts {
 } dsq_qrun_opts_t;
 
 /* Quantise o->model into o->out_dir: model.safetensors (AWQ GEMM or GPTQ v1
- * tensors under Hugging Face names; embeddings, norms and linears that the
- * packing cannot hold (n % 8, k % group) in fp16), config.json with
+ * tensors, see o->format, under Hugging Face names; embeddings, norms and
+ * linears that the packing cannot hold (n % 8; AWQ k % group, GPTQ k % 8)
+ * in fp16), config.json with
  * quantization_config, and the tokenizer files (HF: tokenizer.json,
  * tokenizer_config.json...; llama2.c: its tok*.bin). llama2.c / GGUF llama
  * q/k rows are permuted from adjacent-pair to HF (neox) RoPE order.
@@ -271,7 +297,7 @@ typedef struct dsq_qrun_opts {
  * (engine/model.c tap), all layers at once from fp inputs (not from the
  * already-quantised previous layers). One progress line per layer on
  * stderr, a summary on stdout.
- * Returns 0, DSQ_EINVAL (options; too few calibration samples without
+ * Returns 0, DSQ_EINVAL (options incl. --format; too few calibration samples without
  * force), DSQ_ENOTFOUND/DSQ_EFORMAT (model, text), DSQ_EUNSUPPORTED
  * (architecture, packed source), DSQ_EIO, DSQ_ENOMEM; err says why. */
 int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len);

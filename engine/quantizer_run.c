@@ -21,6 +21,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <cblas.h>
+
 #include "error.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -39,7 +41,7 @@ typedef struct site_stats {
     int64_t n_seen;        /* tokens seen                                  */
     float *rows;           /* [cap][k] reservoir sample of rows            */
     int64_t n_rows, cap;
-    double *h;             /* [k][k] sum x x^T (gptq only)                 */
+    double *h;             /* [k][k] sum x x^T, upper triangle (gptq only) */
 } site_stats_t;
 
 typedef struct calib {
@@ -93,17 +95,17 @@ static void tap(void *user, int layer, const char *site, const float *x, int n_t
     }
     s->n_rows = s->n_seen < s->cap ? s->n_seen : s->cap;
     if (s->h) {
-#pragma omp parallel for schedule(dynamic, 16)
-        for (int64_t i = 0; i < k; i++)
-            for (int t = 0; t < n_tokens; t++) {
-                const float *xr = x + (int64_t)t * k;
-                double xi = xr[i];
-                if (xi == 0)
-                    continue;
-                double *hr = s->h + i * k;
-                for (int64_t j = 0; j < k; j++)
-                    hr[j] += xi * xr[j];
-            }
+        /* upper triangle of h += X^T X (BLAS dsyrk, fp64) */
+        double *xd = malloc((size_t)n_tokens * (size_t)k * sizeof(*xd));
+        if (!xd) {
+            c->rc = DSQ_ENOMEM;
+            return;
+        }
+        for (int64_t i = 0; i < (int64_t)n_tokens * k; i++)
+            xd[i] = x[i];
+        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (blasint)k, n_tokens, 1.0, xd,
+                    (blasint)k, 1.0, s->h, (blasint)k);
+        free(xd);
     }
 }
 
@@ -385,6 +387,11 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
 
     if (!o || !o->model || !o->out_dir)
         FAIL(DSQ_EINVAL, "quantize: --model and --out are required");
+    /* The parallelism is OpenMP's (loops around the BLAS calls); OpenBLAS's
+     * own pthreads on top of spinning OpenMP workers oversubscribe the
+     * cores (measured: GPTQ crawled on a loaded 2-core box), so BLAS runs
+     * single-threaded here. */
+    openblas_set_num_threads(1);
     method_t method;
     const char *mname = o->method ? o->method : "rtn";
     if (strcmp(mname, "rtn") == 0)
@@ -420,6 +427,27 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     L = (int)c->n_layer;
     const int64_t d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd,
                   kvd = c->n_head_kv * hd, ff = c->n_ff;
+    bool gptq_fmt;
+    if (!o->format || strcmp(o->format, "auto") == 0) {
+        /* GPTQ when it packs a linear AWQ cannot (k % g, partial group) */
+        const int64_t nk[7][2] = {{qd, d}, {kvd, d}, {kvd, d}, {d, qd},
+                                  {ff, d}, {ff, d}, {d, ff}};
+        gptq_fmt = method == M_GPTQ;
+        for (int i = 0; i < 7; i++)
+            if (nk[i][0] % 8 == 0 && nk[i][1] % 8 == 0 && nk[i][1] % g)
+                gptq_fmt = true;
+    }
+    else if (strcmp(o->format, "gptq") == 0)
+        gptq_fmt = true;
+    else if (strcmp(o->format, "awq") == 0)
+        gptq_fmt = false;
+    else
+        FAIL(DSQ_EINVAL, "quantize: --format must be auto, awq or gptq, not '%s'", o->format);
+    if (gptq_fmt && method != M_GPTQ && !o->quiet && (!o->format || strcmp(o->format, "gptq")))
+        fprintf(stderr, "quantize: group %d does not divide every input width (%lld, %lld, "
+                "%lld): writing the GPTQ format, whose ceil(k/g) groups hold the partial "
+                "last group (AutoAWQ requires k %% g == 0)\n", g, (long long)d,
+                (long long)qd, (long long)ff);
 
     /* ---- calibration ---- */
     int L_seq = o->calib_seq_len ? o->calib_seq_len : 512;
@@ -503,6 +531,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     qo.group_size = g;
     qo.sym = o->sym;
     qo.clip_search = method == M_AWQ;
+    qo.zero_min1 = gptq_fmt;
     bool permute = c->arch == DSQ_ARCH_LLAMA && !c->rope_neox;
     double t_start = now_s();
     double sum_err = 0;
@@ -541,7 +570,8 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
             }
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, x->cname);
             x->sch = dsq_quantizer_recipe_select(o->recipe, name, wbit, g, o->sym);
-            x->packable = x->sch.bits == 4 && x->n % 8 == 0 && x->k % g == 0;
+            x->packable = x->sch.bits == 4 && x->n % 8 == 0 &&
+                          (gptq_fmt ? x->k % 8 == 0 : x->k % g == 0);
         }
         for (int i = 0; i < 2; i++) {
             snprintf(name, sizeof(name), "blk.%d.%s.weight", l, i ? "ffn_norm" : "attn_norm");
@@ -630,7 +660,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
             }
             if (!x->packable)
                 continue;
-            int64_t nb = x->k / g;
+            int64_t nb = (x->k + g - 1) / g;
             x->q = malloc((size_t)(x->n * x->k));
             x->scales = malloc((size_t)(x->n * nb) * sizeof(*x->scales));
             x->zeros = malloc((size_t)(x->n * nb));
@@ -642,8 +672,10 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
                 double *h = malloc((size_t)(x->k * x->k) * sizeof(*h));
                 if (!h)
                     FAIL(DSQ_ENOMEM, "quantize: out of memory");
-                for (int64_t j = 0; j < x->k * x->k; j++)
-                    h[j] = 2.0 * s2->h[j] / (double)s2->n_seen;
+                for (int64_t a = 0; a < x->k; a++)
+                    for (int64_t b = a; b < x->k; b++)
+                        h[a * x->k + b] = h[b * x->k + a] =
+                            2.0 * s2->h[a * x->k + b] / (double)s2->n_seen;
                 rc = dsq_quantizer_gptq(x->w, x->n, x->k, h,
                                         o->gptq_damp > 0 ? o->gptq_damp : 0.01, o->desc_act,
                                         &qo, x->q, x->scales, x->zeros, x->g_idx);
@@ -662,7 +694,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
                 if (!wq)
                     FAIL(DSQ_ENOMEM, "quantize: out of memory");
                 /* GPTQ groups follow g_idx: dequantise column by column */
-                int64_t nb2 = x->k / g;
+                int64_t nb2 = (x->k + g - 1) / g;
                 for (int64_t r = 0; r < x->n; r++)
                     for (int64_t j = 0; j < x->k; j++) {
                         int64_t b = x->g_idx[j];
@@ -790,9 +822,9 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
             }
             if (rc)
                 break;
-            int64_t nb = x->k / g;
+            int64_t nb = (x->k + g - 1) / g;
             n_packed++;
-            if (method == M_GPTQ) {
+            if (gptq_fmt) {
                 int32_t *qw = malloc((size_t)(x->k / 8 * x->n) * 4);
                 int32_t *qz = malloc((size_t)(nb * x->n / 8) * 4);
                 uint16_t *sc = malloc((size_t)(nb * x->n) * 2);
@@ -870,7 +902,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         cJSON_AddNumberToObject(cfgj, "eos_token_id", (double)c->eos_token_id);
     cJSON_AddStringToObject(cfgj, "torch_dtype", "float16");
     cJSON *qc = cJSON_AddObjectToObject(cfgj, "quantization_config");
-    if (method == M_GPTQ) {
+    if (gptq_fmt) {
         cJSON_AddStringToObject(qc, "quant_method", "gptq");
         cJSON_AddNumberToObject(qc, "bits", wbit);
         cJSON_AddNumberToObject(qc, "group_size", g);

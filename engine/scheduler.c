@@ -21,6 +21,10 @@ struct dsq_sched {
     dsq_sched_opts_t o;
     seq_vec_t waiting, running;
     int64_t n_preemptions;
+    int64_t n_prefix_queries, n_prefix_hits;   /* tokens */
+    int32_t *hit_ids;                          /* prefix lookup scratch */
+    dsq_block_hash_t *hit_hashes;
+    int cap_hit;
     /* step buffers */
     int cap_tokens, cap_seqs, cap_bt;
     dsq_sched_out_t out;
@@ -97,6 +101,8 @@ void dsq_sched_destroy(dsq_sched_t *s)
         return;
     free(s->waiting.v);
     free(s->running.v);
+    free(s->hit_ids);
+    free(s->hit_hashes);
     dsq_sched_out_t *o = &s->out;
     free(o->seqs);
     free(o->tokens);
@@ -170,6 +176,36 @@ static int reserve(dsq_sched_t *s, dsq_seq_t *seq, int want)
     return rc;
 }
 
+/* Longest cached prefix of a waiting sequence that holds no blocks: fills
+ * s->hit_ids/hit_hashes, returns the blocks matched (0 when off) and in
+ * *n_evictable how many of them sit on the evictable list. */
+static int prefix_lookup(dsq_sched_t *s, const dsq_seq_t *seq, int *n_evictable, int *rc)
+{
+    *n_evictable = 0;
+    *rc = DSQ_OK;
+    if (!dsq_kv_prefix_caching(s->kv) || seq->no_prefix_cache || seq->bt.n != 0 ||
+        seq->n_computed != 0)
+        return 0;
+    int max_blocks = (seq->n_tokens - 1) / dsq_kv_block_size(s->kv);
+    if (max_blocks <= 0)
+        return 0;
+    if (max_blocks > s->cap_hit) {
+        int32_t *ids = realloc(s->hit_ids, (size_t)max_blocks * sizeof(*ids));
+        if (ids)
+            s->hit_ids = ids;
+        dsq_block_hash_t *h = realloc(s->hit_hashes, (size_t)max_blocks * sizeof(*h));
+        if (h)
+            s->hit_hashes = h;
+        if (!ids || !h) {
+            *rc = DSQ_ENOMEM;
+            return 0;
+        }
+        s->cap_hit = max_blocks;
+    }
+    return dsq_kv_prefix_lookup(s->kv, seq->tokens, seq->n_tokens, max_blocks, s->hit_ids,
+                                s->hit_hashes, n_evictable);
+}
+
 static int grow_out(dsq_sched_t *s, int n_tokens, int n_seqs, int max_blocks)
 {
     dsq_sched_out_t *o = &s->out;
@@ -215,9 +251,28 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
      * once the set is final (preemption may remove earlier picks). */
     seq_vec_t picked = {0};
 
+    /* itl: while any running sequence decodes, prefill tokens (chunks of
+     * running sequences and admissions) share a smaller budget, so one
+     * step, and with it every stream's gap between tokens, stays short
+     * (Sarathi-Serve's stall-free batching, Agrawal et al., OSDI 2024). */
+    int prefill_left = budget;
+    if (s->o.max_prefill_tokens_with_decode > 0 &&
+        s->o.max_prefill_tokens_with_decode < budget) {
+        for (int i = 0; i < s->running.n; i++) {
+            const dsq_seq_t *seq = s->running.v[i];
+            if (seq->n_computed >= seq->n_prompt && seq->n_tokens - seq->n_computed == 1) {
+                prefill_left = s->o.max_prefill_tokens_with_decode;
+                break;
+            }
+        }
+    }
+
     for (int i = 0; i < s->running.n && budget > 0; i++) {
         dsq_seq_t *seq = s->running.v[i];
         int want = seq->n_tokens - seq->n_computed;
+        bool decode = seq->n_computed >= seq->n_prompt && want == 1;
+        if (!decode && want > prefill_left)
+            want = prefill_left;
         if (want > budget)
             want = budget;
         if (want <= 0)
@@ -247,26 +302,65 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         picked.v[picked.n++] = seq;
         seq->sched_tokens = want;
         budget -= want;
+        if (!decode)
+            prefill_left -= want;
+    }
+    if (prefill_left > budget)
+        prefill_left = budget;
+    if (s->o.admission_defer_steps > 0 && s->waiting.n > 0 && picked.n == s->running.n &&
+        picked.n > 0) {
+        bool defer = true;
+        for (int i = 0; i < picked.n && defer; i++) {
+            const dsq_seq_t *seq = picked.v[i];
+            defer = seq->n_max_tokens > 0 && seq->n_computed >= seq->n_prompt &&
+                    seq->sched_tokens == 1 && seq->n_tokens - seq->n_computed == 1 &&
+                    seq->n_max_tokens - seq->n_tokens <= s->o.admission_defer_steps;
+        }
+        if (defer)
+            prefill_left = 0;
     }
 
     /* Admit waiting sequences, first come first served, only when nothing
      * was preempted in this step (admitting then would just thrash). */
-    while (n_pre == 0 && s->waiting.n > 0 && budget > 0 &&
+    while (n_pre == 0 && s->waiting.n > 0 && prefill_left > 0 &&
            s->running.n < s->o.max_num_seqs) {
         dsq_seq_t *seq = s->waiting.v[0];
-        int want = seq->n_tokens - seq->n_computed;
-        if (want > budget)
-            want = budget;
-        int need = dsq_kv_blocks_for(s->kv, seq->n_computed + want) - seq->bt.n;
-        if (need > dsq_kv_n_free(s->kv))
-            break;
-        rc = reserve(s, seq, want);
-        if (rc == DSQ_EFULL) {
-            rc = DSQ_OK;
-            break;
-        }
+        int n_ev = 0;
+        int n_hit = prefix_lookup(s, seq, &n_ev, &rc);
         if (rc)
             goto done;
+        int n_done = n_hit ? n_hit * dsq_kv_block_size(s->kv) : seq->n_computed;
+        int want = seq->n_tokens - n_done;
+        if (want > prefill_left)
+            want = prefill_left;
+        int need = dsq_kv_blocks_for(s->kv, n_done + want) - (n_hit ? n_hit : seq->bt.n);
+        if (need > dsq_kv_n_free(s->kv) - n_ev)
+            break;
+        if (n_hit) {
+            rc = dsq_kv_seq_share_prefix(s->kv, &seq->bt, s->hit_ids, s->hit_hashes, n_hit);
+            if (rc)
+                goto done;
+            seq->n_computed = n_done;
+        }
+        rc = reserve(s, seq, want);
+        if (rc) {
+            /* cannot happen after the budget check; undo the sharing */
+            dsq_kv_seq_free(s->kv, &seq->bt);
+            seq->n_computed = 0;
+            if (rc == DSQ_EFULL) {
+                rc = DSQ_OK;
+                break;
+            }
+            goto done;
+        }
+        if (dsq_kv_prefix_caching(s->kv)) {
+            s->n_prefix_queries += seq->n_tokens;
+            s->n_prefix_hits += n_hit ? n_done : 0;
+            if (seq->n_preempted == 0) {
+                int c = n_hit ? n_done : 0;
+                seq->n_cached_prompt = c < seq->n_prompt ? c : seq->n_prompt;
+            }
+        }
         vec_erase(&s->waiting, 0);
         rc = running_insert(s, seq);
         if (!rc)
@@ -276,6 +370,7 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         picked.v[picked.n++] = seq;
         seq->sched_tokens = want;
         budget -= want;
+        prefill_left -= want;
     }
 
     /* Build the batch. */
@@ -326,16 +421,24 @@ done:
 
 void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out)
 {
-    (void)s;
     for (int i = 0; i < out->n_seqs; i++) {
-        out->seqs[i]->n_computed += out->seqs[i]->sched_tokens;
-        out->seqs[i]->sched_tokens = 0;
+        dsq_seq_t *seq = out->seqs[i];
+        seq->n_computed += seq->sched_tokens;
+        seq->sched_tokens = 0;
+        /* blocks that just filled become reusable */
+        dsq_kv_seq_cache_blocks(s->kv, &seq->bt, seq->tokens, seq->n_computed);
     }
 }
 
 int dsq_sched_n_waiting(const dsq_sched_t *s) { return s->waiting.n; }
 int dsq_sched_n_running(const dsq_sched_t *s) { return s->running.n; }
 int64_t dsq_sched_n_preemptions(const dsq_sched_t *s) { return s->n_preemptions; }
+
+void dsq_sched_prefix_stats(const dsq_sched_t *s, int64_t *queries, int64_t *hits)
+{
+    *queries = s->n_prefix_queries;
+    *hits = s->n_prefix_hits;
+}
 
 bool dsq_sched_check(const dsq_sched_t *s)
 {

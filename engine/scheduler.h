@@ -11,6 +11,20 @@
  * at the first waiting sequence that does not fit, so the oldest waiting one
  * is never overtaken (no starvation).
  *
+ * Latency (both optional, see dsq_sched_opts_t): while any running sequence
+ * decodes, the step's prefill tokens are capped separately
+ * (max_prefill_tokens_with_decode), and admission waits while every running
+ * sequence is a decode within admission_defer_steps of its end.
+ *
+ * Prefix caching (when the KV cache has it on, see kv_cache.h): a waiting
+ * sequence that holds no blocks (new, or preempted) is admitted with the
+ * longest chain of cached full blocks matching its tokens, at most
+ * (n_tokens - 1) / block_size blocks so the last token is always computed
+ * (its logits are needed); those tokens count as computed and only the rest
+ * is prefilled. Blocks are cached as they fill (dsq_sched_commit), during
+ * prefill and decode. Evictable cached blocks count as free in the block
+ * budget, except the ones the admitted sequence itself reuses.
+ *
  * Engine-thread only; not thread-safe.
  */
 #ifndef DSQ_SCHEDULER_H
@@ -40,6 +54,14 @@ typedef struct dsq_seq {
     dsq_block_table_t bt;
     dsq_seq_state_t state;
     int n_preempted;
+    bool no_prefix_cache;     /* never reuse cached blocks for this sequence
+                                 (prompt logprobs need every position's
+                                 logits); its full blocks are still cached */
+    int n_cached_prompt;      /* prompt tokens whose KV came from the prefix
+                                 cache at the first admission (0 when off);
+                                 a multiple of block_size, < n_prompt       */
+    int n_max_tokens;         /* itl: n_tokens at which the sequence ends at the
+                                 latest (prompt + max_tokens); 0 = unknown  */
     int sched_tokens;         /* tokens scheduled in the current step           */
     int sched_row;            /* first batch row of this sequence in the step   */
 } dsq_seq_t;
@@ -50,6 +72,22 @@ typedef struct dsq_sched dsq_sched_t;
 typedef struct dsq_sched_opts {
     int max_num_seqs;             /* running sequences                      */
     int max_num_batched_tokens;   /* tokens per step                        */
+    /* itl: prefill tokens per step (running chunks + admissions together)
+     * while at least one running sequence decodes; decode rows are not
+     * counted and always run. 0 or >= max_num_batched_tokens: no separate
+     * cap. Bounds the inter-token latency of running streams by the time
+     * of a (decodes + this many prefill tokens) step, at some cost in time
+     * to first token when prompts queue behind running decodes. */
+    int max_prefill_tokens_with_decode;
+    /* itl: drain-aligned admission. When every running sequence is
+     * decoding and each will end (n_max_tokens) within this many steps,
+     * waiting sequences are not admitted until they have ended, so their
+     * prefill runs in a step without decodes instead of stalling streams
+     * that are about to finish. Costs the waiting ones at most this many
+     * decode steps of time to first token; keeps closed-loop clients (a
+     * new request right after each answer) in one wave instead of
+     * splitting into groups that stall each other every request. 0: off. */
+    int admission_defer_steps;
 } dsq_sched_opts_t;
 
 /* The plan of one step: the scheduled sequences and the ragged batch. All
@@ -87,6 +125,11 @@ void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out);
 int dsq_sched_n_waiting(const dsq_sched_t *s);
 int dsq_sched_n_running(const dsq_sched_t *s);
 int64_t dsq_sched_n_preemptions(const dsq_sched_t *s);
+/* Prefix cache counters, in tokens, over every admission (preempted
+ * sequences again at re-admission), as vLLM V1's prefix_cache_queries and
+ * prefix_cache_hits: *queries += the sequence's n_tokens, *hits += the
+ * tokens reused. Both stay 0 while prefix caching is off. */
+void dsq_sched_prefix_stats(const dsq_sched_t *s, int64_t *queries, int64_t *hits);
 /* Check KV invariants against the tables of all queued sequences (plus
  * extra tables the caller holds). */
 bool dsq_sched_check(const dsq_sched_t *s);

@@ -44,6 +44,19 @@ typedef enum dsq_zp_mode {
     DSQ_ZP_MIN = 2,
 } dsq_zp_mode_t;
 
+/* Activation precision dsq_cpu_matmul uses with a quantised weight (INT4,
+ * Q8_0, INT8; F32/F16/BF16 weights always take fp32 activations):
+ *   INT8: activations are quantised to int8 per 32-block and multiplied by
+ *         integer dot products (llama.cpp's Q8_0/Q8_1 scheme; fastest);
+ *   F32:  weights are dequantised to fp32 in registers by the format's
+ *         formula and FMA'd with the fp32 activations, so y = W·x up to
+ *         fp32 rounding (kernels/cpu/matmul_f32act.c; slower, see
+ *         docs/benchmarks.md). The engine option is --activation-dtype. */
+typedef enum dsq_act_dtype {
+    DSQ_ACT_INT8 = 0,
+    DSQ_ACT_F32 = 1,
+} dsq_act_dtype_t;
+
 /* A linear layer's weight, in one of the formats above.
  *
  * DSQ_WFMT_INT4 byte layout (the "dsq native" layout):
@@ -67,6 +80,8 @@ typedef struct dsq_weight {
     const uint16_t *scales;    /* INT4: fp16 [n][groups]; INT8: fp16 [n]        */
     const uint16_t *zeros;     /* INT4 INT/MIN modes: fp16 [n][groups]          */
     const float *bias;         /* fp32 [n] or NULL                              */
+    dsq_act_dtype_t act;       /* quantised formats: activation precision of
+                                  dsq_cpu_matmul (0 = INT8, the default)       */
 } dsq_weight_t;
 
 /* Bytes of the data / scales / zeros arrays of a weight with the given
@@ -90,13 +105,15 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out);
  * DSQ_EINVAL. */
 int dsq_cpu_set_threads(int n_threads);
 int dsq_cpu_get_threads(void);
-/* Instruction-set level the CPU ops picked from CPUID at first use:
- * "avx512", "avx2", "neon" or "scalar". DSQ_CPU_ISA=scalar|avx2|avx512 in
- * the environment forces a lower level (tests compare fast paths with
- * scalar this way; dsq_cpu_force_isa does the same programmatically). */
+/* Instruction-set level the CPU ops picked at first use (x86-64: CPUID;
+ * AArch64: getauxval(AT_HWCAP)): "avx512", "avx2", "neon_dotprod" (NEON +
+ * SDOT), "neon" or "scalar". DSQ_CPU_ISA=scalar|avx2|avx512|neon|
+ * neon_dotprod in the environment forces a lower level of the same
+ * architecture (tests compare fast paths with scalar this way;
+ * dsq_cpu_force_isa does the same programmatically). */
 const char *dsq_cpu_isa(void);
 /* Returns 0, DSQ_EINVAL (unknown name) or DSQ_EUNSUPPORTED (the CPU lacks
- * that level). Forcing the detected level undoes an earlier force. Not
+ * that level, e.g. any x86 level on AArch64 and vice versa). Forcing the detected level undoes an earlier force. Not
  * thread-safe: call it while no CPU op runs. */
 int dsq_cpu_force_isa(const char *name);
 
@@ -105,13 +122,16 @@ int dsq_cpu_force_isa(const char *name);
 /* y[m][n] = x[m][k] · W^T (+ bias). x, y fp32 host memory, row-major,
  * not aliased. Works for every dsq_wformat_t; m = 1..8 is the decode path,
  * larger m the prefill path. Any k >= 1 (Q8_0: k % 32 == 0).
- * Accuracy: F32/F16/BF16 are fp32 dot products. INT4, Q8_0 and INT8
+ * Accuracy: F32/F16/BF16 are fp32 dot products, and so are INT4, Q8_0 and
+ * INT8 when w->act == DSQ_ACT_F32 (weights dequantised to fp32 in
+ * registers: y = W·x up to fp32 rounding). With w->act == DSQ_ACT_INT8
+ * (default) INT4, Q8_0 and INT8
  * quantise each row of x to int8 per 32-block once per call (d = amax/127,
  * round to nearest even, as llama.cpp's Q8_0/Q8_1 activations) and use
  * integer dot products, so y = W·x^ up to fp32 rounding with
  * |x - x^| <= amax_block/254 per element. Every ISA path gives the same
  * integer dots; results differ between paths only by fp32 summation order.
- * Returns 0, DSQ_EINVAL (bad shape/format/NULL) or DSQ_ENOMEM. */
+ * Returns 0, DSQ_EINVAL (bad shape/format/act/NULL) or DSQ_ENOMEM. */
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
 
 /* out[m][k] = row ids[i] of the embedding matrix emb (any format, n = vocab

@@ -173,6 +173,7 @@ typedef struct conn {
     char *body;
     size_t body_len, body_cap;
     bool too_large, responded;
+    bool close_after;            /* attack2: answer with Connection: close */
     uint64_t discarded;          /* body bytes dropped after too_large   */
     /* completion */
     dsq_completion_req_t req;
@@ -184,6 +185,10 @@ typedef struct conn {
     bool *ereq_done;
     int64_t *prompt_tokens;
     int64_t *cached_tokens;
+    size_t *echo_len;            /* api: per prompt, bytes of the echoed
+                                    prompt's token texts (logprobs offsets) */
+    bool *echo_done;             /* api: prompt logprobs handled, per prompt */
+    int64_t discarded_tokens;    /* api: best_of candidates not returned   */
     int n_choices;
     choice_st *choices;
     waiter_t *w;
@@ -326,7 +331,7 @@ static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
             allow = (!strcmp(allow, "POST")) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
         MHD_add_response_header(r, "Allow", allow);
     }
-    if (kind == DSQ_APIERR_TOO_LARGE)
+    if (kind == DSQ_APIERR_TOO_LARGE || c->close_after)
         MHD_add_response_header(r, "Connection", "close");
     return send_response(c, status, r);
 }
@@ -361,7 +366,8 @@ static bool authorized(conn_t *c)
 static dsq_openai_limits_t limits(conn_t *c)
 {
     dsq_openai_limits_t lim = {c->h->cfg.served_model_name,
-                               c->tok ? dsq_tokenizer_n_vocab(c->tok) : 0};
+                               c->tok ? dsq_tokenizer_n_vocab(c->tok) : 0,
+                               c->h->cfg.max_seqs_per_request};
     return lim;
 }
 
@@ -536,6 +542,40 @@ static char *echo_text(conn_t *c, int p, size_t *len)
 static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
                                dsq_output_t *o);
 
+/* api: echo + logprobs. The request's first event carries the prompt's
+ * logprobs: add the prompt's entries to every choice of prompt p (before
+ * any completion entry: no choice of p had an event yet). Streaming, the
+ * echo chunk was held back for this and is sent now, text and logprobs
+ * together. */
+static void echo_prompt_logprobs(conn_t *c, int p, const dsq_output_t *o)
+{
+    const dsq_prompt_t *pr = &c->req.prompts[p];
+    int n = c->req.sp.n;
+    for (int k = 0; k < n; k++) {
+        int idx = p * n + k;
+        size_t tl = 0;
+        if (!c->req.stream) {
+            if (c->choices[idx].lp)
+                dsq_openai_logprobs_add_prompt(c->choices[idx].lp, pr->ids, pr->n_ids, o,
+                                               token_text, (void *)c->tok, &tl);
+        } else {
+            cJSON *lp = dsq_openai_logprobs_new();
+            size_t len = 0;
+            char *t = echo_text(c, p, &len);
+            if (lp && t)
+                dsq_openai_logprobs_add_prompt(lp, pr->ids, pr->n_ids, o, token_text,
+                                               (void *)c->tok, &tl);
+            if (t)
+                pend_add(c, dsq_openai_chunk(c->id, c->created,
+                                             c->h->cfg.served_model_name, idx, t, len,
+                                             lp, DSQ_FINISH_NONE, c->req.include_usage));
+            free(t);
+            cJSON_Delete(lp);
+        }
+        c->echo_len[p] = tl;
+    }
+}
+
 static void handle_output(conn_t *c, int p, dsq_output_t *o)
 {
     double t = now_s();
@@ -558,6 +598,12 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
         ch->t_last = t;
         ch->n_tokens += o->n_tokens;
     }
+    c->discarded_tokens += o->discarded_tokens;
+    if (c->req.sp.prompt_logprobs && !c->req.chat && !c->echo_done[p]) {
+        /* the request's first event (it carries the prompt's logprobs) */
+        c->echo_done[p] = true;
+        echo_prompt_logprobs(c, p, o);
+    }
     if (o->finish != DSQ_FINISH_NONE) {
         ch->finish = o->finish;
         if (o->completion_tokens > 0)
@@ -571,7 +617,8 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
         if (ch->lp && c->req.chat)
             dsq_openai_chat_logprobs_add(ch->lp, o, token_text, (void *)c->tok);
         else if (ch->lp)
-            dsq_openai_logprobs_add(ch->lp, o, 0, token_text, (void *)c->tok);
+            dsq_openai_logprobs_add(ch->lp, o, c->req.echo ? c->echo_len[p] : 0,
+                                    token_text, (void *)c->tok);
         return;
     }
     if (c->req.chat) {
@@ -581,7 +628,8 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     if (o->text_len || o->n_tokens || o->finish != DSQ_FINISH_NONE) {
         cJSON *lp = NULL;
         if (c->req.sp.logprobs >= 0 && (lp = dsq_openai_logprobs_new()))
-            dsq_openai_logprobs_add(lp, o, 0, token_text, (void *)c->tok);
+            dsq_openai_logprobs_add(lp, o, c->req.echo ? c->echo_len[p] : 0,
+                                    token_text, (void *)c->tok);
         pend_add(c, dsq_openai_chunk(c->id, c->created, c->h->cfg.served_model_name,
                                      idx, o->text ? o->text : "", o->text_len, lp,
                                      o->finish, c->req.include_usage));
@@ -675,6 +723,8 @@ static void usage_of(conn_t *c, dsq_usage_t *u)
         u->completion_tokens += c->choices[i].final_tokens > 0
                                     ? c->choices[i].final_tokens
                                     : c->choices[i].n_tokens;
+    /* api: best_of > n: OpenAI bills every generated candidate */
+    u->completion_tokens += c->discarded_tokens;
     u->has_cached = c->h->cfg.prefix_caching;
 }
 
@@ -929,10 +979,12 @@ static enum MHD_Result start_requests(conn_t *c)
     c->ereq_done = calloc((size_t)c->n_ereqs, sizeof(*c->ereq_done));
     c->prompt_tokens = calloc((size_t)c->n_ereqs, sizeof(*c->prompt_tokens));
     c->cached_tokens = calloc((size_t)c->n_ereqs, sizeof(*c->cached_tokens));
+    c->echo_len = calloc((size_t)c->n_ereqs, sizeof(*c->echo_len));
+    c->echo_done = calloc((size_t)c->n_ereqs, sizeof(*c->echo_done));
     c->choices = calloc((size_t)c->n_choices, sizeof(*c->choices));
     c->w = waiter_get(c->h);
     if (!c->ereqs || !c->ereq_done || !c->prompt_tokens || !c->cached_tokens ||
-        !c->choices || !c->w ||
+        !c->echo_len || !c->echo_done || !c->choices || !c->w ||
         dsq_openai_new_id(c->id, sizeof(c->id), q->chat ? "chatcmpl-" : "cmpl-"))
         return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     c->created = (int64_t)time(NULL);
@@ -952,7 +1004,10 @@ static enum MHD_Result start_requests(conn_t *c)
         }
         if (q->echo) {
             size_t len = 0;
-            char *t = echo_text(c, i / q->sp.n, &len);
+            /* api: with logprobs, the streamed echo waits for the prompt's
+             * logprobs (echo_prompt_logprobs) */
+            char *t = q->stream && q->sp.prompt_logprobs ? NULL
+                                                         : echo_text(c, i / q->sp.n, &len);
             if (t && q->stream)
                 pend_add(c, dsq_openai_chunk(c->id, c->created,
                                              c->h->cfg.served_model_name, i, t,
@@ -1061,6 +1116,17 @@ static enum MHD_Result preflight(conn_t *c)
     return send_response(c, 204, r);
 }
 
+/* api: MHD_KeyValueIterator counting Content-Length headers into *cls. */
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind,
+                                            const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    if (key && !strcasecmp(key, "Content-Length"))
+        (*(int *)cls)++;
+    return MHD_YES;
+}
+
 /* First call: everything that can be decided from the headers alone. */
 static enum MHD_Result on_headers(conn_t *c)
 {
@@ -1075,6 +1141,27 @@ static enum MHD_Result on_headers(conn_t *c)
         return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
         return send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
+    /* api: two Content-Length headers (MHD uses the first) let a proxy
+     * that uses the other one smuggle a second request: refuse (attack2: on every
+     * route, GET too) */
+    {
+        int n_cl = 0;
+        MHD_get_connection_values(c->mc, MHD_HEADER_KIND, count_content_length, &n_cl);
+        /* attack2: the body's framing is ambiguous: never keep reading
+         * this connection (what follows could be a smuggled request) */
+        c->close_after = n_cl > 1 ||
+            (n_cl && MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND,
+                                                 "Transfer-Encoding"));
+        if (n_cl > 1)
+            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                              "more than one Content-Length header");
+        /* attack2: Transfer-Encoding and Content-Length together (RFC 9112
+         * 6.3: MHD reads the chunked body, a proxy may use the length):
+         * the same smuggling risk; refuse, and close the connection */
+        if (c->close_after)
+            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                              "both Transfer-Encoding and Content-Length");
+    }
     if (c->route == R_HEALTH)
         return MHD_YES;
     if (!authorized(c))
@@ -1119,6 +1206,22 @@ static enum MHD_Result on_request(conn_t *c)
     case R_DETOKENIZE: return do_detokenize(c);
     default: return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     }
+}
+
+/* api: connection timeouts (docs/api.md, Operation). Idle: no request in
+ * flight (--timeout-keep-alive, default 5 s). Busy: a request is being
+ * answered; a long queue wait or a slow generation sends nothing for a
+ * while, so this is max(300 s, --request-timeout + 5 s), the bound dsqd
+ * always had, only for a connection whose peer stopped reading. */
+static unsigned idle_timeout_s(const dsq_http_t *h)
+{
+    return h->cfg.timeout_keep_alive_s > 0 ? (unsigned)h->cfg.timeout_keep_alive_s : 5;
+}
+
+static unsigned busy_timeout_s(const dsq_http_t *h)
+{
+    double t = h->cfg.request_timeout_s + 5;
+    return t > 300 ? (unsigned)t : 300;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
@@ -1177,6 +1280,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
                           "request body is larger than --max-request-bytes");
     if (!c->body && (c->body = strdup("")) == NULL)
         return MHD_NO;
+    /* api: the whole request arrived; while it is answered the idle
+     * timeout must not apply (MHD counts it from the last byte exchanged,
+     * also while our handler or stream reader waits for the engine) */
+    MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, busy_timeout_s(h));
     return on_request(c);
 }
 
@@ -1185,10 +1292,12 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     dsq_http_t *h = cls;
     conn_t *c = *con_cls;
-    (void)mc;
     if (!c)
         return;
     *con_cls = NULL;
+    /* api: back to the idle timeout for a kept-alive connection */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, idle_timeout_s(h));
     if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         cancel_all(c);
     for (int p = 0; p < c->n_ereqs; p++) {
@@ -1234,6 +1343,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->ereq_done);
     free(c->prompt_tokens);
     free(c->cached_tokens);
+    free(c->echo_len);
+    free(c->echo_done);
     free(c->pend);
     free(c->body);
     if (c->have_req)
@@ -1251,10 +1362,36 @@ static char *dupstr(dsq_http_t *h, int slot, const char *s)
     return h->cfg_strings[slot];
 }
 
+/* attack2: at most MHD_LOG_BURST libmicrohttpd lines per second (a flood
+ * of refused connections logs one line each); the count of dropped lines
+ * is logged with the next line let through. */
+#define MHD_LOG_BURST 20
+
 static void log_mhd(void *cls, const char *fmt, va_list ap)
 {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static time_t window;
+    static long n_window, n_dropped;
     char line[512];
+    long dropped = 0;
+    time_t now = time(NULL);
     (void)cls;
+    pthread_mutex_lock(&mu);
+    if (now != window) {
+        window = now;
+        n_window = 0;
+    }
+    if (n_window >= MHD_LOG_BURST) {
+        n_dropped++;
+        pthread_mutex_unlock(&mu);
+        return;
+    }
+    n_window++;
+    dropped = n_dropped;
+    n_dropped = 0;
+    pthread_mutex_unlock(&mu);
+    if (dropped)
+        dsq_log(DSQ_LOG_WARN, "mhd: %ld messages suppressed", dropped);
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
     dsq_log(DSQ_LOG_WARN, "mhd: %s", line);
@@ -1268,6 +1405,11 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     char port[16];
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    /* attack2: poll(), not select(): with select() every socket number
+     * >= FD_SETSIZE (1024) is refused, so ~1000 idle connections locked
+     * everyone else out long before MHD_OPTION_CONNECTION_LIMIT */
+    if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
+        flags |= MHD_USE_POLL;
     const union MHD_DaemonInfo *di;
     int gai;
 
@@ -1314,13 +1456,16 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     }
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* api: the idle timeout; on_access switches a connection to the busy
+     * one while it answers a request */
+    unsigned idle_s = idle_timeout_s(h);
     if (h->cfg.tls_cert_pem)
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+            MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
@@ -1333,7 +1478,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+            MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,

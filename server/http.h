@@ -39,6 +39,14 @@ typedef struct dsq_http_config {
     const char *served_model_name;
     int64_t created;                 /* unix time for /v1/models             */
     bool prefix_caching;             /* report cached_tokens in usage        */
+    int timeout_keep_alive_s;        /* api: a connection with no request
+                                        bytes in flight for this long is
+                                        closed (idle keep-alive, or a client
+                                        that sends nothing / half a request);
+                                        a running request is never cut by
+                                        it. 0 = 5 (uvicorn's default)        */
+    int max_seqs_per_request;        /* api: prompts x max(n, best_of) cap;
+                                        0 = DSQ_OPENAI_MAX_SEQS             */
 } dsq_http_config_t;
 
 typedef struct dsq_http dsq_http_t;

@@ -89,6 +89,9 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->max_model_len = o->max_model_len;
     eo->max_num_seqs = o->max_num_seqs;
     eo->max_num_batched_tokens = o->max_num_batched_tokens;
+    eo->max_prefill_tokens_with_decode = o->max_prefill_tokens_with_decode;
+    eo->admission_defer_steps = o->admission_defer_steps > 0 ? o->admission_defer_steps : -1;
+    eo->admission_window_ms = o->admission_window_ms > 0 ? o->admission_window_ms : -1;
     eo->max_waiting_requests = o->max_waiting_requests;
     eo->block_size = o->block_size;
     eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_KV_INT8
@@ -101,6 +104,8 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->n_threads = o->threads;
     eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;
     eo->quant_group_size = o->group_size;
+    eo->padding_model_path = o->padding_model;          /* pad */
+    eo->activation_dtype = !strcmp(o->activation_dtype, "fp32") ? DSQ_ACT_F32 : DSQ_ACT_INT8;
 }
 
 /* Engine-thread heartbeat (dsq_engine_opts_t.heartbeat): pet systemd's
@@ -256,6 +261,8 @@ int main(int argc, char **argv)
     hc.api_key = o.api_key;
     hc.max_request_bytes = o.max_request_bytes;
     hc.request_timeout_s = o.request_timeout;
+    hc.timeout_keep_alive_s = o.timeout_keep_alive;     /* api */
+    hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
     hc.allowed_origins = o.allowed_origins;
     hc.tls_cert_pem = cert;
     hc.tls_key_pem = key;

@@ -178,6 +178,13 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
           lbl, (double)st->generation_tokens_total);
     gauge(&b, "counter", "dsq:num_preemptions_total",
           "Sequences preempted (recomputed).", lbl, (double)st->preemptions_total);
+    /* prefix: vLLM V1's prefix_cache_queries / prefix_cache_hits, in tokens */
+    gauge(&b, "counter", "dsq:prefix_cache_queries_total",
+          "Prompt tokens looked up in the prefix cache (--enable-prefix-caching).", lbl,
+          (double)st->prefix_cache_queries_total);
+    gauge(&b, "counter", "dsq:prefix_cache_hits_total",
+          "Prompt tokens whose KV came from the prefix cache.", lbl,
+          (double)st->prefix_cache_hits_total);
     gauge(&b, "counter", "dsq:request_success_total",
           "Requests the engine finished.", lbl, (double)st->requests_finished_total);
 

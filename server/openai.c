@@ -96,9 +96,16 @@ static int get_bool(const cJSON *obj, const char *name, bool *out,
 
 /* cJSON ends a string at a \u0000 escape, so "a\u0000b" would silently
  * become "a": true when the body holds one (a backslash that is not itself
- * escaped, then u0000). */
+ * escaped, then u0000), or a raw NUL byte before the end of the value. */
 static bool has_nul_escape(const char *body, size_t len)
 {
+    /* attack2: a raw NUL byte inside a string is cut the same way (and is
+     * not JSON: control characters must be escaped); NULs after the value
+     * (a C string's terminator) are tolerated below */
+    const char *z = memchr(body, '\0', len);
+    for (; z && z < body + len; z++)
+        if (*z != '\0' && *z != ' ' && *z != '\n' && *z != '\r' && *z != '\t')
+            return true;
     for (size_t i = 0; i + 6 <= len; i++) {
         size_t k = 0;
         if (memcmp(body + i, "\\u0000", 6))
@@ -107,6 +114,59 @@ static bool has_nul_escape(const char *body, size_t len)
             k++;
         if (k % 2 == 0)
             return true;
+    }
+    return false;
+}
+
+static size_t utf8_seq(const unsigned char *s, size_t n, bool *ok);
+
+/* api: true when s is valid UTF-8 (RFC 3629). */
+static bool utf8_valid(const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        bool ok;
+        i += utf8_seq((const unsigned char *)s + i, n - i, &ok);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* api: does any string value or key in v hold invalid UTF-8? cJSON passes
+ * raw bytes through (and decodes \u escapes to valid UTF-8, lone
+ * surrogates aside, which it rejects), so this looks at every string once
+ * after parsing. Depth is bounded by cJSON's nesting limit. */
+static bool tree_has_bad_utf8(const cJSON *v)
+{
+    for (; v; v = v->next) {
+        if (v->string && !utf8_valid(v->string))
+            return true;
+        if (cJSON_IsString(v) && v->valuestring && !utf8_valid(v->valuestring))
+            return true;
+        if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && tree_has_bad_utf8(v->child))
+            return true;
+    }
+    return false;
+}
+
+/* api: 400 naming the top-level field whose value (or key) holds invalid
+ * UTF-8. Returns true when one does (err set). */
+static bool reject_bad_utf8(const cJSON *root, dsq_api_error_t *err)
+{
+    for (const cJSON *v = root->child; v; v = v->next) {
+        bool key_bad = v->string && !utf8_valid(v->string);
+        if (!key_bad && !(cJSON_IsString(v) && v->valuestring && !utf8_valid(v->valuestring)) &&
+            !((cJSON_IsArray(v) || cJSON_IsObject(v)) && tree_has_bad_utf8(v->child)))
+            continue;
+        if (key_bad)
+            dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
+                              "a field name is not valid UTF-8");
+        else
+            dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, v->string,
+                              "'%s' holds a string that is not valid UTF-8",
+                              v->string);
+        return true;
     }
     return false;
 }
@@ -136,6 +196,9 @@ static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
         dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
                           "request body must be a JSON object, got %s",
                           type_name(root));
+        cJSON_Delete(root);
+        root = NULL;
+    } else if (reject_bad_utf8(root, err)) {
         cJSON_Delete(root);
         root = NULL;
     }
@@ -633,13 +696,25 @@ sampling:
                                r->sp.n);
         goto fail;
     }
-    if (iv > r->sp.n) {
-        rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "best_of",
-                               "'best_of' > 'n' is not supported; use n");
-        goto fail;
-    }
 seed:
     r->best_of = (int)iv;
+    r->sp.best_of = (int)iv;
+    {
+        /* api: cap on the sequences one request creates */
+        int max_seqs = lim->max_seqs > 0 ? lim->max_seqs : DSQ_OPENAI_MAX_SEQS;
+        int64_t seqs = (int64_t)(r->n_prompts > 0 ? r->n_prompts : 1) * iv;
+        if (seqs > max_seqs) {
+            rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
+                                   iv > r->sp.n ? "best_of" : "n",
+                                   "this request would create %lld sequences "
+                                   "(%d prompts x %s %d); the limit is %d",
+                                   (long long)seqs,
+                                   r->n_prompts > 0 ? r->n_prompts : 1,
+                                   iv > r->sp.n ? "best_of" : "n", (int)iv,
+                                   max_seqs);
+            goto fail;
+        }
+    }
     v = field(root, "seed");
     if (v) {
         if (!is_int(v)) {
@@ -657,12 +732,8 @@ seed:
         goto fail;
     if (!chat)
         r->sp.logprobs = (int)iv;
-    if (r->echo && r->sp.logprobs >= 0) {
-        rc = dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "echo",
-                               "'echo' together with 'logprobs' is not "
-                               "supported (prompt logprobs)");
-        goto fail;
-    }
+    /* api: echo + logprobs scores the prompt too (OpenAI legacy format) */
+    r->sp.prompt_logprobs = r->echo && r->sp.logprobs >= 0;
     if ((rc = parse_stop(root, r, err)))
         goto fail;
     v = field(root, "stop_token_ids");
@@ -685,6 +756,12 @@ seed:
         goto fail;
     if ((rc = get_bool(root, "stream", &r->stream, err)))
         goto fail;
+    if (r->stream && r->best_of > r->sp.n) {
+        /* api: as OpenAI: candidates are ranked after they all ended */
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "best_of",
+                               "'best_of' > 'n' cannot be streamed");
+        goto fail;
+    }
     v = field(root, "stream_options");
     if (v) {
         if (!cJSON_IsObject(v)) {
@@ -982,6 +1059,57 @@ int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
         cJSON_AddItemToArray(offs, cJSON_CreateNumber(
             (double)(offset_base + (o->token_text_offset ? o->token_text_offset[i] : 0))));
     }
+    return DSQ_OK;
+}
+
+int dsq_openai_logprobs_add_prompt(cJSON *lp, const int32_t *ids, int n_ids,
+                                   const dsq_output_t *o,
+                                   dsq_token_text_fn fn, void *u,
+                                   size_t *text_len)
+{
+    cJSON *tokens = cJSON_GetObjectItem(lp, "tokens");
+    cJSON *lps = cJSON_GetObjectItem(lp, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs");
+    cJSON *offs = cJSON_GetObjectItem(lp, "text_offset");
+    size_t off = 0;
+    if (!tokens || !lps || !tops || !offs || !o || n_ids < 0)
+        return DSQ_EINVAL;
+    for (int i = 0; i < n_ids; i++) {
+        size_t len = 0;
+        const char *t = fn ? fn(u, ids[i], &len) : NULL;
+        cJSON *ts = clean_string(t, t ? len : 0);
+        bool have = i > 0 && i <= o->n_prompt_logprobs && o->prompt_logprobs;
+        cJSON *top = have ? cJSON_CreateObject() : cJSON_CreateNull();
+        cJSON *lv = have ? cJSON_CreateNumber(o->prompt_logprobs[i - 1])
+                         : cJSON_CreateNull();
+        cJSON *ov = cJSON_CreateNumber((double)off);
+        if (!ts || !top || !lv || !ov) {
+            cJSON_Delete(ts);
+            cJSON_Delete(top);
+            cJSON_Delete(lv);
+            cJSON_Delete(ov);
+            return DSQ_ENOMEM;
+        }
+        if (have) {
+            for (int k = 0; o->prompt_top && k < o->n_top; k++) {
+                const dsq_top_logprob_t *a =
+                    &o->prompt_top[(size_t)(i - 1) * (size_t)o->n_top + (size_t)k];
+                cJSON *as = token_string(a->token, fn, u);
+                if (as && !cJSON_GetObjectItemCaseSensitive(top, as->valuestring))
+                    cJSON_AddNumberToObject(top, as->valuestring, a->logprob);
+                cJSON_Delete(as);
+            }
+            if (!cJSON_GetObjectItemCaseSensitive(top, ts->valuestring))
+                cJSON_AddNumberToObject(top, ts->valuestring, o->prompt_logprobs[i - 1]);
+        }
+        cJSON_AddItemToArray(tokens, ts);
+        cJSON_AddItemToArray(lps, lv);
+        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(offs, ov);
+        off += t ? len : 0;
+    }
+    if (text_len)
+        *text_len = off;
     return DSQ_OK;
 }
 

@@ -24,6 +24,9 @@
 #define DSQ_OPENAI_MAX_LOGPROBS 20   /* vLLM's default max_logprobs          */
 #define DSQ_OPENAI_MAX_N 128         /* OpenAI's bound on n                  */
 #define DSQ_OPENAI_MAX_PROMPTS 1024  /* prompts in one request               */
+/* api: default cap on len(prompts) x max(n, best_of), the sequences one
+ * request creates (each holds KV blocks and a scheduler slot); above -> 400 */
+#define DSQ_OPENAI_MAX_SEQS 1024
 
 /* One prompt: either text (tokenized later by the caller, who then fills
  * ids/n_ids) or token ids as sent. All memory malloc'd, owned by the
@@ -42,7 +45,8 @@ typedef struct dsq_completion_req {
     int n_prompts;
     dsq_prompt_t *prompts;
     dsq_sampling_t sp;           /* sp.n = choices per prompt               */
-    int best_of;                 /* == sp.n (best_of > n is rejected)       */
+    int best_of;                 /* >= sp.n; also in sp.best_of. best_of > n
+                                    with stream is rejected (400)          */
     bool echo;
     bool stream;
     bool include_usage;          /* stream_options.include_usage            */
@@ -62,13 +66,19 @@ typedef struct dsq_completion_req {
 typedef struct dsq_openai_limits {
     const char *served_model_name;   /* "model" must equal this             */
     int32_t n_vocab;                 /* token ids must be < n_vocab; 0: any */
+    int max_seqs;                    /* api: cap on prompts x max(n, best_of);
+                                        0 = DSQ_OPENAI_MAX_SEQS             */
 } dsq_openai_limits_t;
 
 /* Parse and validate a completions body (len bytes, need not be
  * NUL-terminated). Returns 0 and fills *out, or DSQ_EINVAL with *err set
  * (kind, param, message); *out is then empty. Unknown fields are ignored
- * (as vLLM does); `suffix` and best_of > n are rejected as unsupported;
- * echo together with logprobs is rejected (needs prompt logprobs). */
+ * (as vLLM does); `suffix` is rejected as unsupported. best_of > n sets
+ * sp.best_of (400 with stream, as OpenAI); echo together with logprobs
+ * sets sp.prompt_logprobs. Every parser here rejects a body whose strings
+ * (values or keys, at any depth) are not valid UTF-8, naming the top-level
+ * field; and len(prompts) x max(n, best_of) above lim->max_seqs (param
+ * "n" or "best_of"). */
 int dsq_openai_parse_completion(const char *body, size_t len,
                                 const dsq_openai_limits_t *lim,
                                 dsq_completion_req_t *out,
@@ -157,6 +167,20 @@ cJSON *dsq_openai_logprobs_new(void);
 int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
                             size_t offset_base, dsq_token_text_fn fn,
                             void *u);
+
+/* api: echo + logprobs. Append the prompt's entries to lp: token i of
+ * ids[n_ids] with its text, its byte offset (sum of the display byte
+ * lengths of the tokens before it), its logprob o->prompt_logprobs[i - 1]
+ * and a dict of o->prompt_top's alternatives plus the token itself. Token
+ * 0 has no context: its token_logprobs and top_logprobs entries are null
+ * (OpenAI's format), as are entries past o->n_prompt_logprobs (not
+ * computed). *text_len (may be NULL) receives the total byte length, the
+ * offset_base of the completion's entries. Returns 0, DSQ_EINVAL (lp not
+ * completions-format) or DSQ_ENOMEM. */
+int dsq_openai_logprobs_add_prompt(cJSON *lp, const int32_t *ids, int n_ids,
+                                   const dsq_output_t *o,
+                                   dsq_token_text_fn fn, void *u,
+                                   size_t *text_len);
 
 /* One finished choice of a non-streaming response. */
 typedef struct dsq_choice_out {

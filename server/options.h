@@ -24,6 +24,9 @@ typedef struct dsq_options {
     int max_model_len;           /* 0: engine default                      */
     int max_num_seqs;
     int max_num_batched_tokens;
+    int max_prefill_tokens_with_decode;
+    int admission_defer_steps;
+    int admission_window_ms;
     double gpu_memory_utilization;
     char *api_key;
     char *kv_cache_dtype;        /* auto | fp16 | int8                     */
@@ -33,10 +36,13 @@ typedef struct dsq_options {
     int max_waiting_requests;
     double shutdown_timeout;     /* s                                      */
     double request_timeout;      /* s, 0 = none                            */
+    int timeout_keep_alive;      /* api: s, idle connection timeout        */
+    int max_seqs_per_request;    /* api: prompts x max(n, best_of) cap     */
     int threads;
     char *device;                /* auto | cpu | cuda                      */
     char *quantize;              /* none | int4                            */
     int group_size;
+    char *activation_dtype;      /* int8 | fp32                            */
     int64_t memory_limit;        /* bytes, 0 = none                        */
     int64_t kv_cache_memory;     /* bytes, 0 = planner decides             */
     char *log_level;
@@ -45,6 +51,7 @@ typedef struct dsq_options {
     char *ssl_keyfile;
     char *allowed_origins;       /* comma-separated, "*" allowed           */
     char *chat_template;
+    char *padding_model;         /* pad: padding cost model JSON           */
     char *reasoning_parser;      /* none | deepseek_r1                     */
     char *config;
     bool plan;

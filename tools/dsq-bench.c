@@ -9,6 +9,11 @@
  *   cpu     end to end on a real model: prompt processing (one prefill of
  *           --prompt-tokens) and generation (--gen-tokens decode steps)
  *           tok/s, as llama-bench's pp512 / tg128 (see bench_cpu).
+ *   pad     fits the padding cost model (engine/padding.h) on a real model
+ *           (bench_pad.c).
+ *   serve   HTTP load against dsqd and/or llama.cpp's llama-server: request
+ *           throughput, output tok/s, TTFT and inter-token latency under N
+ *           concurrent streamed clients (bench_serve.c).
  * Weights are random: timing does not depend on values. */
 #include "dsq_config.h"
 
@@ -170,9 +175,13 @@ static int bench_cpu(int argc, char **argv)
 {
     const char *path = NULL;
     int threads = 0, n_pp = 512, n_tg = 128, reps = 3;
+    dsq_model_opts_t mo = {0};
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
             path = argv[++i];
+        else if (strcmp(argv[i], "--activation-dtype") == 0 && i + 1 < argc &&
+                 (strcmp(argv[i + 1], "int8") == 0 || strcmp(argv[i + 1], "fp32") == 0))
+            mo.activation_dtype = strcmp(argv[++i], "fp32") == 0 ? DSQ_ACT_F32 : DSQ_ACT_INT8;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--prompt-tokens") == 0 && i + 1 < argc)
@@ -188,7 +197,8 @@ static int bench_cpu(int argc, char **argv)
     }
     if (!path || n_pp < 0 || n_tg < 0 || reps < 1) {
         fprintf(stderr, "usage: dsq-bench cpu --model PATH [--threads N] "
-                        "[--prompt-tokens 512] [--gen-tokens 128] [--reps 3]\n");
+                        "[--prompt-tokens 512] [--gen-tokens 128] [--reps 3] "
+                        "[--activation-dtype int8|fp32]\n");
         return 2;
     }
     if (threads > 0 && dsq_cpu_set_threads(threads) != 0) {
@@ -203,7 +213,7 @@ static int bench_cpu(int argc, char **argv)
     int32_t *ids = NULL;
     dsq_model_file_t *f = dsq_model_file_open(path, NULL, err, sizeof(err));
     if (f)
-        model = dsq_model_create(f, &(dsq_model_opts_t){0}, err, sizeof(err));
+        model = dsq_model_create(f, &mo, err, sizeof(err));
     if (model) {
         const dsq_model_config_t *c = dsq_model_config(model);
         int n_max = n_pp > n_tg ? n_pp : n_tg;
@@ -258,6 +268,8 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) { extern int dsq__bench_tokenize(int, char **); return dsq__bench_tokenize(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "sched") == 0) { extern int dsq__bench_sched(int, char **); return dsq__bench_sched(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0) { extern int dsq__bench_serve(int, char **); return dsq__bench_serve(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
             printf("dsq-bench %s\n", DSQ_VERSION);
@@ -267,9 +279,13 @@ int main(int argc, char **argv)
             printf("usage: dsq-bench [--help] [--version]\n"
                    "       dsq-bench matmul [--threads N] [--seconds S]\n"
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
-                   " [--gen-tokens 128] [--reps 3]\n"
+                   " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
-                   "       dsq-bench sched [--seqs 256] [--steps 20000]\n");
+                   "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
+                   "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
+                   " [--threads N] [--reps 3] [--context 128]\n"
+                   "       dsq-bench serve [--url URL]... [--dsqd PATH] [--llama-server PATH]"
+                   " [--model GGUF] [--clients 8] [--requests 32] ... (serve --help)\n");
             return 0;
         }
     }

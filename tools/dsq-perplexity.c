@@ -8,7 +8,16 @@
  * tokens of context (except early ones). PPL = exp(mean NLL).
  * With --ref-model R the same windows run through R and the mean
  * KL(P_ref || P_model) over the scored tokens is reported (nats).
- * Both models must share the tokenizer (the text is tokenized with M's). */
+ * Both models must share the tokenizer (the text is tokenized with M's).
+ *
+ * --llama-cpp-protocol scores like llama.cpp's llama-perplexity (tools/
+ * perplexity/perplexity.cpp, perplexity()): the text is tokenized with BOS
+ * only if the vocab asks for it (add_bos_token), cut into n = tokens / ctx
+ * non-overlapping chunks of ctx tokens (the tail is dropped); each chunk is
+ * a fresh sequence whose first token is replaced by BOS when the vocab adds
+ * one, and only its second half is scored: tokens ctx/2 + 1 .. ctx - 1,
+ * from the logits of rows ctx/2 .. ctx - 2. --stride is ignored. So dsq and
+ * llama.cpp numbers on the same model and text are directly comparable. */
 #include "dsq_config.h"
 
 #include <math.h>
@@ -108,7 +117,10 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: dsq-perplexity --model M --text FILE [--tokenizer PATH] [--ctx 512]\n"
 "         [--stride 256] [--max-tokens N] [--ref-model R] [--ref-tokenizer PATH]\n"
-"         [--help] [--version]\n"
+"         [--llama-cpp-protocol] [--dump-nll FILE] [--help] [--version]\n"
+"--dump-nll: one line per scored token, its NLL in nats (paired comparisons).\n"
+"--llama-cpp-protocol: non-overlapping ctx chunks, second half scored, as\n"
+"llama.cpp's llama-perplexity.\n"
 "Prints ppl (sliding window, each token scored once) and, with --ref-model,\n"
 "the mean KL(P_ref || P_model) in nats over the scored tokens.\n");
 }
@@ -118,8 +130,15 @@ int main(int argc, char **argv)
     const char *model = NULL, *text = NULL, *tok = NULL, *ref = NULL, *ref_tok = NULL;
     int ctx = 512, stride = 256;
     long max_tokens = 0;
+    bool llama_protocol = false;
+    const char *dump = NULL;
+    FILE *df = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--llama-cpp-protocol") == 0) {
+            llama_protocol = true;
+            continue;
+        }
         if (strcmp(a, "--version") == 0) {
             printf("dsq-perplexity %s\n", DSQ_VERSION);
             return 0;
@@ -141,6 +160,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--ctx") == 0) ctx = atoi(v);
         else if (strcmp(a, "--stride") == 0) stride = atoi(v);
         else if (strcmp(a, "--max-tokens") == 0) max_tokens = atol(v);
+        else if (strcmp(a, "--dump-nll") == 0) dump = v;
         else {
             fprintf(stderr, "dsq-perplexity: unknown option %s (see --help)\n", a);
             return 2;
@@ -197,7 +217,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "dsq-perplexity: cannot read %s\n", text);
         goto undo;
     }
-    if (dsq_tokenizer_encode(tk, buf, (size_t)len, DSQ_TOK_ADD_BOS, &ids, &n_ids)) {
+    const bool add_bos = !llama_protocol || dsq_tokenizer_add_bos(tk);
+    if (dsq_tokenizer_encode(tk, buf, (size_t)len, add_bos ? DSQ_TOK_ADD_BOS : 0, &ids,
+                             &n_ids)) {
         fprintf(stderr, "dsq-perplexity: tokenizing %s failed\n", text);
         goto undo;
     }
@@ -207,6 +229,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "dsq-perplexity: %s has fewer than 2 tokens\n", text);
         goto undo;
     }
+    if (dump && !(df = fopen(dump, "w"))) {
+        fprintf(stderr, "dsq-perplexity: cannot write %s\n", dump);
+        goto undo;
+    }
     lg = malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lg));
     lr = have_ref ? malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lr)) : NULL;
     if (!lg || (have_ref && !lr))
@@ -214,6 +240,47 @@ int main(int argc, char **argv)
     double nll = 0, kl = 0;
     long n_scored = 0;
     size_t prev_end = 1;            /* tokens [1, prev_end) already scored */
+    if (llama_protocol) {
+        const int32_t bos = dsq_tokenizer_bos(tk);
+        const size_t n_chunk = n_ids / (size_t)ctx;
+        const int first = ctx / 2;
+        int32_t *chunk = malloc((size_t)ctx * sizeof(*chunk));
+        if (!chunk || n_chunk == 0) {
+            fprintf(stderr, "dsq-perplexity: %s\n",
+                    chunk ? "text shorter than one --ctx chunk" : "out of memory");
+            free(chunk);
+            goto undo;
+        }
+        for (size_t c = 0; c < n_chunk; c++) {
+            memcpy(chunk, ids + c * (size_t)ctx, (size_t)ctx * sizeof(*chunk));
+            if (add_bos && bos >= 0)
+                chunk[0] = bos;
+            if (run_window(&rm, chunk, ctx - 1, first, lg) ||
+                (have_ref && run_window(&rr, chunk, ctx - 1, first, lr))) {
+                fprintf(stderr, "dsq-perplexity: forward pass failed\n");
+                free(chunk);
+                goto undo;
+            }
+            for (int row = first; row < ctx - 1; row++) {
+                float *p = lg + (size_t)(row - first) * (size_t)rm.n_vocab;
+                log_softmax(p, rm.n_vocab);
+                nll -= p[ids[c * (size_t)ctx + (size_t)row + 1]];
+                if (df)
+                    fprintf(df, "%.6f\n", -(double)p[ids[c * (size_t)ctx + (size_t)row + 1]]);
+                if (have_ref) {
+                    float *q = lr + (size_t)(row - first) * (size_t)rm.n_vocab;
+                    log_softmax(q, rm.n_vocab);
+                    double k = 0;
+                    for (int64_t v = 0; v < rm.n_vocab; v++)
+                        k += exp((double)q[v]) * ((double)q[v] - p[v]);
+                    kl += k;
+                }
+                n_scored++;
+            }
+        }
+        free(chunk);
+        prev_end = n_ids;           /* skip the sliding window below */
+    }
     for (size_t begin = 0; prev_end < n_ids; begin += (size_t)stride) {
         size_t end = begin + (size_t)ctx < n_ids ? begin + (size_t)ctx : n_ids;
         if (end <= prev_end)
@@ -230,6 +297,8 @@ int main(int argc, char **argv)
             float *p = lg + (size_t)(row - first) * (size_t)rm.n_vocab;
             log_softmax(p, rm.n_vocab);
             nll -= p[ids[begin + (size_t)row + 1]];
+            if (df)
+                fprintf(df, "%.6f\n", -(double)p[ids[begin + (size_t)row + 1]]);
             if (have_ref) {
                 float *q = lr + (size_t)(row - first) * (size_t)rm.n_vocab;
                 log_softmax(q, rm.n_vocab);
@@ -244,13 +313,18 @@ int main(int argc, char **argv)
         if (end == n_ids)
             break;
     }
-    printf("ppl=%.4f nll=%.5f tokens=%ld ctx=%d stride=%d", exp(nll / n_scored),
-           nll / n_scored, n_scored, ctx, stride);
+    printf("ppl=%.4f nll=%.5f tokens=%ld ctx=%d %s=%d", exp(nll / n_scored),
+           nll / n_scored, n_scored, ctx, llama_protocol ? "llama_cpp_chunks" : "stride",
+           llama_protocol ? (int)(n_ids / (size_t)ctx) : stride);
     if (have_ref)
         printf(" kl=%.6f", kl / n_scored);
     printf(" model=%s\n", model);
     rc = 0;
 undo:
+    if (df && fclose(df) != 0 && rc == 0) {
+        fprintf(stderr, "dsq-perplexity: writing %s failed\n", dump);
+        rc = 1;
+    }
     if (have_ref)
         runner_close(&rr);
 undo_m:

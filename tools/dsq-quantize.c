@@ -18,7 +18,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
 "usage: dsq-quantize --model HF_DIR|GGUF|LLAMA2C_BIN [--tokenizer PATH] --out DIR\n"
-"         [--method rtn|awq|gptq] [--w-bit 4] [--group-size 32|64|128] [--sym]\n"
+"         [--method rtn|awq|gptq] [--format auto|awq|gptq] [--w-bit 4]\n"
+"         [--group-size 32|64|128] [--sym]\n"
 "         [--calib FILE] [--calib-samples N] [--calib-seq-len L]\n"
 "         [--calib-epsilon E] [--calib-delta D] [--force] [--calib-rows R]\n"
 "         [--recipe default|deepseek-moe] [--search] [--search-max-bpw B]\n"
@@ -26,7 +27,8 @@ static void usage(FILE *f)
 "         [--clip-kl-bound NATS] [--clip-quantile Q] [--clip-ratio R]\n"
 "         [--damp F] [--desc-act] [--threads T] [--quiet] [--help] [--version]\n"
 "\n"
-"Writes DIR/model.safetensors (AWQ GEMM packing, or GPTQ v1 with --method gptq),\n"
+"Writes DIR/model.safetensors (AWQ GEMM packing, or GPTQ v1 with --method gptq\n"
+"or when the group size does not divide an input width: --format auto),\n"
 "DIR/config.json with quantization_config, and the tokenizer files.\n"
 "Calibration: n = ceil(2 ln(2/delta) / eps^2) samples (defaults eps 0.25,\n"
 "delta 0.1: 96); fewer is refused unless --force. See docs/quantization.md.\n");
@@ -77,6 +79,7 @@ int main(int argc, char **argv)
             else if (strcmp(a, "--tokenizer") == 0) o.tokenizer = v;
             else if (strcmp(a, "--out") == 0) o.out_dir = v;
             else if (strcmp(a, "--method") == 0) o.method = v;
+            else if (strcmp(a, "--format") == 0) o.format = v;
             else if (strcmp(a, "--calib") == 0) o.calib = v;
             else if (strcmp(a, "--recipe") == 0) {
                 if (dsq_quantizer_recipe_parse(v, &o.recipe)) {

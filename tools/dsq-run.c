@@ -34,6 +34,8 @@ static const char usage[] =
     "  --quantize int4      round 8/16/32-bit weights to INT4 at load (RTN)\n"
     "  --group-size G       INT4 group size with --quantize (32, 64, 128)\n"
     "  --kv-cache-dtype D   auto (default: fp32 for FP32 models, else fp16), fp16, fp32, int8\n"
+    "  --activation-dtype A int8 (default: int8 activations in quantized matmuls, fast)\n"
+    "                       or fp32 (exact W*x up to fp32 rounding, slower)\n"
     "  --help, --version\n";
 
 typedef struct waiter {
@@ -89,6 +91,7 @@ int main(int argc, char **argv)
     const char *prompt = NULL;
     int ids = 0, no_bos = 0, bad = 0;
     const char *kvd = NULL;
+    const char *actd = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -125,6 +128,7 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--quantize")) eo.quantize = v;
             else if (!strcmp(a, "--group-size")) bad |= parse_int(v, &eo.quant_group_size);
             else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
+            else if (!strcmp(a, "--activation-dtype")) actd = v;
             else {
                 fprintf(stderr, "dsq-run: unknown option %s (see --help)\n", a);
                 return 2;
@@ -152,6 +156,12 @@ int main(int argc, char **argv)
         eo.kv_cache_dtype = DSQ_KV_F32;
     else if (kvd && strcmp(kvd, "auto") != 0) {
         fprintf(stderr, "dsq-run: --kv-cache-dtype must be auto, fp16, fp32 or int8\n");
+        return 2;
+    }
+    if (actd && strcmp(actd, "fp32") == 0)
+        eo.activation_dtype = DSQ_ACT_F32;
+    else if (actd && strcmp(actd, "int8") != 0) {
+        fprintf(stderr, "dsq-run: --activation-dtype must be int8 or fp32\n");
         return 2;
     }
     if (eo.quantize && strcmp(eo.quantize, "int4") != 0 && strcmp(eo.quantize, "none") != 0) {

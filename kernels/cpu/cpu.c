@@ -1,11 +1,13 @@
 /* CPU backend control: thread count and instruction-set dispatch level.
  *
  * The ISA level is read from CPUID once (GCC's __builtin_cpu_supports, which
- * also checks that the OS saves the AVX/AVX-512 register state) and may be
- * lowered, never raised, by DSQ_CPU_ISA or dsq_cpu_force_isa, so tests can
- * run every path the machine has against the scalar one. The thread count
- * defaults to the number of physical cores (hyper-threads share the FMA and
- * load ports the kernels saturate); it sizes the pthread pool of
+ * also checks that the OS saves the AVX/AVX-512 register state; on AArch64
+ * the kernel's HWCAP bits, getauxval(AT_HWCAP): NEON always, SDOT when
+ * HWCAP_ASIMDDP) and may be lowered, never raised, by DSQ_CPU_ISA or
+ * dsq_cpu_force_isa, so tests can run every path the machine has against
+ * the scalar one; levels of the other architecture never run. The thread
+ * count defaults to the number of physical cores (hyper-threads share the
+ * FMA and load ports the kernels saturate); it sizes the pthread pool of
  * threadpool.c, so it holds no matter which thread calls the kernels.
  */
 #include "cpu_internal.h"
@@ -15,6 +17,13 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)   /* Linux arch/arm64 uapi hwcap.h */
+#endif
+#endif
 
 #include "error.h"
 
@@ -88,7 +97,22 @@ static int parse_isa(const char *name)
         return DSQ__ISA_AVX2;
     if (strcasecmp(name, "avx512") == 0)
         return DSQ__ISA_AVX512;
+    if (strcasecmp(name, "neon") == 0)
+        return DSQ__ISA_NEON;
+    if (strcasecmp(name, "neon_dotprod") == 0)
+        return DSQ__ISA_NEON_DOTPROD;
     return -1;
+}
+
+/* Whether level lvl runs on a CPU whose best level is det: scalar always,
+ * others only up to det and within det's architecture. */
+static bool isa_runs(int lvl, int det)
+{
+    if (lvl == DSQ__ISA_SCALAR)
+        return true;
+    if ((lvl >= DSQ__ISA_NEON) != (det >= DSQ__ISA_NEON))
+        return false;
+    return lvl <= det;
 }
 
 static int detect_isa(void)
@@ -105,6 +129,10 @@ static int detect_isa(void)
             __builtin_cpu_supports("avx512vnni"))
             level = DSQ__ISA_AVX512;
     }
+#elif defined(__aarch64__)
+    level = DSQ__ISA_NEON;   /* Advanced SIMD is mandatory in AArch64 */
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP)
+        level = DSQ__ISA_NEON_DOTPROD;
 #endif
     return level;
 }
@@ -114,18 +142,18 @@ dsq__isa_t dsq__cpu_isa_level(void)
     if (isa_detected < 0) {
         int det = detect_isa();
         int env = parse_isa(getenv("DSQ_CPU_ISA"));
-        if (env >= 0 && env < det && isa_forced < 0)
+        if (env >= 0 && env != det && isa_runs(env, det) && isa_forced < 0)
             isa_forced = env;
         isa_detected = det;
     }
-    if (isa_forced >= 0 && isa_forced < isa_detected)
+    if (isa_forced >= 0 && isa_forced != isa_detected)
         return (dsq__isa_t)isa_forced;
     return (dsq__isa_t)isa_detected;
 }
 
 const char *dsq_cpu_isa(void)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon", "neon_dotprod"};
     return names[dsq__cpu_isa_level()];
 }
 
@@ -136,7 +164,7 @@ int dsq_cpu_force_isa(const char *name)
     (void)dsq__cpu_isa_level();
     if (lvl < 0)
         rc = DSQ_EINVAL;
-    else if (lvl > isa_detected)
+    else if (!isa_runs(lvl, isa_detected))
         rc = DSQ_EUNSUPPORTED;
     else
         isa_forced = lvl;

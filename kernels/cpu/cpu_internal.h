@@ -19,6 +19,9 @@ typedef enum dsq__isa {
     DSQ__ISA_SCALAR = 0,
     DSQ__ISA_AVX2 = 1,     /* AVX2 + FMA + F16C                              */
     DSQ__ISA_AVX512 = 2,   /* AVX-512 F/BW/VL + VNNI (+ the AVX2 set)         */
+    /* AArch64 levels (x86 code never sees them: it is compiled out there) */
+    DSQ__ISA_NEON = 3,     /* Advanced SIMD, every AArch64 CPU               */
+    DSQ__ISA_NEON_DOTPROD = 4, /* + SDOT (HWCAP_ASIMDDP)                     */
 } dsq__isa_t;
 
 /* Level in effect (CPUID at first use, lowered by DSQ_CPU_ISA or
@@ -112,6 +115,16 @@ typedef void (*dsq__mm_tile_fn)(float *y, int64_t ldy, const dsq__xq_t *xq,
 void dsq__mm_scalar(dsq__mm_tile_fn tab[6]);
 void dsq__mm_avx2(dsq__mm_tile_fn tab[6]);
 void dsq__mm_avx512(dsq__mm_tile_fn tab[6]);
+/* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
+ * variant then replaces the integer ones with SDOT versions. No-ops
+ * elsewhere. */
+void dsq__mm_neon(dsq__mm_tile_fn tab[6]);
+void dsq__mm_neon_dot(dsq__mm_tile_fn tab[6]);
+
+/* The fp32-activation path of dsq_cpu_matmul (matmul_f32act.c) for
+ * w->act == DSQ_ACT_F32 and an INT4/Q8_0/INT8 weight that dsq_cpu_matmul
+ * already validated (y, x non-NULL, m > 0). Returns 0 or DSQ_ENOMEM. */
+int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *w);
 
 /* Row bytes of Q8_0 weights: 34 bytes per 32 weights. */
 #define DSQ__Q8_0_BLOCK 34

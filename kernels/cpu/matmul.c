@@ -336,8 +336,14 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     int rc = check_weight(w);
     if (rc != DSQ_OK || !y || !x || m < 0)
         return rc != DSQ_OK ? rc : DSQ_EINVAL;
+    if (w->act != DSQ_ACT_INT8 && w->act != DSQ_ACT_F32)
+        return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
+    if (w->act == DSQ_ACT_F32 && (w->format == DSQ_WFMT_INT4 ||
+                                  w->format == DSQ_WFMT_Q8_0 ||
+                                  w->format == DSQ_WFMT_INT8))
+        return dsq__matmul_f32act(y, x, m, w);
 
     dsq__xq_t xq = {.x = x, .m = m, .k = w->k};
     xq.k_pad = (w->k + 31) / 32 * 32;
@@ -371,6 +377,10 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__mm_avx2(fast);
     if (isa >= DSQ__ISA_AVX512)
         dsq__mm_avx512(fast);
+    if (isa >= DSQ__ISA_NEON)          /* AArch64 (the x86 tables are no-ops) */
+        dsq__mm_neon(fast);
+    if (isa >= DSQ__ISA_NEON_DOTPROD)
+        dsq__mm_neon_dot(fast);
 
     struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .m = m};
     c.fn = fast[w->format] ? fast[w->format] : tab[w->format];

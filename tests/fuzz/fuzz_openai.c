@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *body = (const char *)data;
     dsq_openai_limits_t lim = {.served_model_name = "m", .n_vocab = 49152};
-    dsq_openai_limits_t any = {.served_model_name = "m", .n_vocab = 0};
+    /* api: a small sequence cap, so the prompts x best_of check is hit */
+    dsq_openai_limits_t any = {.served_model_name = "m", .n_vocab = 0, .max_seqs = 8};
     for (int pass = 0; pass < 2; pass++) {
         const dsq_openai_limits_t *l = pass ? &any : &lim;
         dsq_completion_req_t r;

@@ -6,7 +6,9 @@
  *  - n > 1 shares the prompt (fork) and seeded sampling is reproducible;
  *  - stop strings end the choice and are never emitted;
  *  - cancellation ends a request with "abort" and frees its KV blocks;
- *  - prompt + max_tokens > max_model_len is refused with DSQ_ERANGE. */
+ *  - prompt + max_tokens > max_model_len is refused with DSQ_ERANGE;
+ *  - prompt logprobs come once, unchanged by chunking and preemption, and
+ *    best_of > n returns the n best candidates (api). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -297,11 +299,156 @@ static void test_n_seed_stop_cancel(void **state)
     dsq_engine_destroy(e);
 }
 
+/* api: prompt logprobs (sp.prompt_logprobs). The request's first event
+ * carries exactly n_prompt - 1 of them, no other event carries any, and the
+ * values do not depend on how the prompt was computed: alone in one
+ * prefill, in chunks of 8 tokens among 16 other requests, and under the
+ * preemption a tiny KV budget forces (recompute must not emit them twice or
+ * shift them). Their agreement with llama.cpp is checked end to end
+ * (tests/e2e/test_api_gaps.py). best_of > n: n choices, the best first. */
+typedef struct plp_result {
+    float lp[128];
+    dsq_top_logprob_t top[128][2];
+    int n, n_events_with_plp, n_choices;
+    float cum[4];
+} plp_result_t;
+
+static void collect_plp(dsq_req_t *r, plp_result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    for (;;) {
+        pthread_mutex_lock(&W.mu);
+        int seen = W.signals;
+        pthread_mutex_unlock(&W.mu);
+        dsq_output_t ev;
+        int got = dsq_req_next(r, &ev);
+        if (got < 0)
+            break;
+        if (got == 0) {
+            pthread_mutex_lock(&W.mu);
+            while (W.signals == seen)
+                pthread_cond_wait(&W.cv, &W.mu);
+            pthread_mutex_unlock(&W.mu);
+            continue;
+        }
+        if (ev.prompt_logprobs) {
+            res->n_events_with_plp++;
+            assert_true(ev.n_prompt_logprobs <= 128);
+            res->n = ev.n_prompt_logprobs;
+            memcpy(res->lp, ev.prompt_logprobs, (size_t)res->n * sizeof(float));
+            assert_int_equal(ev.n_top, 2);
+            for (int i = 0; i < res->n; i++)
+                memcpy(res->top[i], ev.prompt_top + (size_t)i * 2, sizeof(res->top[i]));
+        }
+        for (int i = 0; ev.logprobs && i < ev.n_tokens && ev.index < 4; i++)
+            res->cum[ev.index] += ev.logprobs[i];
+        if (ev.finish != DSQ_FINISH_NONE)
+            res->n_choices++;
+        dsq_output_free(&ev);
+    }
+}
+
+static dsq_req_t *submit_ids(dsq_engine_t *e, const int32_t *ids, int n,
+                             const dsq_sampling_t *sp)
+{
+    char err[256];
+    dsq_req_t *r = dsq_req_create(ids, n, sp, notify, &W, err, sizeof(err));
+    assert_non_null(r);
+    assert_int_equal(dsq_engine_submit(e, r), DSQ_OK);
+    return r;
+}
+
+static void test_prompt_logprobs_and_best_of(void **state)
+{
+    (void)state;
+    const char *text = prompts[6];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    dsq_engine_t *e = open_engine(64 << 20, 512);
+    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), text, strlen(text), 0,
+                                          &ids, &n), 0);
+    assert_true(n > 4 && n < 100);
+    dsq_sampling_t sp = greedy(0);
+    sp.prompt_logprobs = true;
+    sp.logprobs = 2;
+    plp_result_t alone, crowd;
+    dsq_req_t *r = submit_ids(e, ids, (int)n, &sp);
+    collect_plp(r, &alone);
+    dsq_req_unref(r);
+    assert_int_equal(alone.n_events_with_plp, 1);
+    assert_int_equal(alone.n, (int)n - 1);
+    assert_int_equal(alone.n_choices, 1);
+    for (int i = 0; i < alone.n; i++) {
+        /* a log-probability, and the top list is sorted and bounds it */
+        assert_true(alone.lp[i] <= 0 && alone.top[i][0].logprob >= alone.top[i][1].logprob);
+        assert_true(alone.lp[i] <= alone.top[i][0].logprob + 1e-6f);
+    }
+    /* best_of 3, n 2, seeded: 2 choices, ordered by cumulative logprob */
+    dsq_sampling_t bo = greedy(6);
+    bo.temperature = 1.0f;
+    bo.has_seed = true;
+    bo.seed = 99;
+    bo.logprobs = 0;
+    bo.n = 2;
+    bo.best_of = 3;
+    plp_result_t b;
+    r = submit_ids(e, ids, (int)n, &bo);
+    collect_plp(r, &b);
+    dsq_req_unref(r);
+    assert_int_equal(b.n_choices, 2);
+    assert_true(b.cum[0] >= b.cum[1]);
+    assert_int_equal(b.n_events_with_plp, 0);
+    wait_idle(e);
+    dsq_engine_destroy(e);
+
+    /* chunks of 8 tokens, 16 other requests, 8 KV blocks: preemption */
+    const char *dir = getenv("DSQ_MODELS_DIR");
+    snprintf(model_path, sizeof(model_path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : "models");
+    int64_t per_block = 2LL * 30 * 3 * 64 * 2 * 16;
+    dsq_engine_opts_t o = {.model_path = model_path, .kv_cache_memory_bytes = 8 * per_block,
+                           .max_model_len = 128, .block_size = 16,
+                           .max_num_batched_tokens = 8};
+    char err[512];
+    e = dsq_engine_create(&o, err, sizeof(err));
+    if (!e)
+        fail_msg("engine: %s", err);
+    dsq_sampling_t other = greedy(MAX_NEW);
+    dsq_req_t *rs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        rs[i] = submit(e, prompts[i], &other);
+    sp.max_tokens = 8;
+    r = submit_ids(e, ids, (int)n, &sp);
+    collect_plp(r, &crowd);
+    dsq_req_unref(r);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        result_t res;
+        collect(rs[i], &res);
+        dsq_req_unref(rs[i]);
+    }
+    wait_idle(e);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    print_message("# prompt logprobs under load: %lld preemptions\n",
+                  (long long)st.preemptions_total);
+    assert_true(st.preemptions_total > 0);
+    dsq_engine_destroy(e);
+    assert_int_equal(crowd.n_events_with_plp, 1);
+    assert_int_equal(crowd.n, alone.n);
+    for (int i = 0; i < alone.n; i++) {
+        /* same positions; chunk shape may change fp rounding a little */
+        if (!(crowd.lp[i] > alone.lp[i] - 1e-2f && crowd.lp[i] < alone.lp[i] + 1e-2f))
+            fail_msg("position %d: %f alone, %f under load", i, alone.lp[i], crowd.lp[i]);
+    }
+    free(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_n_seed_stop_cancel),
+        cmocka_unit_test(test_prompt_logprobs_and_best_of),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

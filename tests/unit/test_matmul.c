@@ -11,8 +11,10 @@
  *     mag = sum of the magnitudes of all terms summed (|w||x|; for INT4 the
  *     scale and zero-point terms separately), the standard bound for any
  *     summation order (Higham, Accuracy and Stability, ch. 4).
- * Every ISA level the CPU has (forced with dsq_cpu_force_isa) is compared
- * with the FP64 reference and with the scalar path. */
+ * Every ISA level the CPU has (forced with dsq_cpu_force_isa: AVX2,
+ * AVX-512 on x86-64; NEON, NEON+SDOT on AArch64, run under qemu by
+ * scripts/test-arm64) is compared with the FP64 reference and with the
+ * scalar path. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -158,8 +160,10 @@ static built_t build(dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int64_t n, int64
     return b;
 }
 
-static const char *isas[3] = {"scalar", "avx2", "avx512"};
-static int n_isa_run;
+#define N_ISAS 5
+static const char *isas[N_ISAS] = {"scalar", "avx2", "avx512", "neon", "neon_dotprod"};
+static unsigned isa_run_mask;    /* bit i: isas[i] ran */
+static const char *best_isa;     /* the level in force before the first check */
 
 /* Runs all ISA levels for one weight and m; returns max abs error vs FP64. */
 static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
@@ -191,10 +195,12 @@ static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
             tolfp[r * n + c] = 2.0 * (double)(k + nb + 2) * u * mag * 1.01 + 1e-7;
             tol[r * n + c] = (quant ? qe * (1.0 + 1e-5) : 0.0) + tolfp[r * n + c];
         }
-    for (int i = 0; i < 3; i++) {
+    if (!best_isa)
+        best_isa = dsq_cpu_isa();
+    for (int i = 0; i < N_ISAS; i++) {
         if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
             continue;
-        n_isa_run = i + 1 > n_isa_run ? i + 1 : n_isa_run;
+        isa_run_mask |= 1u << i;
         memset(y, 0xff, (size_t)(m * n) * 4);
         assert_int_equal(dsq_cpu_matmul(y, x, m, &b->w), DSQ_OK);
         if (i == 0)
@@ -215,8 +221,7 @@ static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
         }
     }
     /* back to the best level the CPU has */
-    if (dsq_cpu_force_isa(isas[2]) != DSQ_OK)
-        dsq_cpu_force_isa(isas[1]);
+    assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
     free(x); free(y); free(ys); free(ref); free(tol); free(tolfp);
 }
 
@@ -265,7 +270,11 @@ static void test_float(void **state)
         run_format((dsq_wformat_t)f, 0, 0, 37, 172, 1);
         run_format((dsq_wformat_t)f, 0, 0, 19, 576, 0);
     }
-    printf("# ISA levels tested: %d (best: %s)\n", n_isa_run, dsq_cpu_isa());
+    printf("# ISA levels tested:");
+    for (int i = 0; i < N_ISAS; i++)
+        if (isa_run_mask & (1u << i))
+            printf(" %s", isas[i]);
+    printf(" (best: %s)\n", dsq_cpu_isa());
 }
 
 /* Real SmolLM2 tensors repacked by engine/quant.c (Q4_1 -> INT4 MIN, Q8_0
@@ -354,6 +363,13 @@ static void test_errors(void **state)
     b.w.zeros = NULL;
     assert_int_equal(dsq_cpu_matmul(y, x, 1, &b.w), DSQ_EINVAL);
     assert_int_equal(dsq_cpu_force_isa("sse9"), DSQ_EINVAL);
+    /* the other architecture's levels never run */
+#if defined(__aarch64__)
+    assert_int_equal(dsq_cpu_force_isa("avx2"), DSQ_EUNSUPPORTED);
+#else
+    assert_int_equal(dsq_cpu_force_isa("neon"), DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_cpu_force_isa("neon_dotprod"), DSQ_EUNSUPPORTED);
+#endif
     free_built(&b);
 }
 

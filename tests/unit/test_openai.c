@@ -17,7 +17,7 @@
 #include "server/error.h"
 #include "server/openai.h"
 
-static const dsq_openai_limits_t LIM = {"smol", 1000};
+static const dsq_openai_limits_t LIM = {"smol", 1000, 0};
 
 typedef struct bad_case {
     const char *body;
@@ -89,7 +89,12 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"n\":129}", 400, "n", NULL},
     {"{" M "\"prompt\":\"a\",\"n\":1.5}", 400, "n", NULL},
     {"{" M "\"prompt\":\"a\",\"n\":3,\"best_of\":2}", 400, "best_of", NULL},
-    {"{" M "\"prompt\":\"a\",\"n\":1,\"best_of\":2}", 400, "best_of", "unsupported_parameter"},
+    /* api: best_of > n cannot stream (OpenAI) */
+    {"{" M "\"prompt\":\"a\",\"n\":1,\"best_of\":2,\"stream\":true}", 400, "best_of", NULL},
+    {"{" M "\"prompt\":\"a\",\"best_of\":129}", 400, "best_of", NULL},
+    /* api: prompts x max(n, best_of) > DSQ_OPENAI_MAX_SEQS (1024): 9 x 128 */
+    {"{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":128}", 400, "n", NULL},
+    {"{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":2,\"best_of\":128}", 400, "best_of", NULL},
     {"{" M "\"prompt\":\"a\",\"best_of\":\"2\"}", 400, "best_of", NULL},
     /* seed */
     {"{" M "\"prompt\":\"a\",\"seed\":1.5}", 400, "seed", NULL},
@@ -100,7 +105,6 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs", NULL},
     /* echo */
     {"{" M "\"prompt\":\"a\",\"echo\":1}", 400, "echo", NULL},
-    {"{" M "\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", 400, "echo", "unsupported_parameter"},
     /* stop: string or <= 4 non-empty strings */
     {"{" M "\"prompt\":\"a\",\"stop\":5}", 400, "stop", NULL},
     {"{" M "\"prompt\":\"a\",\"stop\":[\"a\",5]}", 400, "stop", NULL},
@@ -130,6 +134,16 @@ static const bad_case_t bad[] = {
     /* \u0000 would cut the string short in cJSON: refused, not truncated */
     {"{" M "\"prompt\":\"a\\u0000b\"}", 400, NULL, NULL},
     {"{" M "\"prompt\":\"a\",\"user\":\"\\\\\\u0000\"}", 400, NULL, NULL},
+    /* api: invalid UTF-8 anywhere (cJSON passes raw bytes through) -> 400
+     * naming the top-level field: lone 0xFF, truncated sequence, overlong,
+     * UTF-8-encoded surrogate, above U+10FFFF, in keys and nested values */
+    {"{" M "\"prompt\":\"a\xFF\"}", 400, "prompt", NULL},
+    {"{" M "\"prompt\":[\"ok\",\"\xC3\"]}", 400, "prompt", NULL},
+    {"{\"model\":\"sm\xC0\xAFl\",\"prompt\":\"a\"}", 400, "model", NULL},
+    {"{" M "\"prompt\":\"a\",\"stop\":[\"\xED\xA0\x80\"]}", 400, "stop", NULL},
+    {"{" M "\"prompt\":\"a\",\"user\":\"\xF4\x90\x80\x80\"}", 400, "user", NULL},
+    {"{" M "\"prompt\":\"a\",\"logit_bias\":{\"\xE0\x80\x80\":1}}", 400, "logit_bias", NULL},
+    {"{" M "\"prompt\":\"a\",\"x\xFE\":1}", 400, NULL, NULL},
 };
 
 static void check_error_json(const dsq_api_error_t *e, int status,
@@ -668,6 +682,119 @@ static void test_utf8_clean(void **state)
     free(s);
 }
 
+/* api: best_of, echo + logprobs, valid UTF-8 kept, and the UTF-8 check on
+ * the chat / tokenize / detokenize parsers too. */
+static void test_api_fields(void **state)
+{
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    const char *b;
+    char *pr = NULL;
+    size_t pl = 0;
+    bool add = false;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    dsq_tokenize_req_t t;
+    (void)state;
+    b = "{" M "\"prompt\":\"a\",\"n\":2,\"best_of\":3}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_int_equal(r.sp.n, 2);
+    assert_int_equal(r.best_of, 3);
+    assert_int_equal(r.sp.best_of, 3);
+    assert_false(r.sp.prompt_logprobs);
+    dsq_completion_req_deinit(&r);
+    /* echo + logprobs (+ max_tokens 0): the scoring call */
+    b = "{" M "\"prompt\":\"a\",\"echo\":true,\"logprobs\":2,\"max_tokens\":0}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_true(r.sp.prompt_logprobs);
+    assert_int_equal(r.sp.logprobs, 2);
+    assert_int_equal(r.sp.max_tokens, 0);
+    dsq_completion_req_deinit(&r);
+    /* logprobs without echo: no prompt logprobs */
+    b = "{" M "\"prompt\":\"a\",\"logprobs\":0}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_false(r.sp.prompt_logprobs);
+    dsq_completion_req_deinit(&r);
+    /* exactly at the cap: 8 prompts x 128 = 1024 */
+    b = "{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":128}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    dsq_completion_req_deinit(&r);
+    /* a lower cap from the limits */
+    {
+        dsq_openai_limits_t lim = {"smol", 1000, 4};
+        b = "{" M "\"prompt\":[\"a\",\"a\"],\"n\":3}";
+        assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &lim, &r, &e), DSQ_EINVAL);
+        assert_string_equal(e.param, "n");
+        b = "{" M "\"prompt\":[\"a\",\"a\"],\"n\":2}";
+        assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &lim, &r, &e), 0);
+        dsq_completion_req_deinit(&r);
+    }
+    /* valid multi-byte UTF-8 passes untouched: U+00E9, U+20AC, U+1F600 */
+    b = "{" M "\"prompt\":\"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\"}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    assert_string_equal(r.prompts[0].text, "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
+    dsq_completion_req_deinit(&r);
+    /* chat: invalid UTF-8 in message content */
+    b = "{" M "\"messages\":[{\"role\":\"user\",\"content\":\"hi\xC3(\"}]}";
+    assert_int_equal(dsq_openai_parse_chat(b, strlen(b), &LIM, &r, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "messages");
+    b = "{" M "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\x80\"}]}]}";
+    assert_int_equal(dsq_openai_parse_chat(b, strlen(b), &LIM, &r, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "messages");
+    /* tokenize / detokenize bodies */
+    b = "{\"prompt\":\"\xFF\"}";
+    assert_int_equal(dsq_openai_parse_tokenize(b, strlen(b), &LIM, &pr, &pl, &add, &e),
+                     DSQ_EINVAL);
+    assert_string_equal(e.param, "prompt");
+    assert_int_equal(dsq_openai_parse_tokenize_req(b, strlen(b), &LIM, &t, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "prompt");
+    b = "{\"model\":\"\xFF\",\"tokens\":[1]}";
+    assert_int_equal(dsq_openai_parse_detokenize(b, strlen(b), &LIM, &ids, &n_ids, &e),
+                     DSQ_EINVAL);
+    assert_string_equal(e.param, "model");
+}
+
+/* api: echo + logprobs prompt entries, values written out by hand from the
+ * OpenAI legacy format: first token null/null, offsets = running byte
+ * length of the token texts, the prompt token itself in its top dict. */
+static void test_prompt_logprobs(void **state)
+{
+    int32_t ids[3] = {3, 0, 1};          /* "c", " a", " b" */
+    float plp[2] = {-1.25f, -0.5f};      /* " a" after "c", " b" after " a" */
+    dsq_top_logprob_t top[2] = {{2, -0.75f}, {1, -0.5f}};  /* n_top 1 */
+    dsq_output_t o = {0};
+    cJSON *lp = dsq_openai_logprobs_new();
+    size_t tl = 0;
+    (void)state;
+    o.n_prompt_logprobs = 2;
+    o.prompt_logprobs = plp;
+    o.prompt_top = top;
+    o.n_top = 1;
+    assert_int_equal(dsq_openai_logprobs_add_prompt(lp, ids, 3, &o, fake_tok, NULL, &tl), 0);
+    assert_int_equal(tl, 5);
+    char *s = cJSON_PrintUnformatted(lp);
+    assert_string_equal(s, "{\"tokens\":[\"c\",\" a\",\" b\"],"
+                           "\"token_logprobs\":[null,-1.25,-0.5],"
+                           "\"top_logprobs\":[null,{\"\xEF\xBF\xBD\":-0.75,\" a\":-1.25},"
+                           "{\" b\":-0.5}],\"text_offset\":[0,1,3]}");
+    free(s);
+    cJSON_Delete(lp);
+    /* not computed (e.g. aborted before the prompt ran): nulls */
+    lp = dsq_openai_logprobs_new();
+    o.n_prompt_logprobs = 0;
+    assert_int_equal(dsq_openai_logprobs_add_prompt(lp, ids, 2, &o, fake_tok, NULL, &tl), 0);
+    s = cJSON_PrintUnformatted(lp);
+    assert_string_equal(s, "{\"tokens\":[\"c\",\" a\"],\"token_logprobs\":[null,null],"
+                           "\"top_logprobs\":[null,null],\"text_offset\":[0,1]}");
+    free(s);
+    cJSON_Delete(lp);
+    /* wrong object shape */
+    lp = dsq_openai_chat_logprobs_new();
+    assert_int_equal(dsq_openai_logprobs_add_prompt(lp, ids, 2, &o, fake_tok, NULL, &tl),
+                     DSQ_EINVAL);
+    cJSON_Delete(lp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -681,6 +808,8 @@ int main(void)
         cmocka_unit_test(test_tokenize_bodies),
         cmocka_unit_test(test_response_and_chunks),
         cmocka_unit_test(test_utf8_clean),
+        cmocka_unit_test(test_api_fields),
+        cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_chat_response_and_chunks),
     };

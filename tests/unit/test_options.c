@@ -244,7 +244,8 @@ static void test_help(void **state)
         "--gpu-memory-utilization", "--api-key", "--kv-cache-dtype",
         "--block-size", "--enable-prefix-caching", "--max-request-bytes",
         "--max-waiting-requests", "--shutdown-timeout", "--request-timeout",
-        "--threads", "--device", "--quantize", "--group-size",
+        "--timeout-keep-alive", "--max-seqs-per-request",   /* api */
+        "--threads", "--device", "--quantize", "--group-size", "--activation-dtype",
         "--memory-limit", "--kv-cache-memory", "--log-level",
         "--ssl-certfile", "--ssl-keyfile", "--allowed-origins",
         "--chat-template", "--config", "--plan", "--help", "--version",

@@ -314,6 +314,77 @@ static void test_rtn_formula(void **state)
         }
 }
 
+/* Partial last group (k = 80, g = 64: groups of 64 and 16), hand-checked
+ * row: the 16-wide group's own min/max set its scale and zero. */
+static void test_rtn_partial_group(void **state)
+{
+    (void)state;
+    const int64_t n = 8, k = 80;
+    float w[8 * 80];
+    for (int i = 0; i < n * k; i++)
+        w[i] = frand();
+    /* row 0: first group in [-1, 1); last group 0.1 * (j - 4), j = 0..15:
+     * min -0.4, max 1.1 -> s = 1.5 / 15 = 0.1, z = round(0.4 / s) = 4 */
+    for (int j = 0; j < 16; j++)
+        w[64 + j] = 0.1f * (float)(j - 4);
+    uint8_t q[8 * 80], z[8 * 2];
+    uint16_t s[8 * 2];
+    dsq_qopts_t o = {.group_size = 64};
+    assert_int_equal(dsq_quantizer_quantize(w, n, k, NULL, 0, &o, q, s, z), DSQ_OK);
+    assert_int_equal(s[1], dsq_fp32_to_fp16(0.1f));
+    assert_int_equal(z[1], 4);
+    for (int j = 0; j < 16; j++)
+        assert_int_equal(q[64 + j], j);            /* w = (q - 4) * 0.1 exactly */
+    float wq[8 * 80];
+    dsq_quantizer_dequant(q, s, z, n, k, 64, wq);
+    for (int r = 0; r < n; r++)
+        for (int b = 0; b < 2; b++) {
+            float sf = dsq_fp16_to_fp32(s[r * 2 + b]);
+            for (int j = b * 64; j < (b ? 80 : 64); j++)
+                assert_true(fabsf(wq[r * k + j] - w[r * k + j]) <= 0.5f * sf * 1.001f + 1e-6f);
+        }
+    /* the AWQ packing has no partial groups (AutoAWQ: k % g == 0) */
+    int32_t qw[80], qz[8];
+    uint16_t sc[16];
+    assert_int_equal(dsq_quantizer_pack_awq(q, s, z, n, k, 64, qw, qz, sc), DSQ_EINVAL);
+    /* zero_min1 (GPTQ v1 stores z - 1): an all-positive group gets z >= 1 */
+    for (int j = 0; j < 80; j++)
+        w[j] = 0.05f + 0.01f * (float)j;
+    o.zero_min1 = true;
+    assert_int_equal(dsq_quantizer_quantize(w, n, k, NULL, 0, &o, q, s, z), DSQ_OK);
+    assert_true(z[0] >= 1 && z[1] >= 1);
+    o.zero_min1 = false;
+    assert_int_equal(dsq_quantizer_quantize(w, n, k, NULL, 0, &o, q, s, z), DSQ_OK);
+    assert_int_equal(z[0], 0);
+}
+
+/* GPTQ's inverse-Hessian factor through LAPACK, hand-checked:
+ * H = [[4, 2], [2, 3]], H^-1 = [[3/8, -1/4], [-1/4, 1/2]] = U^T U with
+ * U = [[sqrt(3/8), -1/sqrt(6)], [0, 1/sqrt(3)]]. */
+static void test_hinv_chol(void **state)
+{
+    (void)state;
+    double h[4] = {4, 2, 2, 3};
+    assert_int_equal(dsq_quantizer_hinv_chol(h, 2), DSQ_OK);
+    assert_true(fabs(h[0] - sqrt(3.0 / 8.0)) < 1e-12);
+    assert_true(fabs(h[1] + 1.0 / sqrt(6.0)) < 1e-12);
+    assert_true(fabs(h[2]) == 0.0);
+    assert_true(fabs(h[3] - 1.0 / sqrt(3.0)) < 1e-12);
+    /* diag(4, 9, 16, 25): U = diag(1/2, 1/3, 1/4, 1/5) */
+    double d[16] = {0};
+    for (int i = 0; i < 4; i++)
+        d[i * 5] = (double)((i + 2) * (i + 2));
+    assert_int_equal(dsq_quantizer_hinv_chol(d, 4), DSQ_OK);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            assert_true(fabs(d[i * 4 + j] - (i == j ? 1.0 / (i + 2) : 0.0)) < 1e-12);
+    /* indefinite [[1, 2], [2, 1]] (eigenvalues 3, -1) and bad arguments */
+    double bad[4] = {1, 2, 2, 1};
+    assert_int_equal(dsq_quantizer_hinv_chol(bad, 2), DSQ_ERANGE);
+    assert_int_equal(dsq_quantizer_hinv_chol(NULL, 2), DSQ_EINVAL);
+    assert_int_equal(dsq_quantizer_hinv_chol(h, 0), DSQ_EINVAL);
+}
+
 /* ---- GPTQ / AWQ behaviour ---- */
 
 static double rtn_err(const float *w, int64_t n, int64_t k, const float *x, int64_t t,
@@ -513,8 +584,12 @@ static int64_t hf_row(int64_t src, int64_t hd)
     return h * hd + (w % 2) * (hd / 2) + w / 2;
 }
 
-static void check_dir(const char *dir, const char *src_model, const char *tok, int g,
-                      bool exact_rtn)
+/* Every packed attention linear of dir: shapes, load (dsq_quant_from_awq /
+ * _gptq), repack from the loaded native weight byte-exactly, and with
+ * exact_rtn every weight within s/2 of the source. gptq: AutoGPTQ v1
+ * tensors (qweight [k/8][n], ceil(k/g) groups, g_idx) instead of AWQ. */
+static void check_dir_fmt(const char *dir, const char *src_model, const char *tok, int g,
+                          bool exact_rtn, bool gptq)
 {
     char path[1024], err[512] = "";
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
@@ -537,10 +612,13 @@ static void check_dir(const char *dir, const char *src_model, const char *tok, i
             const dsq_tensor_t *qz = dsq_safetensors_find(st, nm);
             snprintf(nm, sizeof(nm), "model.layers.%d.%s.scales", l, lin[i]);
             const dsq_tensor_t *sc = dsq_safetensors_find(st, nm);
-            if (!qw || !qz || !sc)
+            snprintf(nm, sizeof(nm), "model.layers.%d.%s.g_idx", l, lin[i]);
+            const dsq_tensor_t *gi = dsq_safetensors_find(st, nm);
+            if (!qw || !qz || !sc || (gptq && !gi))
                 fail_msg("%s: %s packed tensors missing", dir, nm);
             assert_int_equal(qw->type, DSQ_TYPE_I32);
-            int64_t k = qw->ne[1], n = qw->ne[0] * 8, nb = k / g;
+            int64_t k = gptq ? qw->ne[1] * 8 : qw->ne[1], n = gptq ? qw->ne[0] : qw->ne[0] * 8,
+                    nb = (k + g - 1) / g;
             assert_int_equal(sc->ne[0], n);
             assert_int_equal(sc->ne[1], nb);
             /* copies: safetensors data may be unaligned */
@@ -551,8 +629,19 @@ static void check_dir(const char *dir, const char *src_model, const char *tok, i
             memcpy(as, sc->data, sc->n_bytes);
             dsq_weight_t w;
             void *storage = NULL;
-            assert_int_equal(dsq_quant_from_awq(aw, az, as, k, n, g, &w, &storage, err,
-                                                sizeof(err)), DSQ_OK);
+            if (gptq) {
+                int32_t *ag = malloc(gi->n_bytes), *perm = NULL;
+                memcpy(ag, gi->data, gi->n_bytes);
+                for (int64_t j = 0; j < k; j++)
+                    assert_int_equal(ag[j], j / g);
+                assert_int_equal(dsq_quant_from_gptq(aw, az, as, ag, k, n, g, &w, &storage,
+                                                     &perm, err, sizeof(err)), DSQ_OK);
+                assert_null(perm);
+                free(ag);
+            } else {
+                assert_int_equal(dsq_quant_from_awq(aw, az, as, k, n, g, &w, &storage, err,
+                                                    sizeof(err)), DSQ_OK);
+            }
             /* repack from the loaded native weight: codes read from the
              * native layout, zeros/scales from its fp16 arrays */
             uint8_t *q = malloc(n * k), *z = malloc(n * nb);
@@ -564,8 +653,12 @@ static void check_dir(const char *dir, const char *src_model, const char *tok, i
             }
             int32_t *rw = malloc(qw->n_bytes), *rz = malloc(qz->n_bytes);
             uint16_t *rsc = malloc(sc->n_bytes);
-            assert_int_equal(dsq_quantizer_pack_awq(q, w.scales, z, n, k, g, rw, rz, rsc),
-                             DSQ_OK);
+            if (gptq)
+                assert_int_equal(dsq_quantizer_pack_gptq(q, w.scales, z, n, k, nb, rw, rz,
+                                                         rsc), DSQ_OK);
+            else
+                assert_int_equal(dsq_quantizer_pack_awq(q, w.scales, z, n, k, g, rw, rz, rsc),
+                                 DSQ_OK);
             assert_memory_equal(rw, aw, qw->n_bytes);
             assert_memory_equal(rz, az, qz->n_bytes);
             assert_memory_equal(rsc, as, sc->n_bytes);
@@ -604,6 +697,92 @@ static void check_dir(const char *dir, const char *src_model, const char *tok, i
     assert_int_equal(n_packed, 4 * c->n_layer);
     dsq_model_file_close(src);
     dsq_safetensors_close(st);
+}
+
+static void check_dir(const char *dir, const char *src_model, const char *tok, int g,
+                      bool exact_rtn)
+{
+    check_dir_fmt(dir, src_model, tok, g, exact_rtn, false);
+}
+
+/* Group 128 on stories260K (dim 64 < 128): AutoAWQ cannot hold it, so
+ * --format auto writes AutoGPTQ v1 with one partial group of 64 per row;
+ * RTN and GPTQ outputs load, repack byte-exactly and stay near FP32. */
+static void test_stories260k_g128_gptq_format(void **state)
+{
+    (void)state;
+    char *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
+    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    const char *calib = "/usr/share/common-licenses/GPL-2";   /* Debian base-files */
+    require_file(model);
+    require_file(tok);
+    require_file(calib);
+    char tmpl[] = "/tmp/dsq-quantizer-XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    char dirs[2][256], p[512], err[1024] = "";
+    const char *methods[2] = {"rtn", "gptq"};
+    runner_t fp;
+    runner_open(&fp, model, tok);
+    int32_t seq[25] = {1};
+    for (int i = 1; i < 25; i++)
+        seq[i] = 260 + (int32_t)(rnd() % 250);
+    float *lf = malloc(25 * 512 * sizeof(float)), *lq = malloc(25 * 512 * sizeof(float));
+    run_all(&fp, seq, 25, lf);
+    for (int m = 0; m < 2; m++) {
+        snprintf(dirs[m], sizeof(dirs[m]), "%s/%s", tmpl, methods[m]);
+        dsq_qrun_opts_t o = {.model = model, .out_dir = dirs[m], .method = methods[m],
+                             .group_size = 128, .calib = m ? calib : NULL,
+                             .calib_seq_len = 256, .calib_samples = 4, .force = true,
+                             .quiet = true};
+        if (dsq_quantizer_run(&o, err, sizeof(err)))
+            fail_msg("%s g128: %s", methods[m], err);
+        check_dir_fmt(dirs[m], model, tok, 128, m == 0, true);
+        runner_t rq;
+        snprintf(p, sizeof(p), "%s/tok512.bin", dirs[m]);
+        runner_open(&rq, dirs[m], p);
+        assert_int_equal(dsq_model_file_config(rq.f)->ckpt_quant, DSQ_CKPT_QUANT_GPTQ);
+        run_all(&rq, seq, 25, lq);
+        double num = 0, den = 0;
+        for (int i = 0; i < 25 * 512; i++) {
+            num += (double)(lq[i] - lf[i]) * (lq[i] - lf[i]);
+            den += (double)lf[i] * lf[i];
+        }
+        print_message("# stories260K g128 (gptq format) %s: relative RMS logit error %.4f\n",
+                      methods[m], sqrt(num / den));
+        assert_true(sqrt(num / den) < 0.15);
+        runner_close(&rq);
+        const char *files[] = {"model.safetensors", "config.json", "tok512.bin"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof(p), "%s/%s", dirs[m], files[i]);
+            unlink(p);
+        }
+        rmdir(dirs[m]);
+    }
+    /* --format awq cannot hold the partial group: those linears stay fp16 */
+    snprintf(dirs[0], sizeof(dirs[0]), "%s/awq", tmpl);
+    dsq_qrun_opts_t o = {.model = model, .out_dir = dirs[0], .method = "rtn",
+                         .format = "awq", .group_size = 128, .quiet = true};
+    assert_int_equal(dsq_quantizer_run(&o, err, sizeof(err)), DSQ_OK);
+    runner_t ra;
+    snprintf(p, sizeof(p), "%s/tok512.bin", dirs[0]);
+    runner_open(&ra, dirs[0], p);
+    assert_int_equal(dsq_model_file_config(ra.f)->ckpt_quant, DSQ_CKPT_QUANT_AWQ);
+    runner_close(&ra);
+    o.format = "bogus";
+    assert_int_equal(dsq_quantizer_run(&o, err, sizeof(err)), DSQ_EINVAL);
+    assert_non_null(strstr(err, "--format"));
+    const char *files[] = {"model.safetensors", "config.json", "tok512.bin"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s/%s", dirs[0], files[i]);
+        unlink(p);
+    }
+    rmdir(dirs[0]);
+    rmdir(tmpl);
+    runner_close(&fp);
+    free(lf);
+    free(lq);
+    free(model);
+    free(tok);
 }
 
 static void test_stories260k_roundtrip(void **state)
@@ -711,9 +890,12 @@ int main(void)
         cmocka_unit_test(test_pareto),
         cmocka_unit_test(test_clip_kl),
         cmocka_unit_test(test_rtn_formula),
+        cmocka_unit_test(test_rtn_partial_group),
+        cmocka_unit_test(test_hinv_chol),
         cmocka_unit_test(test_gptq),
         cmocka_unit_test(test_awq_outlier_channel),
         cmocka_unit_test(test_stories260k_roundtrip),
+        cmocka_unit_test(test_stories260k_g128_gptq_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,14 @@
  * and checks after every step: the KV invariants (no block leaked or shared
  * without a reference), FCFS admission (a sequence is never admitted while
  * an older one still waits), the token and sequence budgets, and at the end
- * that every request finished and every block is free again. */
+ * that every request finished and every block is free again.
+ *
+ * The "forward pass" writes, for every scheduled position, a 64-bit digest
+ * of the sequence's tokens up to that position into the position's K slot,
+ * and every step re-reads the slots of all computed positions: a block that
+ * was shared, copied, cached or evicted wrongly shows up as a stale digest.
+ * The test runs twice: prefix caching off, and on with prompts drawn from a
+ * few shared prefixes (so blocks are reused, evicted and reused again). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -74,6 +81,7 @@ static void test_kv_basic(void **state)
 
 typedef struct sim_req {
     dsq_seq_t *seqs[4];
+    bool was_waiting;
     int n, n_live;
     int max_tokens;
     int generated[4];
@@ -82,14 +90,29 @@ typedef struct sim_req {
     long arrival_step;
 } sim_req_t;
 
-static dsq_seq_t *new_seq(uint64_t order, int index, int n_prompt)
+#define N_BASES 4
+#define BASE_LEN 130
+static int32_t bases[N_BASES][BASE_LEN];
+
+static dsq_seq_t *new_seq(uint64_t order, int index, int n_prompt, bool shared)
 {
     dsq_seq_t *s = calloc(1, sizeof(*s));
     s->order = order;
     s->index = index;
     s->cap_tokens = n_prompt + 64;
     s->tokens = calloc((size_t)s->cap_tokens, sizeof(int32_t));
-    for (int i = 0; i < n_prompt; i++)
+    int n_shared = 0;
+    if (shared && n_prompt > 0) {
+        /* most of the prompt from one of a few common prefixes */
+        const int32_t *base = bases[rnd(N_BASES)];
+        n_shared = n_prompt - (int)rnd(n_prompt < 6 ? (uint32_t)n_prompt : 6);
+        memcpy(s->tokens, base, (size_t)n_shared * sizeof(int32_t));
+        /* the same later blocks after different first tokens: only the
+         * hash chain tells them apart */
+        if (n_shared > 0)
+            s->tokens[0] = 1000 + (int32_t)rnd(2);
+    }
+    for (int i = n_shared; i < n_prompt; i++)
         s->tokens[i] = (int32_t)rnd(1000);
     s->n_tokens = s->n_prompt = n_prompt;
     dsq_block_table_init(&s->bt);
@@ -122,9 +145,39 @@ static void end_seq(dsq_sched_t *sch, sim_req_t *r, int i)
         r->done = true;
 }
 
-static void test_property(void **state)
+/* The simulated KV of position p: a digest of tokens[0..p], 4 x 16 bits. */
+static uint64_t prefix_digest(uint64_t h, int32_t tok, int pos)
 {
-    (void)state;
+    h ^= (uint64_t)(uint32_t)tok + ((uint64_t)pos << 32);
+    h *= 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+
+/* Verify the K slots of seq's computed positions, then write those it is
+ * scheduled to compute (the simulated forward pass). */
+static void sim_forward(dsq_kv_cache_t *kv, const dsq_seq_t *seq, long *n_verified)
+{
+    uint16_t *k = dsq_kv_layer(kv, 0)->k;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int p = 0; p < seq->n_computed + seq->sched_tokens; p++) {
+        h = prefix_digest(h, seq->tokens[p], p);
+        uint16_t *v = k + (size_t)dsq_kv_slot(kv, &seq->bt, p) * 4;
+        if (p < seq->n_computed) {
+            uint64_t got = (uint64_t)v[0] | (uint64_t)v[1] << 16 | (uint64_t)v[2] << 32 |
+                           (uint64_t)v[3] << 48;
+            if (got != h)
+                fail_msg("seq order=%llu index=%d pos=%d: stale KV",
+                         (unsigned long long)seq->order, seq->index, p);
+            (*n_verified)++;
+        } else {
+            for (int d = 0; d < 4; d++)
+                v[d] = (uint16_t)(h >> (16 * d));
+        }
+    }
+}
+
+static void run_property(bool prefix)
+{
     char err[256];
     const int block_size = 4, n_blocks = 48;
     const int max_seqs = 8, max_tokens_step = 24;
@@ -132,6 +185,13 @@ static void test_property(void **state)
     dsq_kv_cache_t *kv = dsq_kv_create(1, 1, 4, block_size, n_blocks, DSQ_KV_F16, err,
                                        sizeof(err));
     assert_non_null(kv);
+    long n_verified = 0;
+    if (prefix) {
+        assert_int_equal(dsq_kv_set_prefix_caching(kv, true), DSQ_OK);
+        for (int b = 0; b < N_BASES; b++)
+            for (int i = 0; i < BASE_LEN; i++)
+                bases[b][i] = (int32_t)rnd(1000);
+    }
     dsq_sched_opts_t so = {.max_num_seqs = max_seqs, .max_num_batched_tokens = max_tokens_step};
     dsq_sched_t *sch = dsq_sched_create(kv, &so);
     assert_non_null(sch);
@@ -149,7 +209,7 @@ static void test_property(void **state)
             int n_prompt = 1 + (int)rnd(rnd(10) == 0 ? 120 : 20);
             r->n = rnd(8) == 0 ? 1 + (int)rnd(3) : 1;
             r->max_tokens = 1 + (int)rnd(rnd(5) == 0 ? 60 : 12);
-            r->seqs[0] = new_seq(order++, 0, n_prompt);
+            r->seqs[0] = new_seq(order++, 0, n_prompt, prefix && rnd(4) != 0);
             r->seqs[0]->owner = r;
             r->n_live = 1;
             r->arrival_step = step;
@@ -169,6 +229,8 @@ static void test_property(void **state)
             }
         }
         /* remember who waits, to check FCFS admission */
+        for (int i = 0; i < n_req; i++)
+            reqs[i].was_waiting = !reqs[i].done && reqs[i].seqs[0]->state == DSQ_SEQ_WAITING;
         dsq_sched_out_t out;
         assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
         total_preempt += out.n_preempted;
@@ -189,12 +251,17 @@ static void test_property(void **state)
             assert_true(slot >= 0 && slot < n_blocks * block_size);
         }
         /* FCFS: no waiting sequence is older than a sequence that was
-         * admitted fresh in this step (n_computed == 0 before the step). */
+         * admitted fresh in this step (waiting before it, never preempted). */
         uint64_t youngest_admitted = 0;
         bool any_admitted = false;
+        for (int i = 0; i < out.n_seqs; i++) {
+            sim_forward(kv, out.seqs[i], &n_verified);
+            if (!prefix)
+                assert_int_equal(out.seqs[i]->n_cached_prompt, 0);
+        }
         for (int i = 0; i < out.n_seqs; i++)
-            if (out.seqs[i]->n_computed == 0 && out.seqs[i]->n_preempted == 0 &&
-                out.seqs[i]->index == 0) {
+            if (((sim_req_t *)out.seqs[i]->owner)->was_waiting &&
+                out.seqs[i]->n_preempted == 0 && out.seqs[i]->index == 0) {
                 any_admitted = true;
                 if (out.seqs[i]->order > youngest_admitted)
                     youngest_admitted = out.seqs[i]->order;
@@ -214,7 +281,7 @@ static void test_property(void **state)
                 continue;
             if (r->n > 1 && !r->forked) {
                 for (int c = 1; c < r->n; c++) {
-                    dsq_seq_t *f = new_seq(s->order, c, 0);
+                    dsq_seq_t *f = new_seq(s->order, c, 0, false);
                     free(f->tokens);
                     f->cap_tokens = s->cap_tokens;
                     f->tokens = malloc((size_t)f->cap_tokens * sizeof(int32_t));
@@ -222,6 +289,7 @@ static void test_property(void **state)
                     f->n_tokens = s->n_tokens;
                     f->n_prompt = s->n_prompt;
                     f->n_computed = s->n_computed;
+                    f->n_cached_prompt = s->n_cached_prompt;
                     f->owner = r;
                     assert_int_equal(dsq_kv_seq_fork(kv, &f->bt, &s->bt), DSQ_OK);
                     assert_int_equal(dsq_sched_add_running(sch, f), DSQ_OK);
@@ -250,9 +318,18 @@ static void test_property(void **state)
             dsq_sched_n_waiting(sch) == 0)
             break;
     }
-    print_message("# requests=%d steps=%ld preemptions=%ld longest_wait_steps=%ld\n", n_req,
-                  step, total_preempt, max_wait);
+    int64_t q_tokens, hit_tokens;
+    dsq_sched_prefix_stats(sch, &q_tokens, &hit_tokens);
+    print_message("# prefix=%d requests=%d steps=%ld preemptions=%ld longest_wait_steps=%ld "
+                  "kv_positions_verified=%ld prefix_queries=%lld prefix_hits=%lld\n",
+                  prefix, n_req, step, total_preempt, max_wait, n_verified,
+                  (long long)q_tokens, (long long)hit_tokens);
     assert_true(n_req > 1000);
+    assert_true(n_verified > 100000);
+    if (prefix)
+        assert_true(hit_tokens > q_tokens / 10);   /* the cache really was used */
+    else
+        assert_int_equal(hit_tokens, 0);
     assert_true(total_preempt > 0);      /* the budget really was tight */
     assert_true(max_wait < 5000);        /* nobody starved */
     for (int i = 0; i < n_req; i++) {
@@ -268,11 +345,24 @@ static void test_property(void **state)
     dsq_kv_destroy(kv);
 }
 
+static void test_property(void **state)
+{
+    (void)state;
+    run_property(false);
+}
+
+static void test_property_prefix(void **state)
+{
+    (void)state;
+    run_property(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_basic),
         cmocka_unit_test(test_property),
+        cmocka_unit_test(test_property_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,156 @@
+#!/bin/sh
+# End-to-end checks of `dsq-bench serve` (tools/bench_serve.c) against a real
+# dsqd on SmolLM2-135M (TAP output): the driver mode that starts dsqd itself,
+# the --url mode against a daemon started here, the report's shape (JSON and
+# the markdown table), that every request succeeded with exactly the
+# requested number of tokens, and the failure paths (bad options, a server
+# that refuses every request, nothing listening). Timings are never asserted,
+# only their internal consistency (p50 <= p99, TTFT <= end to end).
+# Environment (set by tests/e2e/meson.build): DSQ_BENCH, DSQD, DSQ_MODELS_DIR.
+# A missing binary or model file is a failure.
+set -u
+n=0; fail=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsq-e2e-serve.XXXXXX")
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+  n=$((n + 1)); echo "not ok $n - $1"; fail=1
+  shift
+  for l in "$@"; do printf '%s\n' "$l" | sed 's/^/# /'; done
+}
+check() {
+  name=$1; st=$2; shift 2
+  if [ "$st" -eq 0 ]; then ok "$name"; else not_ok "$name" "$@"; fi
+}
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+gguf=$DSQ_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+for f in "$gguf" "$DSQ_BENCH" "$DSQD"; do
+  if [ ! -f "$f" ]; then not_ok "input file present: $f" "missing $f"; fi
+done
+if [ $fail -ne 0 ]; then echo "1..$n"; exit 1; fi
+
+# validate JSON report $1: one target labelled $2, $3 requests all succeeded,
+# prompt/output token totals $4/$5
+check_report() {
+  python3 - "$@" <<'EOF'
+import json, math, sys
+path, label, n_req, n_in, n_out = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+j = json.load(open(path))
+assert j["config"]["requests"] == n_req, j["config"]
+(t,) = j["targets"]
+assert t["label"] == label, t["label"]
+assert t["url"].startswith("http://127.0.0.1:"), t["url"]
+assert (t["requests"], t["succeeded"], t["failed"]) == (n_req, n_req, 0), t
+assert t["first_error"] is None, t["first_error"]
+assert t["prompt_tokens"] == n_in, (t["prompt_tokens"], n_in)
+assert t["output_tokens"] == n_out, (t["output_tokens"], n_out)
+# every token arrived in some text chunk, at most one chunk per token
+assert 0 < t["text_chunks"] <= n_out, t["text_chunks"]
+assert t["duration_s"] > 0
+assert math.isclose(t["request_throughput"], n_req / t["duration_s"], rel_tol=1e-6)
+assert math.isclose(t["output_tok_s"], n_out / t["duration_s"], rel_tol=1e-6)
+for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+    p = t[k]
+    assert 0 <= p["p50"] <= p["p99"], (k, p)
+assert t["ttft_ms"]["p50"] <= t["e2e_ms"]["p99"]
+assert t["e2e_ms"]["p99"] <= t["duration_s"] * 1e3 * (1 + 1e-9)
+EOF
+}
+
+# ---- driver mode: dsq-bench starts and stops dsqd itself ----
+# mix 16:8,40:5 over 6 requests: 3 of each -> prompt 3*16+3*40, output 3*8+3*5
+"$DSQ_BENCH" serve --dsqd "$DSQD" --model "$gguf" --threads 1 --clients 3 \
+  --requests 6 --mix 16:8,40:5 --json --log-dir "$tmp" >"$tmp/drv.json" 2>"$tmp/drv.err"
+rc=$?
+check "driver mode exits 0" $rc "rc=$rc" "$(cat "$tmp/drv.err")" "$(cat "$tmp"/dsq-bench-serve-dsqd-*.log 2>/dev/null | tail -20)"
+check_report "$tmp/drv.json" dsqd 6 168 39 >"$tmp/chk" 2>&1
+check "driver mode report: 6/6 ok, 168 prompt and 39 output tokens" $? "$(cat "$tmp/chk")" "$(cat "$tmp/drv.json")"
+left=$(ps -eo pid=,args= | grep -F -- "--log-level warn" | grep -F "$DSQD" | grep -v grep)
+[ -z "$left" ]
+check "driver mode stopped its dsqd" $? "$left"
+
+# ---- --url mode against a daemon started here ----
+port=$(free_port)
+"$DSQD" --model "$gguf" --host 127.0.0.1 --port "$port" --threads 1 \
+  --kv-cache-memory 256MiB --log-level warn >"$tmp/dsqd.log" 2>&1 &
+pid=$!
+up=1
+for _ in $(seq 1 600); do
+  if curl -sf --noproxy '*' "http://127.0.0.1:$port/health" >/dev/null 2>&1; then up=0; break; fi
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.2
+done
+check "dsqd up on 127.0.0.1:$port" $up "$(tail -20 "$tmp/dsqd.log")"
+
+"$DSQ_BENCH" serve --url "http://127.0.0.1:$port/" --clients 2 --requests 4 \
+  --prompt-len 20 --max-tokens 6 --seed 7 >"$tmp/url.txt" 2>"$tmp/url.err"
+rc=$?
+check "--url mode exits 0" $rc "rc=$rc" "$(cat "$tmp/url.err")"
+# the markdown table: header, rule, one row "| url1 | 4/4 | ..." with 14 cells
+python3 - "$tmp/url.txt" >"$tmp/chk" 2>&1 <<'EOF'
+import sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("|")]
+assert len(rows) == 3, rows
+cells = [c.strip() for c in rows[2].strip().strip("|").split("|")]
+assert len(cells) == 14, cells
+assert cells[0] == "url1" and cells[1] == "4/4", cells
+assert cells[13] != "nan" and float(cells[13]) >= 1.0, cells
+for c in cells[2:]:
+    float(c)
+EOF
+check "--url mode table: one row, 4/4 ok, numeric cells" $? "$(cat "$tmp/chk")" "$(cat "$tmp/url.txt")"
+
+"$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --clients 2 --requests 4 \
+  --prompt-len 20 --max-tokens 6 --seed 7 --json >"$tmp/url.json" 2>"$tmp/url.err"
+rc=$?
+check "--url --json exits 0" $rc "rc=$rc" "$(cat "$tmp/url.err")"
+check_report "$tmp/url.json" url1 4 80 24 >"$tmp/chk" 2>&1
+check "--url --json report: 4/4 ok, 80 prompt and 24 output tokens" $? "$(cat "$tmp/chk")" "$(cat "$tmp/url.json")"
+
+# every request refused (prompt longer than SmolLM2's 8192-token context):
+# reported as failures with the server's reason, exit status 1, no hang
+timeout 120 "$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --clients 2 --requests 3 \
+  --prompt-len 9000 --max-tokens 4 --warmup 0 --json >"$tmp/bad.json" 2>"$tmp/bad.err"
+rc=$?
+[ $rc -eq 1 ]
+check "refused requests: exit status 1" $? "rc=$rc" "$(cat "$tmp/bad.err")"
+python3 -c '
+import json, sys
+(t,) = json.load(open(sys.argv[1]))["targets"]
+assert (t["requests"], t["succeeded"], t["failed"]) == (3, 0, 3), t
+assert "HTTP 400" in t["first_error"], t["first_error"]
+assert t["ttft_ms"]["p50"] is None, t["ttft_ms"]
+' "$tmp/bad.json" >"$tmp/chk" 2>&1
+check "refused requests: 3 failed, first_error HTTP 400" $? "$(cat "$tmp/chk")" "$(cat "$tmp/bad.json")"
+
+kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; pid=
+
+# ---- nothing listening: connection refused is a failure, not a hang ----
+port=$(free_port)
+timeout 60 "$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --model-name m \
+  --clients 2 --requests 2 --warmup 0 >"$tmp/dead.txt" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "| url1 | 0/2 |" "$tmp/dead.txt"
+check "connection refused: 0/2 ok, exit status 1" $? "rc=$rc" "$(cat "$tmp/dead.txt")"
+
+# ---- bad options: exit status 2 with a message, no request sent ----
+for args in "--clients 0 --url http://127.0.0.1:1" "--mix 16:x --url http://127.0.0.1:1" \
+            "--prompt-len" "" "--url ftp://x" "--dsqd $DSQD" \
+            "--dsqd $tmp/nonexistent --model $gguf" "--bogus 1"; do
+  # shellcheck disable=SC2086
+  "$DSQ_BENCH" serve $args >"$tmp/o" 2>"$tmp/e"; rc=$?
+  [ $rc -eq 2 ] && [ -s "$tmp/e" ]
+  check "bad options '$args': exit 2 with a message" $? "rc=$rc" "$(cat "$tmp/e")"
+done
+
+echo "1..$n"
+exit $fail

@@ -1,0 +1,74 @@
+#!/bin/sh
+# Build llama.cpp programs (llama-bench, llama-server, llama-quantize,
+# llama-perplexity, ...) from the llama.cpp sources vendored in the
+# llama-cpp-python sdist: the same llama.cpp the golden files come from, and
+# the reference dsq is measured against (docs/benchmarks.md). One shared
+# configure for every target, so the tools agree on build flags; each target
+# is compiled once and reused.
+#
+# usage: tests/ref/build_llama_tools.sh TARGET...
+#   e.g. tests/ref/build_llama_tools.sh llama-server llama-quantize
+#   Prints the path of each built program, one a line, in the order given.
+# env:
+#   LLAMA_BENCH_DIR   build folder (default: build-llama-bench in the repo
+#                     root, git-ignored by the /build*/ rule)
+#   LLAMA_CPP_SDIST   a local llama_cpp_python-0.3.16.tar.gz to use instead
+#                     of `pip download` (the only network access)
+#   JOBS              parallel compile jobs (default 2)
+# The build is native (-DGGML_NATIVE=ON, i.e. -march=native, as a user who
+# builds llama.cpp for their own box gets) with llama.cpp's defaults
+# otherwise (OpenMP thread pool, Release), static, without libcurl.
+# Concurrent callers are serialised on a lock file in the build folder, so
+# two engineers asking for different targets do not corrupt the tree.
+set -eu
+VERSION=0.3.16
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-bench}
+if [ $# -eq 0 ]; then
+    echo "usage: $0 TARGET... (e.g. llama-server llama-bench)" >&2
+    exit 2
+fi
+mkdir -p "$DIR"
+
+build() {
+    SDIST=$DIR/llama_cpp_python-$VERSION.tar.gz
+    if [ ! -f "$SDIST" ]; then
+        if [ -n "${LLAMA_CPP_SDIST:-}" ]; then
+            cp "$LLAMA_CPP_SDIST" "$SDIST"
+        else
+            python3 -m pip download --no-deps --no-binary :all: \
+                "llama-cpp-python==$VERSION" -d "$DIR" >&2
+        fi
+    fi
+    if [ ! -d "$DIR/llama_cpp_python-$VERSION" ]; then
+        tar -xzf "$SDIST" -C "$DIR"
+    fi
+    if [ ! -f "$DIR/llama.cpp-build/CMakeCache.txt" ]; then
+        cmake -S "$DIR/llama_cpp_python-$VERSION/vendor/llama.cpp" \
+              -B "$DIR/llama.cpp-build" \
+              -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=ON \
+              -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+              -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
+              -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log" 2>&1
+    fi
+    for t in "$@"; do
+        if [ ! -x "$DIR/llama.cpp-build/bin/$t" ]; then
+            echo "build_llama_tools.sh: building $t (log: $DIR/cmake-build-$t.log)" >&2
+            if ! cmake --build "$DIR/llama.cpp-build" --target "$t" -j "${JOBS:-2}" \
+                    >"$DIR/cmake-build-$t.log" 2>&1; then
+                echo "build_llama_tools.sh: building $t failed, see $DIR/cmake-build-$t.log" >&2
+                return 1
+            fi
+        fi
+    done
+}
+
+# flock(1) (util-linux) serialises builds; without it, build unlocked.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$DIR/.build.lock"
+    flock 9
+fi
+build "$@"
+for t in "$@"; do
+    echo "$DIR/llama.cpp-build/bin/$t"
+done

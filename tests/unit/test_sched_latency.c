@@ -1,0 +1,291 @@
+/* tests for the latency policies of engine/scheduler.c: the prefill-token
+ * cap of steps that carry decodes (max_prefill_tokens_with_decode,
+ * Sarathi-Serve's stall-free batching) and drain-aligned admission
+ * (admission_defer_steps). Expected batches are worked out by hand from the
+ * policy text in scheduler.h; a property run checks, over random traffic,
+ * that the cap and the deferral bound hold every step and that every
+ * request still finishes (no starvation). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kv_cache.h"
+#include "scheduler.h"
+
+static dsq_seq_t *new_seq(uint64_t order, int n_prompt, int max_tokens)
+{
+    dsq_seq_t *s = calloc(1, sizeof(*s));
+    assert_non_null(s);
+    s->order = order;
+    s->cap_tokens = n_prompt + max_tokens + 1;
+    s->tokens = calloc((size_t)s->cap_tokens, sizeof(int32_t));
+    assert_non_null(s->tokens);
+    for (int i = 0; i < n_prompt; i++)
+        s->tokens[i] = 100 + i;
+    s->n_tokens = n_prompt;
+    s->n_prompt = n_prompt;
+    s->n_max_tokens = max_tokens > 0 ? n_prompt + max_tokens : 0;
+    dsq_block_table_init(&s->bt);
+    return s;
+}
+
+static void free_seq(dsq_seq_t *s)
+{
+    dsq_block_table_deinit(&s->bt);
+    free(s->tokens);
+    free(s);
+}
+
+/* Commit a step and append one sampled token to every sequence that got
+ * logits, as the engine does. */
+static void commit(dsq_sched_t *sch, const dsq_sched_out_t *out)
+{
+    dsq_sched_commit(sch, out);
+    for (int i = 0; i < out->n_logits; i++) {
+        dsq_seq_t *s = out->logit_seqs[i];
+        s->tokens[s->n_tokens++] = 7;
+    }
+}
+
+static int tokens_of(const dsq_sched_out_t *out, const dsq_seq_t *s)
+{
+    for (int i = 0; i < out->n_seqs; i++)
+        if (out->seqs[i] == s)
+            return s->sched_tokens;
+    return 0;
+}
+
+static dsq_kv_cache_t *kv_new(int n_blocks)
+{
+    char err[256];
+    dsq_kv_cache_t *kv = dsq_kv_create(1, 1, 4, 16, n_blocks, DSQ_KV_F16, err, sizeof(err));
+    assert_non_null(kv);
+    return kv;
+}
+
+/* Two decoders run; a 100-token prompt arrives. With the cap at 16 the
+ * step carries the 2 decode rows + 16 prompt tokens; with nothing decoding
+ * a prompt gets the whole max_num_batched_tokens budget. */
+static void test_prefill_cap(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(64);
+    dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 64,
+                           .max_prefill_tokens_with_decode = 16};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *a = new_seq(0, 10, 50), *b = new_seq(1, 10, 50), *c = new_seq(2, 100, 50);
+    dsq_sched_out_t out;
+
+    /* nothing decodes yet: a and b prefill in one step, uncapped (20 > 16) */
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_tokens, 20);
+    commit(sch, &out);
+
+    assert_int_equal(dsq_sched_add(sch, c), DSQ_OK);
+    int left = 100;
+    while (left > 0) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(tokens_of(&out, a), 1);
+        assert_int_equal(tokens_of(&out, b), 1);
+        int want = left < 16 ? left : 16;
+        assert_int_equal(tokens_of(&out, c), want);
+        assert_int_equal(out.n_tokens, 2 + want);
+        left -= want;
+        commit(sch, &out);
+    }
+    /* c decodes now */
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_tokens, 3);
+    commit(sch, &out);
+
+    /* alone, a long prompt takes the full budget (no decode to protect) */
+    dsq_sched_remove(sch, a);
+    dsq_sched_remove(sch, b);
+    dsq_sched_remove(sch, c);
+    dsq_seq_t *d = new_seq(3, 100, 5);
+    assert_int_equal(dsq_sched_add(sch, d), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_tokens, 64);
+    dsq_sched_remove(sch, d);
+    assert_int_equal(dsq_kv_n_free(kv), 64);
+    dsq_sched_destroy(sch);
+    free_seq(a);
+    free_seq(b);
+    free_seq(c);
+    free_seq(d);
+    dsq_kv_destroy(kv);
+}
+
+/* Decoders 3 and 4 steps from their end hold a new prompt back (K = 4)
+ * until both ended; then it prefills in a step without decodes. A decoder
+ * further than K from its end, or one whose end is unknown, does not. */
+static void test_defer(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(64);
+    dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 256,
+                           .admission_defer_steps = 4};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    /* a ends after 4 tokens, b after 5 */
+    dsq_seq_t *a = new_seq(0, 8, 4), *b = new_seq(1, 8, 5), *c = new_seq(2, 30, 4);
+    dsq_sched_out_t out;
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);   /* both prompts */
+    commit(sch, &out);
+    /* a: 3 steps left, b: 4 steps left -> c waits */
+    assert_int_equal(dsq_sched_add(sch, c), DSQ_OK);
+    int steps = 0;
+    while (a->state == DSQ_SEQ_RUNNING || b->state == DSQ_SEQ_RUNNING) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(tokens_of(&out, c), 0);
+        assert_int_equal(c->state, DSQ_SEQ_WAITING);
+        commit(sch, &out);
+        steps++;
+        if (a->state == DSQ_SEQ_RUNNING && a->n_tokens == a->n_max_tokens)
+            dsq_sched_remove(sch, a);
+        if (b->state == DSQ_SEQ_RUNNING && b->n_tokens == b->n_max_tokens)
+            dsq_sched_remove(sch, b);
+    }
+    assert_int_equal(steps, 4);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_seqs, 1);
+    assert_int_equal(tokens_of(&out, c), 30);
+    commit(sch, &out);
+
+    /* c has 3 steps left; with e decoding far from its end, f is admitted */
+    dsq_seq_t *e = new_seq(3, 4, 40), *f = new_seq(4, 6, 4), *g = new_seq(5, 6, 4);
+    assert_int_equal(dsq_sched_add(sch, e), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);   /* deferred: c is near */
+    assert_int_equal(tokens_of(&out, e), 0);
+    commit(sch, &out);
+    dsq_sched_remove(sch, c);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);   /* e prefills alone */
+    assert_int_equal(tokens_of(&out, e), 4);
+    commit(sch, &out);
+    assert_int_equal(dsq_sched_add(sch, f), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, e), 1);
+    assert_int_equal(tokens_of(&out, f), 6);
+    commit(sch, &out);
+    /* f alone, 3 steps left: g would wait, but not when f's end is unknown */
+    dsq_sched_remove(sch, e);
+    f->n_max_tokens = 0;
+    assert_int_equal(dsq_sched_add(sch, g), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, g), 6);
+    dsq_sched_remove(sch, f);
+    dsq_sched_remove(sch, g);
+    assert_int_equal(dsq_kv_n_free(kv), 64);
+    dsq_sched_destroy(sch);
+    free_seq(a);
+    free_seq(b);
+    free_seq(c);
+    free_seq(e);
+    free_seq(f);
+    free_seq(g);
+    dsq_kv_destroy(kv);
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+
+static int rnd(int n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int)(rng % (uint64_t)n);
+}
+
+/* Random arrivals under both policies and a tight block budget: every
+ * step keeps prefill tokens <= the cap whenever it carries a decode, a
+ * waiting sequence is held back only while every running one decodes
+ * within K steps of its end, and all requests finish. */
+static void test_property(void **state)
+{
+    (void)state;
+    enum { N = 400, CAP = 12, K = 3 };
+    dsq_kv_cache_t *kv = kv_new(24);
+    dsq_sched_opts_t so = {.max_num_seqs = 6, .max_num_batched_tokens = 40,
+                           .max_prefill_tokens_with_decode = CAP,
+                           .admission_defer_steps = K};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *seqs[N];
+    int n = 0, n_done = 0;
+    uint64_t order = 0;
+    for (long step = 0; n_done < N; step++) {
+        assert_true(step < 200000);
+        if (n < N && rnd(100) < 20) {
+            seqs[n] = new_seq(order++, 1 + rnd(rnd(6) == 0 ? 150 : 30), 1 + rnd(40));
+            assert_int_equal(dsq_sched_add(sch, seqs[n]), DSQ_OK);
+            n++;
+        }
+        /* state before the step */
+        int n_run = 0, n_wait = 0;
+        bool all_near = true;
+        for (int i = 0; i < n; i++) {
+            dsq_seq_t *s = seqs[i];
+            if (s->state == DSQ_SEQ_RUNNING) {
+                n_run++;
+                all_near = all_near && s->n_computed >= s->n_prompt &&
+                           s->n_tokens - s->n_computed == 1 &&
+                           s->n_max_tokens - s->n_tokens <= K;
+            } else if (s->state == DSQ_SEQ_WAITING) {
+                n_wait++;
+            }
+        }
+        dsq_sched_out_t out;
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        int n_dec = 0, n_pre = 0;
+        bool admitted = false;
+        for (int i = 0; i < out.n_seqs; i++) {
+            dsq_seq_t *s = out.seqs[i];
+            bool dec = s->n_computed >= s->n_prompt && s->n_tokens - s->n_computed == 1;
+            if (dec)
+                n_dec++;
+            else
+                n_pre += s->sched_tokens;
+            if (s->n_computed == 0)
+                admitted = true;
+        }
+        assert_true(out.n_tokens <= 40);
+        if (n_dec > 0)
+            assert_true(n_pre <= CAP);
+        if (n_run > 0 && n_wait > 0 && all_near && out.n_preempted == 0)
+            assert_false(admitted);
+        commit(sch, &out);
+        for (int i = 0; i < n; i++) {
+            dsq_seq_t *s = seqs[i];
+            if (s->state == DSQ_SEQ_RUNNING && s->n_tokens == s->n_max_tokens) {
+                dsq_sched_remove(sch, s);
+                s->state = DSQ_SEQ_DETACHED;
+                n_done++;
+            }
+        }
+    }
+    assert_int_equal(dsq_kv_n_free(kv), 24);
+    dsq_sched_destroy(sch);
+    for (int i = 0; i < n; i++)
+        free_seq(seqs[i]);
+    dsq_kv_destroy(kv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_cap),
+        cmocka_unit_test(test_defer),
+        cmocka_unit_test(test_property),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
