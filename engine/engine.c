@@ -667,6 +667,7 @@ static void admit_new(dsq_engine_t *e)
             s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
             /* prefix: cached positions produce no logits */
             s->seq.no_prefix_cache = r->sp.prompt_logprobs;
+            s->seq.prompt_logits = r->sp.prompt_logprobs;    /* attack2 */
             uint64_t seed = r->sp.seed;
             if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
                 seed = (uint64_t)now_s() ^ r->id;
@@ -1282,14 +1283,16 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         .max_num_seqs = opts->max_num_seqs > 0 ? opts->max_num_seqs : 256,
         .max_num_batched_tokens = opts->max_num_batched_tokens > 0 ?
                                   opts->max_num_batched_tokens : 2048,
-        .max_prefill_tokens_with_decode = opts->max_prefill_tokens_with_decode > 0 ?
-                                          opts->max_prefill_tokens_with_decode :
-                                          DSQ_ENGINE_PREFILL_WITH_DECODE,
+        .max_prefill_tokens_with_decode = opts->max_prefill_tokens_with_decode,
         .admission_defer_steps = opts->admission_defer_steps == 0 ?
                                  DSQ_ENGINE_ADMISSION_DEFER_STEPS :
                                  opts->admission_defer_steps < 0 ? 0 :
                                  opts->admission_defer_steps,
     };
+    /* attack2: prompt-logprob rows per step: the logits rows the memory
+     * planner sizes the workspace for (min(max_num_seqs, batched tokens)) */
+    so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
+                                   ? so.max_num_seqs : so.max_num_batched_tokens;
     e->sched = dsq_sched_create(e->kv, &so);
     e->sampler = dsq_sampler_create(e->n_vocab);
     e->logits_fork = malloc((size_t)e->n_vocab * sizeof(float));

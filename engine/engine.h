@@ -19,11 +19,8 @@
 
 #define DSQ_ENGINE_KV_AUTO (-1)
 
-/* itl: default prefill-token cap of a step that carries decodes (see
- * dsq_sched_opts_t.max_prefill_tokens_with_decode and docs/benchmarks.md,
- * serving section, for the measurement behind it). */
-#define DSQ_ENGINE_PREFILL_WITH_DECODE 2048
-/* itl: defaults of admission_defer_steps and admission_window_ms. */
+/* itl: defaults of admission_defer_steps and admission_window_ms (see
+ * docs/benchmarks.md, serving section, for the measurements behind them). */
 #define DSQ_ENGINE_ADMISSION_DEFER_STEPS 4
 #define DSQ_ENGINE_ADMISSION_WINDOW_MS 5
 
@@ -40,8 +37,8 @@ typedef struct dsq_engine_opts {
     int max_num_batched_tokens;      /* default max(2048, max_model_len)?       */
     int max_prefill_tokens_with_decode; /* itl: prefill tokens per step while
                                         any sequence decodes (scheduler.h);
-                                        default DSQ_ENGINE_PREFILL_WITH_DECODE;
-                                        >= max_num_batched_tokens: no cap    */
+                                        0 (default) or >= the step budget:
+                                        no separate cap                      */
     int admission_defer_steps;       /* itl: dsq_sched_opts_t's; 0 = default
                                         DSQ_ENGINE_ADMISSION_DEFER_STEPS,
                                         < 0 = off                            */

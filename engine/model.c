@@ -237,9 +237,8 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
             rc = dsq_quant_from_awq(qw->data, qz->data, sc->data, k, n,
                                     c->ckpt_group_size, w, &storage, err, err_len);
         else if (c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ)
-            rc = dsq_quant_from_gptq(qw->data, qz->data, sc->data, gi ? gi->data : NULL,
-                                     k, n, c->ckpt_group_size, w, &storage, &perm, err,
-                                     err_len);
+            rc = dsq_quant_from_gptq_tensors(qw, qz, sc, gi, k, n, c->ckpt_group_size, w,
+                                             &storage, &perm, err, err_len);
         else {
             snprintf(err, err_len, "model: %s is packed but config.json declares no "
                      "AWQ/GPTQ quantization_config", base);

@@ -78,9 +78,31 @@ static bool want_int4(const dsq_plan_opts_t *o)
     return o->quantize && strcmp(o->quantize, "int4") == 0;
 }
 
-/* One tensor of the table. */
+/* k of a GPTQ linear: its g_idx [k] (a sibling of the qweight, looked for
+ * next to it first: writers keep a module's tensors together, HF sorts
+ * them by name), or 0 when the table has none. */
+static int64_t gptq_k(const dsq_tensor_t *const *tv, int n_t, int i)
+{
+    const char *q = tv[i]->name;
+    size_t bl = strlen(q) - strlen(".qweight");
+    for (int pass = 0; pass < 2; pass++) {
+        int lo = pass ? 0 : (i > 4 ? i - 4 : 0), hi = pass ? n_t : (i + 5 < n_t ? i + 5 : n_t);
+        for (int j = lo; j < hi; j++) {
+            const char *nm = tv[j]->name;
+            if (strncmp(nm, q, bl) == 0 && strcmp(nm + bl, ".g_idx") == 0)
+                return tv[j]->ne[0];
+        }
+    }
+    return 0;
+}
+
+/* One tensor of the table. gptq_k_: k of a GPTQ qweight (0 unknown). A
+ * GPTQ qweight is [k*bits/32][n]: 8-bit ([k/4][n], per-channel, the
+ * deepseek-moe recipe's INT8 classes) repacks to DSQ_WFMT_INT8
+ * (engine/quant.c dsq_quant_from_gptq_tensors), 4-bit to INT4 with zeros;
+ * without a g_idx the width is taken to be 4. */
 static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts_t *o,
-                       const dsq_model_config_t *c)
+                       const dsq_model_config_t *c, int64_t gptq_k_)
 {
     int cls = classify(t->name);
     int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
@@ -94,6 +116,13 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
         if (c->ckpt_quant == DSQ_CKPT_QUANT_AWQ) {   /* [k][n/8] int32 */
             n = t->ne[0] * 8;
             k = t->ne[1];
+        } else if (gptq_k_ > 0 && t->ne[1] * 4 == gptq_k_) {   /* GPTQ 8-bit [k/4][n] */
+            n = t->ne[0];
+            k = gptq_k_;
+            bytes = lin_bytes(DSQ_WFMT_INT8, n, k, 0, false);
+            p->n_params += n * k;
+            p->class_bytes[cls] += bytes;
+            return;
         } else {                                     /* GPTQ [k/8][n] */
             n = t->ne[0];
             k = t->ne[1] * 8;
@@ -250,7 +279,10 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     out->max_model_len = o->max_model_len > 0 ? o->max_model_len : (int)ctx;
     if (n_tensors > 0) {
         for (int i = 0; i < n_tensors; i++) {
-            add_tensor(out, tensors[i], o, c);
+            const char *dot = strrchr(tensors[i]->name, '.');
+            int64_t gk = c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ && dot &&
+                         !strcmp(dot, ".qweight") ? gptq_k(tensors, n_tensors, i) : 0;
+            add_tensor(out, tensors[i], o, c, gk);
             if (c->arch == DSQ_ARCH_DEEPSEEK2 && is_kv_b(tensors[i]->name))
                 add_mla_absorbed(out, c, o);
         }

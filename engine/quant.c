@@ -494,3 +494,105 @@ int dsq_quant_int8_channel(const dsq_tensor_t *t, dsq_weight_t *w,
     }
     return rc;
 }
+
+/* ------------------------------------------------------------ GPTQ 8-bit */
+
+int dsq_quant_from_gptq8(const int32_t *qweight, const int32_t *qzeros,
+                         const uint16_t *scales, const int32_t *g_idx, int64_t k,
+                         int64_t n, int64_t n_groups, dsq_weight_t *w, void **storage,
+                         char *err, size_t err_len)
+{
+    if (!w || !storage)
+        return fail(err, err_len, DSQ_EINVAL, "quant: NULL argument");
+    memset(w, 0, sizeof(*w));
+    *storage = NULL;
+    if (!qweight || !qzeros || !scales || k <= 0 || n <= 0 || n % 4 || k % 4)
+        return fail(err, err_len, DSQ_EINVAL, "quant: gptq8: bad shape k=%lld n=%lld "
+                    "(both must be multiples of 4)", (long long)k, (long long)n);
+    if (n_groups != 1)
+        return fail(err, err_len, DSQ_EUNSUPPORTED, "quant: gptq8: %lld groups along k; "
+                    "only per-channel 8-bit (group_size -1, one group) maps exactly onto "
+                    "the INT8 kernels", (long long)n_groups);
+    if (g_idx)
+        for (int64_t r = 0; r < k; r++)
+            if (g_idx[r] != 0)
+                return fail(err, err_len, DSQ_EINVAL, "quant: gptq8: g_idx[%lld]=%d, "
+                            "expected 0 (one group)", (long long)r, g_idx[r]);
+    *w = (dsq_weight_t){.format = DSQ_WFMT_INT8, .n = n, .k = k};
+    int rc = alloc_weight(w, storage, false);
+    if (rc != DSQ_OK) {
+        memset(w, 0, sizeof(*w));
+        return fail(err, err_len, rc, "quant: out of memory");
+    }
+    int8_t *dst = (int8_t *)w->data;
+    uint16_t *sc = (uint16_t *)w->scales;
+    for (int64_t c = 0; c < n && rc == DSQ_OK; c++) {
+        /* v1 stores z - 1 (AutoGPTQ pack(): zeros -= 1) */
+        int z = (int)(((uint32_t)qzeros[c / 4] >> (8 * (c % 4))) & 255) + 1;
+        sc[c] = scales[c];
+        for (int64_t r = 0; r < k; r++) {
+            int q = (int)(((uint32_t)qweight[(r / 4) * n + c] >> (8 * (r % 4))) & 255);
+            int v = q - z;
+            if (v < -128 || v > 127) {
+                rc = fail(err, err_len, DSQ_EUNSUPPORTED, "quant: gptq8: column %lld: q=%d "
+                          "z=%d gives %d, outside int8 (zero point far from 128)",
+                          (long long)c, q, z, v);
+                break;
+            }
+            dst[c * k + r] = (int8_t)v;
+        }
+    }
+    if (rc != DSQ_OK) {
+        free(*storage);
+        *storage = NULL;
+        memset(w, 0, sizeof(*w));
+    }
+    return rc;
+}
+
+int dsq_quant_from_gptq_tensors(const dsq_tensor_t *qweight, const dsq_tensor_t *qzeros,
+                                const dsq_tensor_t *scales, const dsq_tensor_t *g_idx,
+                                int64_t k, int64_t n, int group_size, dsq_weight_t *w,
+                                void **storage, int32_t **perm, char *err,
+                                size_t err_len)
+{
+    if (!w || !storage || !perm)
+        return fail(err, err_len, DSQ_EINVAL, "quant: NULL argument");
+    memset(w, 0, sizeof(*w));
+    *storage = NULL;
+    *perm = NULL;
+    if (!qweight || !qzeros || !scales || k <= 0 || n <= 0)
+        return fail(err, err_len, DSQ_EINVAL, "quant: gptq: missing tensor or bad shape");
+    const char *nm = qweight->name ? qweight->name : "?";
+    if (qweight->type != DSQ_TYPE_I32 || qzeros->type != DSQ_TYPE_I32 ||
+        scales->type != DSQ_TYPE_F16 || (g_idx && g_idx->type != DSQ_TYPE_I32))
+        return fail(err, err_len, DSQ_EFORMAT, "quant: gptq %s: qweight/qzeros must be I32, "
+                    "scales F16, g_idx I32", nm);
+    const int64_t rows = qweight->ne[1];
+    const int bits = qweight->n_dims == 2 && qweight->ne[0] == n
+                     ? (rows * 8 == k ? 4 : rows * 4 == k ? 8 : 0) : 0;
+    if (bits == 0)
+        return fail(err, err_len, DSQ_EFORMAT, "quant: gptq %s: qweight [%lld][%lld] is "
+                    "neither 4-bit [k/8][n] nor 8-bit [k/4][n] for k=%lld n=%lld", nm,
+                    (long long)qweight->ne[1], (long long)qweight->ne[0], (long long)k,
+                    (long long)n);
+    const int64_t groups = scales->ne[1], per = 32 / bits;
+    if (scales->n_dims != 2 || scales->ne[0] != n || groups < 1 ||
+        qzeros->n_dims != 2 || n % per || qzeros->ne[0] != n / per || qzeros->ne[1] != groups ||
+        (g_idx && (g_idx->n_dims != 1 || g_idx->ne[0] != k)))
+        return fail(err, err_len, DSQ_EFORMAT, "quant: gptq %s (%d-bit): scales [%lld][%lld], "
+                    "qzeros [%lld][%lld]%s do not match k=%lld n=%lld", nm, bits,
+                    (long long)scales->ne[1], (long long)scales->ne[0],
+                    (long long)qzeros->ne[1], (long long)qzeros->ne[0],
+                    g_idx ? " or g_idx" : "", (long long)k, (long long)n);
+    if (bits == 8)
+        return dsq_quant_from_gptq8(qweight->data, qzeros->data, scales->data,
+                                    g_idx ? g_idx->data : NULL, k, n, groups, w, storage,
+                                    err, err_len);
+    if (group_size > 0 && groups != (k + group_size - 1) / group_size)
+        return fail(err, err_len, DSQ_EFORMAT, "quant: gptq %s: %lld scale rows, expected "
+                    "ceil(%lld / %d)", nm, (long long)groups, (long long)k, group_size);
+    return dsq_quant_from_gptq(qweight->data, qzeros->data, scales->data,
+                               g_idx ? g_idx->data : NULL, k, n, group_size, w, storage,
+                               perm, err, err_len);
+}

@@ -80,6 +80,42 @@ int dsq_quant_from_gptq(const int32_t *qweight, const int32_t *qzeros,
                         dsq_weight_t *w, void **storage, int32_t **perm,
                         char *err, size_t err_len);
 
+/* AutoGPTQ v1 packing at bits = 8 (AutoGPTQ's QuantLinear.pack / the
+ * GPTQModel and vLLM gptq dequant: `bits` wide fields, 32/bits per int32,
+ * low bits first; z stored minus 1):
+ *   qweight: int32 [k/4][n]; int32 (j, c) packs input rows 4j..4j+3 of
+ *            column c, row 4j+i in bits 8i..8i+7 (unsigned q 0..255).
+ *   qzeros:  int32 [n_groups][n/4]; column 4j+i in bits 8i..8i+7, stored
+ *            value z - 1 (symmetric: z = 128, stored 127).
+ *   scales:  fp16 [n_groups][n].  g_idx: int32 [k] (all 0) or NULL.
+ * W[c][r] = (q - z) * s. Only per-channel checkpoints (group_size -1, so
+ * n_groups == 1) are accepted; the result is DSQ_WFMT_INT8 with int8
+ * q - z and s per output channel, exact whenever every q - z fits in
+ * [-128, 127] (always for symmetric z = 128).
+ * Requirements: k % 4 == 0, n % 4 == 0.
+ * Returns 0, DSQ_EINVAL (NULL, shape, g_idx not 0), DSQ_EUNSUPPORTED
+ * (n_groups != 1, q - z outside int8), DSQ_ENOMEM. */
+int dsq_quant_from_gptq8(const int32_t *qweight, const int32_t *qzeros,
+                         const uint16_t *scales, const int32_t *g_idx, int64_t k,
+                         int64_t n, int64_t n_groups, dsq_weight_t *w, void **storage,
+                         char *err, size_t err_len);
+
+/* A GPTQ v1 linear from its safetensors views (qweight, qzeros, scales,
+ * optional g_idx; PyTorch shapes, ne[0] innermost): checks types (I32, I32,
+ * F16, I32) and shapes, takes the bit width from qweight's shape (rows k/8:
+ * 4-bit -> dsq_quant_from_gptq with group_size, the checkpoint's global or
+ * per-module value; rows k/4: 8-bit -> dsq_quant_from_gptq8, the number of
+ * groups read from scales), so mixed 4/8-bit checkpoints (GPTQModel's
+ * `dynamic` per-module overrides) load tensor by tensor. perm as
+ * dsq_quant_from_gptq (always NULL for 8-bit).
+ * Returns 0, DSQ_EINVAL, DSQ_EFORMAT (types, shapes, neither 4 nor 8 bits),
+ * DSQ_EUNSUPPORTED, DSQ_ENOMEM. */
+int dsq_quant_from_gptq_tensors(const dsq_tensor_t *qweight, const dsq_tensor_t *qzeros,
+                                const dsq_tensor_t *scales, const dsq_tensor_t *g_idx,
+                                int64_t k, int64_t n, int group_size, dsq_weight_t *w,
+                                void **storage, int32_t **perm, char *err,
+                                size_t err_len);
+
 /* Round-to-nearest INT4 quantisation of an F32/F16/BF16/Q8_0 tensor, group
  * group_size (32/64/128) along k; k need not be a multiple of 32 or of the
  * group (the last group is partial, padding nibbles are 0).

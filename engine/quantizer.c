@@ -668,6 +668,26 @@ int dsq_quantizer_pack_gptq(const uint8_t *q, const uint16_t *scales_in,
     return DSQ_OK;
 }
 
+int dsq_quantizer_pack_gptq8(const int8_t *q, const uint16_t *scales_in, int64_t n,
+                             int64_t k, int32_t *qweight, int32_t *qzeros,
+                             uint16_t *scales)
+{
+    if (!q || !scales_in || !qweight || !qzeros || !scales || n <= 0 || k <= 0 ||
+        n % 4 || k % 4)
+        return DSQ_EINVAL;
+    for (int64_t j = 0; j < k / 4; j++)
+        for (int64_t c = 0; c < n; c++) {
+            uint32_t v = 0;
+            for (int i = 0; i < 4; i++)
+                v |= (uint32_t)(uint8_t)(q[c * k + 4 * j + i] + 128) << (8 * i);
+            qweight[j * n + c] = (int32_t)v;
+        }
+    for (int64_t j = 0; j < n / 4; j++)   /* z = 128 stored as 127 in each byte */
+        qzeros[j] = (int32_t)0x7F7F7F7Fu;
+    memcpy(scales, scales_in, (size_t)n * sizeof(*scales));
+    return DSQ_OK;
+}
+
 /* ---- Pareto front ---- */
 
 typedef struct pareto_key {

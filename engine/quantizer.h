@@ -192,6 +192,18 @@ int dsq_quantizer_pack_gptq(const uint8_t *q, const uint16_t *scales_in,
                             int64_t n_groups, int32_t *qweight,
                             int32_t *qzeros, uint16_t *scales);
 
+/* AutoGPTQ v1 packing at bits = 8, per output channel (group_size -1), the
+ * exact inverse of dsq_quant_from_gptq8 (quant.h) for symmetric INT8:
+ * q int8 [n][k] (-128..127, dsq's DSQ_WFMT_INT8 data) is stored unsigned as
+ * q + 128 (z = 128); qweight int32 [k/4][n] (rows 4j..4j+3 of column c in
+ * bits 0-7, 8-15, 16-23, 24-31), qzeros int32 [1][n/4] all 0x7F7F7F7F (z - 1
+ * = 127 per byte), scales fp16 [1][n] copied from scales_in [n]. The caller
+ * writes g_idx as k zeros. Dequant (GPTQ): w = (q_u8 - (stored_z + 1)) * s.
+ * Returns 0 or DSQ_EINVAL (NULL, n or k not a multiple of 4). */
+int dsq_quantizer_pack_gptq8(const int8_t *q, const uint16_t *scales_in, int64_t n,
+                             int64_t k, int32_t *qweight, int32_t *qzeros,
+                             uint16_t *scales);
+
 /* ---- --search: per-layer bit allocation ---- */
 
 /* One layer's measured output errors and weight count. */
@@ -301,5 +313,22 @@ typedef struct dsq_qrun_opts {
  * force), DSQ_ENOTFOUND/DSQ_EFORMAT (model, text), DSQ_EUNSUPPORTED
  * (architecture, packed source), DSQ_EIO, DSQ_ENOMEM; err says why. */
 int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len);
+
+/* The deepseek2 branch of dsq_quantizer_run (engine/quantizer_ds2.c), not
+ * an API: f is the open source (a Hugging Face directory, checked), g the
+ * 4-bit group. RTN with o->recipe into o->out_dir as one AutoGPTQ v1
+ * checkpoint mixing 4-bit group-g and 8-bit per-channel modules, declared
+ * with GPTQModel's `dynamic` overrides in config.json. Same returns as
+ * dsq_quantizer_run. */
+struct dsq_model_file;
+/* Quantise the F32/F16/BF16 linear t [n][k] (ne[0] = k) to INT8 per output
+ * channel (dsq_quant_int8_channel) and add it to wr as an 8-bit GPTQ v1
+ * module base.{qweight,qzeros,scales,g_idx} (dsq_quantizer_pack_gptq8).
+ * n, k multiples of 4. Returns 0 or the DSQ_E* of the quantiser / writer,
+ * err set. Shared by quantizer_run.c and quantizer_ds2.c, not an API. */
+int dsq__qwrite_gptq8(dsq_st_writer_t *wr, const char *base, const dsq_tensor_t *t,
+                      char *err, size_t err_len);
+int dsq__quantizer_run_ds2(const dsq_qrun_opts_t *o, const struct dsq_model_file *f,
+                           int g, char *err, size_t err_len);
 
 #endif

@@ -417,6 +417,17 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     if (!f)
         FAIL(DSQ_ENOTFOUND, "quantize: %s", e2);
     const dsq_model_config_t *c = dsq_model_file_config(f);
+    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->ckpt_quant == DSQ_CKPT_QUANT_NONE) {
+        /* engine/quantizer_ds2.c: RTN + recipe, mixed 4/8-bit GPTQ */
+        if (method != M_RTN || o->search)
+            FAIL(DSQ_EUNSUPPORTED, "quantize: deepseek2: only --method rtn (no --search): "
+                 "AWQ/GPTQ/--search need calibration activations, and the activation tap "
+                 "is in the llama/qwen2 graph only");
+        if (o->format && strcmp(o->format, "auto") && strcmp(o->format, "gptq"))
+            FAIL(DSQ_EINVAL, "quantize: deepseek2 is written as GPTQ (--format gptq|auto)");
+        rc = dsq__quantizer_run_ds2(o, f, g, err, err_len);
+        goto undo;
+    }
     if (c->arch != DSQ_ARCH_LLAMA && c->arch != DSQ_ARCH_QWEN2)
         FAIL(DSQ_EUNSUPPORTED, "quantize: architecture %s: only llama and qwen2 can be "
              "calibrated and written (the activation tap is in the llama/qwen2 graph only)",
@@ -432,7 +443,9 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         /* GPTQ when it packs a linear AWQ cannot (k % g, partial group) */
         const int64_t nk[7][2] = {{qd, d}, {kvd, d}, {kvd, d}, {d, qd},
                                   {ff, d}, {ff, d}, {d, ff}};
-        gptq_fmt = method == M_GPTQ;
+        /* ... or when INT8 modules are written: AWQ has no 8-bit format,
+         * GPTQ does (8-bit per-channel, declared in `dynamic`) */
+        gptq_fmt = method == M_GPTQ || o->recipe == DSQ_QRECIPE_DEEPSEEK_MOE || o->search;
         for (int i = 0; i < 7; i++)
             if (nk[i][0] % 8 == 0 && nk[i][1] % 8 == 0 && nk[i][1] % g)
                 gptq_fmt = true;
@@ -792,6 +805,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
             FAIL(rc, "quantize: writing embeddings/norm failed");
     }
     cJSON *skip = cJSON_CreateArray();
+    cJSON *dyn = cJSON_CreateObject();     /* GPTQModel per-module overrides */
     int n_packed = 0, n_fp16 = 0, n_int8 = 0;
     for (int l = 0; l < L && !rc; l++) {
         char name[200];
@@ -809,6 +823,30 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
                 rc = add_f16(wr, name, x->bias, 1, x->n, false);
             }
             bool as8 = x->sch.bits == 8 || (layer8 && layer8[l] && x->packable);
+            char re[200], hfe[64];                /* module regex, dots escaped */
+            size_t he = 0;
+            for (const char *c2 = x->hf; *c2 && he + 3 < sizeof(hfe); c2++) {
+                if (*c2 == '.')
+                    hfe[he++] = '\\';
+                hfe[he++] = *c2;
+            }
+            hfe[he] = '\0';
+            snprintf(re, sizeof(re), "^model\\.layers\\.%d\\.%s$", l, hfe);
+            if (!rc && as8 && gptq_fmt && x->n % 4 == 0 && x->k % 4 == 0) {
+                /* real 8-bit: GPTQ bits=8 per channel (z = 128) */
+                dsq_tensor_t tv = {base, DSQ_TYPE_F32, 2, {x->k, x->n, 1, 1}, x->w,
+                                   (size_t)(x->n * x->k) * sizeof(float)};
+                rc = dsq__qwrite_gptq8(wr, base, &tv, err, err_len);
+                char key[220];
+                snprintf(key, sizeof(key), "+:%s", re);
+                cJSON *ov = cJSON_AddObjectToObject(dyn, key);
+                cJSON_AddNumberToObject(ov, "bits", 8);
+                cJSON_AddNumberToObject(ov, "group_size", -1);
+                cJSON_AddBoolToObject(ov, "sym", true);
+                cJSON_AddBoolToObject(ov, "desc_act", false);
+                n_int8++;
+                continue;
+            }
             if (!rc && (as8 || !x->packable)) {
                 snprintf(name, sizeof(name), "%s.weight", base);
                 rc = add_f16(wr, name, as8 ? x->w8 : x->w, x->n, x->k, true);
@@ -816,6 +854,11 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
                     n_int8++;
                 else
                     n_fp16++;
+                if (as8 || x->sch.bits == 4) {
+                    char key[220];
+                    snprintf(key, sizeof(key), "-:%s", re);
+                    cJSON_AddItemToObject(dyn, key, cJSON_CreateObject());
+                }
                 if (!as8 && x->sch.bits == 4)
                     cJSON_AddItemToArray(skip, cJSON_CreateString(base));
                 continue;
@@ -866,6 +909,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     }
     if (rc) {
         cJSON_Delete(skip);
+        cJSON_Delete(dyn);
         FAIL(rc, "quantize: building model.safetensors failed (%d)", rc);
     }
     {
@@ -875,6 +919,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         rc = dsq_st_writer_save(wr, path, md, err, err_len);
         if (rc) {
             cJSON_Delete(skip);
+            cJSON_Delete(dyn);
             goto undo;
         }
     }
@@ -910,6 +955,8 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         cJSON_AddBoolToObject(qc, "sym", o->sym);
         cJSON_AddNumberToObject(qc, "damp_percent", o->gptq_damp > 0 ? o->gptq_damp : 0.01);
         cJSON_AddStringToObject(qc, "checkpoint_format", "gptq");
+        cJSON_AddItemToObject(qc, "dynamic", dyn);
+        dyn = NULL;
     } else {
         cJSON_AddStringToObject(qc, "quant_method", "awq");
         cJSON_AddNumberToObject(qc, "bits", wbit);
@@ -917,6 +964,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         cJSON_AddBoolToObject(qc, "zero_point", !o->sym);
         cJSON_AddStringToObject(qc, "version", "gemm");
     }
+    cJSON_Delete(dyn);
     cJSON_AddItemToObject(qc, "modules_to_not_convert", skip);
     cJSON_AddStringToObject(qc, "dsq_method", mname);
     rc = write_json(o->out_dir, "config.json", cfgj, err, err_len);

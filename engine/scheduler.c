@@ -6,6 +6,7 @@
  * to the largest step and are reused. */
 #include "scheduler.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,14 +268,20 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         }
     }
 
+    /* attack2: logits rows left for prompt-logprob chunks */
+    int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
+
     for (int i = 0; i < s->running.n && budget > 0; i++) {
         dsq_seq_t *seq = s->running.v[i];
         int want = seq->n_tokens - seq->n_computed;
         bool decode = seq->n_computed >= seq->n_prompt && want == 1;
+        bool plr = seq->prompt_logits && seq->n_computed < seq->n_prompt;
         if (!decode && want > prefill_left)
             want = prefill_left;
         if (want > budget)
             want = budget;
+        if (plr && want > plr_left)
+            want = plr_left;
         if (want <= 0)
             continue;
         for (;;) {
@@ -304,6 +311,8 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         budget -= want;
         if (!decode)
             prefill_left -= want;
+        if (plr)
+            plr_left -= want;
     }
     if (prefill_left > budget)
         prefill_left = budget;
@@ -331,8 +340,13 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             goto done;
         int n_done = n_hit ? n_hit * dsq_kv_block_size(s->kv) : seq->n_computed;
         int want = seq->n_tokens - n_done;
+        bool plr = seq->prompt_logits && n_done < seq->n_prompt;
         if (want > prefill_left)
             want = prefill_left;
+        if (plr && want > plr_left)
+            want = plr_left;
+        if (want <= 0)
+            break;      /* attack2: no logits rows left; keeps FCFS order */
         int need = dsq_kv_blocks_for(s->kv, n_done + want) - (n_hit ? n_hit : seq->bt.n);
         if (need > dsq_kv_n_free(s->kv) - n_ev)
             break;
@@ -371,6 +385,8 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         seq->sched_tokens = want;
         budget -= want;
         prefill_left -= want;
+        if (plr)
+            plr_left -= want;
     }
 
     /* Build the batch. */

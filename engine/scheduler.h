@@ -62,6 +62,9 @@ typedef struct dsq_seq {
                                  a multiple of block_size, < n_prompt       */
     int n_max_tokens;         /* itl: n_tokens at which the sequence ends at the
                                  latest (prompt + max_tokens); 0 = unknown  */
+    bool prompt_logits;       /* attack2: every prompt position needs its
+                                 logits (prompt logprobs): its prompt chunks
+                                 count against max_prompt_logit_rows      */
     int sched_tokens;         /* tokens scheduled in the current step           */
     int sched_row;            /* first batch row of this sequence in the step   */
 } dsq_seq_t;
@@ -88,6 +91,11 @@ typedef struct dsq_sched_opts {
      * new request right after each answer) in one wave instead of
      * splitting into groups that stall each other every request. 0: off. */
     int admission_defer_steps;
+    /* attack2: prompt tokens per step of sequences with prompt_logits
+     * (each one costs a logits row of n_vocab floats, so this bounds the
+     * step's logits buffer: 2048 rows of a 100k vocabulary are 800 MB).
+     * Other sequences still fill the rest of the step. 0: no cap. */
+    int max_prompt_logit_rows;
 } dsq_sched_opts_t;
 
 /* The plan of one step: the scheduled sequences and the ragged batch. All

@@ -923,6 +923,21 @@ static enum MHD_Result do_completions(conn_t *c)
         if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
             return send_api_error(c, &err);
     }
+    if (q->sp.prompt_logprobs) {
+        /* attack2: every choice repeats its prompt's logprobs: bound the
+         * response before anything is computed */
+        int64_t entries = 0;
+        for (int p = 0; p < q->n_prompts; p++)
+            entries += (int64_t)q->sp.n * q->prompts[p].n_ids * (q->sp.logprobs + 1);
+        if (entries > DSQ_OPENAI_MAX_PROMPT_LOGPROB_ENTRIES) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "echo with logprobs would return %lld prompt "
+                     "logprob entries (n x prompt tokens x (logprobs + 1)); the "
+                     "limit is %d: lower n or logprobs, or split the prompts",
+                     (long long)entries, DSQ_OPENAI_MAX_PROMPT_LOGPROB_ENTRIES);
+            return send_error(c, DSQ_APIERR_INVALID_REQUEST, "logprobs", msg);
+        }
+    }
     return start_requests(c);
 }
 
@@ -1142,8 +1157,8 @@ static enum MHD_Result on_headers(conn_t *c)
     if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
         return send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
     /* api: two Content-Length headers (MHD uses the first) let a proxy
-     * that uses the other one smuggle a second request: refuse (attack2: on every
-     * route, GET too) */
+     * that uses the other one smuggle a second request: refuse (attack2:
+     * on every route, GET too) */
     {
         int n_cl = 0;
         MHD_get_connection_values(c->mc, MHD_HEADER_KIND, count_content_length, &n_cl);

@@ -27,6 +27,12 @@
 /* api: default cap on len(prompts) x max(n, best_of), the sequences one
  * request creates (each holds KV blocks and a scheduler slot); above -> 400 */
 #define DSQ_OPENAI_MAX_SEQS 1024
+/* attack2: cap on the prompt-logprob entries one request returns (echo +
+ * logprobs): sum over prompts of n x prompt tokens x (logprobs + 1). Each
+ * choice repeats its prompt's entries, so without a cap a 1 MiB request
+ * (8 prompts of 8k token ids, n 128, logprobs 20) asked for 176 M entries,
+ * tens of GB of JSON. 2^21 entries are ~55 MB of response; above -> 400. */
+#define DSQ_OPENAI_MAX_PROMPT_LOGPROB_ENTRIES (1 << 21)
 
 /* One prompt: either text (tokenized later by the caller, who then fills
  * ids/n_ids) or token ids as sent. All memory malloc'd, owned by the

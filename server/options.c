@@ -36,7 +36,7 @@ static const opt_t table[] = {
     {"max-model-len", T_INT, O(max_model_len), "0", 0, 1 << 24, NULL, "context length in tokens (0 = model's)", NULL},
     {"max-num-seqs", T_INT, O(max_num_seqs), "0", 0, 65536, NULL, "max running sequences (0 = engine default)", NULL},
     {"max-num-batched-tokens", T_INT, O(max_num_batched_tokens), "0", 0, 1 << 24, NULL, "token budget per engine step (0 = engine default)", NULL},
-    {"max-prefill-tokens-with-decode", T_INT, O(max_prefill_tokens_with_decode), "0", 0, 1 << 24, NULL, "prefill tokens per engine step while sequences decode: bounds the gap between streamed tokens (0 = engine default)", NULL},
+    {"max-prefill-tokens-with-decode", T_INT, O(max_prefill_tokens_with_decode), "0", 0, 1 << 24, NULL, "prefill tokens per engine step while sequences decode: bounds the gap between streamed tokens (0 = no separate cap)", NULL},
     {"admission-defer-steps", T_INT, O(admission_defer_steps), "4", 0, 1 << 20, NULL, "hold new prompts back while every running sequence will end within this many steps, so their prefill does not stall those streams (0 = off)", NULL},
     {"admission-window-ms", T_INT, O(admission_window_ms), "5", 0, 10000, NULL, "when idle, start a burst of requests once none arrived for this long (at most 10x it), so it runs as one batch (0 = off)", NULL},
     {"gpu-memory-utilization", T_FLOAT, O(gpu_memory_utilization), "0.9", 0.01, 1.0, NULL, "fraction of GPU memory to use", NULL},

@@ -1,5 +1,6 @@
-/* dsq-quantize: offline INT4 quantisation of a model into an AutoAWQ (or
- * AutoGPTQ) Hugging Face directory that dsq — and AWQ/GPTQ loaders — read.
+/* dsq-quantize: offline INT4 (and, per recipe, INT8) quantisation of a model
+ * into an AutoAWQ (or AutoGPTQ) Hugging Face directory that dsq — and
+ * AWQ/GPTQ loaders — read.
  * Only argument parsing lives here; the pipeline is dsq_quantizer_run
  * (engine/quantizer_run.c), the math engine/quantizer.c. */
 #include "dsq_config.h"
@@ -27,9 +28,11 @@ static void usage(FILE *f)
 "         [--clip-kl-bound NATS] [--clip-quantile Q] [--clip-ratio R]\n"
 "         [--damp F] [--desc-act] [--threads T] [--quiet] [--help] [--version]\n"
 "\n"
-"Writes DIR/model.safetensors (AWQ GEMM packing, or GPTQ v1 with --method gptq\n"
-"or when the group size does not divide an input width: --format auto),\n"
-"DIR/config.json with quantization_config, and the tokenizer files.\n"
+"Writes DIR/model.safetensors (AWQ GEMM packing, or GPTQ v1 with --method gptq,\n"
+"when the group size does not divide an input width, or when the recipe makes\n"
+"8-bit per-channel modules (GPTQ bits=8, declared in GPTQModel's `dynamic`):\n"
+"--format auto), DIR/config.json with quantization_config, and the tokenizer\n"
+"files. DeepSeek-V2/V3 (deepseek2) HF sources: --method rtn only.\n"
 "Calibration: n = ceil(2 ln(2/delta) / eps^2) samples (defaults eps 0.25,\n"
 "delta 0.1: 96); fewer is refused unless --force. See docs/quantization.md.\n");
 }
