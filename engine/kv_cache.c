@@ -137,6 +137,24 @@ fail:
     return NULL;
 }
 
+/* Frees the prefix-cache tables (allocated by dsq_kv_set_prefix_caching)
+ * and leaves their pointers NULL. */
+static void pc_free(dsq_kv_cache_t *kv)
+{
+    free(kv->hash);
+    free(kv->cached);
+    free(kv->tok);
+    free(kv->hnext);
+    free(kv->buckets);
+    free(kv->lru_prev);
+    free(kv->lru_next);
+    free(kv->hbuf);
+    kv->hash = NULL;
+    kv->cached = NULL;
+    kv->tok = kv->hnext = kv->buckets = kv->lru_prev = kv->lru_next = NULL;
+    kv->hbuf = NULL;
+}
+
 void dsq_kv_destroy(dsq_kv_cache_t *kv)
 {
     if (!kv)
@@ -153,14 +171,7 @@ void dsq_kv_destroy(dsq_kv_cache_t *kv)
     free(kv->layers);
     free(kv->free_stack);
     free(kv->refcount);
-    free(kv->hash);
-    free(kv->cached);
-    free(kv->tok);
-    free(kv->hnext);
-    free(kv->buckets);
-    free(kv->lru_prev);
-    free(kv->lru_next);
-    free(kv->hbuf);
+    pc_free(kv);
     free(kv);
 }
 
@@ -206,18 +217,7 @@ int dsq_kv_set_prefix_caching(dsq_kv_cache_t *kv, bool on)
         kv->hbuf = malloc(32 + 4 * (size_t)kv->block_size);
         if (!kv->hash || !kv->cached || !kv->tok || !kv->hnext || !kv->buckets ||
             !kv->lru_prev || !kv->lru_next || !kv->hbuf) {
-            free(kv->hash);
-            free(kv->cached);
-            free(kv->tok);
-            free(kv->hnext);
-            free(kv->buckets);
-            free(kv->lru_prev);
-            free(kv->lru_next);
-            free(kv->hbuf);
-            kv->hash = NULL;
-            kv->cached = NULL;
-            kv->tok = kv->hnext = kv->buckets = kv->lru_prev = kv->lru_next = NULL;
-            kv->hbuf = NULL;
+            pc_free(kv);
             return DSQ_ENOMEM;
         }
         kv->bucket_mask = nbk - 1;

@@ -31,200 +31,15 @@
 #include "loader.h"
 #include "model.h"
 
-#define N_VOCAB 512
-#define MAX_IDS 64
+#include "ds2_tiny.h"
 
-static char *path_join(const char *env, const char *def, const char *rel)
-{
-    const char *root = getenv(env);
-    if (!root)
-        root = def;
-    size_t n = strlen(root) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", root, rel);
-    return p;
-}
-
-static void require_file(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        fail_msg("required test file missing: %s (scripts/test makes the tiny models with "
-                 "tests/ref/make_deepseek2_tiny.py)", p);
-    fclose(f);
-}
-
-/* ------------------------------------------------------------ golden file */
-
-typedef struct golden {
-    int32_t prompt[MAX_IDS], out[MAX_IDS];
-    int n_prompt, n_out;
-    float *logits;          /* [n_prompt][N_VOCAB] */
-    int n_logit_rows;
-} golden_t;
-
-static int parse_ids(const char *s, int32_t *out, int cap)
-{
-    int n = 0;
-    char *end;
-    while (n < cap) {
-        long v = strtol(s, &end, 10);
-        if (end == s)
-            break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
-
-static void golden_read(golden_t *g, const char *variant)
+/* runner_open on the HF directory models/deepseek2-tiny/<variant> */
+static void runner_open_variant(runner_t *r, const char *variant, const char *quantize,
+                                dsq_kv_dtype_t kvt)
 {
     char rel[128];
-    snprintf(rel, sizeof(rel), "tests/golden/deepseek2_tiny_%s_logits.txt", variant);
-    char *path = path_join("DSQ_SOURCE_ROOT", ".", rel);
-    require_file(path);
-    FILE *f = fopen(path, "r");
-    static char line[1 << 16];
-    memset(g, 0, sizeof(*g));
-    g->logits = calloc(MAX_IDS * N_VOCAB, sizeof(float));
-    while (fgets(line, sizeof(line), f)) {
-        if (strncmp(line, "prompt_ids:", 11) == 0) {
-            g->n_prompt = parse_ids(line + 11, g->prompt, MAX_IDS);
-        } else if (strncmp(line, "output_ids:", 11) == 0) {
-            g->n_out = parse_ids(line + 11, g->out, MAX_IDS);
-        } else if (strncmp(line, "n_vocab:", 8) == 0) {
-            assert_int_equal(atoi(line + 8), N_VOCAB);
-        } else if (strncmp(line, "logits:", 7) == 0) {
-            char *s = line + 7, *end;
-            int p = (int)strtol(s, &end, 10);
-            assert_true(p >= 0 && p < MAX_IDS);
-            s = end;
-            for (int i = 0; i < N_VOCAB; i++) {
-                float v = strtof(s, &end);
-                assert_true(end != s);
-                s = end;
-                g->logits[(size_t)p * N_VOCAB + i] = v;
-            }
-            g->n_logit_rows++;
-        }
-    }
-    fclose(f);
-    free(path);
-    assert_int_equal(g->n_prompt, 16);
-    assert_int_equal(g->n_logit_rows, g->n_prompt);
-    assert_true(g->n_out > 0);
-}
-
-/* ------------------------------------------------------------------ runner */
-
-typedef struct runner {
-    dsq_model_file_t *file;
-    dsq_model_t *model;
-    dsq_kv_cache_t *kv;
-    dsq_block_table_t bt;
-} runner_t;
-
-static int quant_group = 32;   /* group size for quantize = "int4" */
-
-static void runner_open(runner_t *r, const char *variant, const char *quantize,
-                        dsq_kv_dtype_t kvt)
-{
-    char err[512] = "", rel[128];
     snprintf(rel, sizeof(rel), "deepseek2-tiny/%s", variant);
-    char *dir = path_join("DSQ_MODELS_DIR", "models", rel);
-    snprintf(rel, sizeof(rel), "deepseek2-tiny/%s/model.safetensors", variant);
-    char *st = path_join("DSQ_MODELS_DIR", "models", rel);
-    require_file(st);
-    memset(r, 0, sizeof(*r));
-    r->file = dsq_model_file_open(dir, NULL, err, sizeof(err));
-    if (!r->file)
-        fail_msg("open %s: %s", dir, err);
-    dsq_model_opts_t mo = {.quantize = quantize, .group_size = quant_group};
-    r->model = dsq_model_create(r->file, &mo, err, sizeof(err));
-    if (!r->model)
-        fail_msg("model %s: %s", dir, err);
-    const dsq_model_config_t *c = dsq_model_config(r->model);
-    assert_int_equal(c->arch, DSQ_ARCH_DEEPSEEK2);
-    assert_int_equal(c->n_vocab, N_VOCAB);
-    int n_kv_heads, head_dim;
-    bool has_v;
-    dsq_model_kv_shape(r->model, &n_kv_heads, &head_dim, &has_v);
-    assert_int_equal(n_kv_heads, 1);
-    assert_int_equal(head_dim, c->kv_lora_rank + c->qk_rope_head_dim);
-    assert_false(has_v);
-    /* small blocks so a 32-token sequence spans several of them */
-    r->kv = dsq_kv_create_ex((int)c->n_layer, n_kv_heads, head_dim, 4, 64, kvt, has_v,
-                             err, sizeof(err));
-    assert_non_null(r->kv);
-    assert_null(dsq_kv_layer(r->kv, 0)->v);
-    dsq_block_table_init(&r->bt);
-    free(dir);
-    free(st);
-}
-
-static void runner_close(runner_t *r)
-{
-    dsq_kv_seq_free(r->kv, &r->bt);
-    dsq_block_table_deinit(&r->bt);
-    dsq_kv_destroy(r->kv);
-    dsq_model_destroy(r->model);
-    dsq_model_file_close(r->file);
-}
-
-/* tokens[0..n) at positions start..; logits of every row (all) or the last. */
-static void run_tokens(runner_t *r, const int32_t *tokens, int n, int start, bool all,
-                       float *out)
-{
-    assert_int_equal(dsq_kv_seq_reserve(r->kv, &r->bt, start + n), DSQ_OK);
-    int32_t pos[MAX_IDS], rs[MAX_IDS], slot[MAX_IDS], rows[MAX_IDS];
-    assert_true(n <= MAX_IDS);
-    for (int i = 0; i < n; i++) {
-        pos[i] = start + i;
-        rs[i] = 0;
-        slot[i] = dsq_kv_slot(r->kv, &r->bt, start + i);
-        rows[i] = i;
-    }
-    int32_t last = n - 1;
-    dsq_batch_t b = {
-        .n_tokens = n, .tokens = tokens, .pos = pos, .row_seq = rs, .slot = slot,
-        .n_seqs = 1, .block_tables = r->bt.ids, .max_blocks = r->bt.n,
-        .n_logits = all ? n : 1, .logit_rows = all ? rows : &last,
-    };
-    assert_int_equal(dsq_model_forward(r->model, r->kv, &b, out), DSQ_OK);
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-/* max over all logits of |a - ref| / max(1, |ref|) */
-static double max_rel(const float *a, const float *ref, size_t n)
-{
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - ref[i]) / fmax(1.0, fabs((double)ref[i]));
-        worst = e > worst ? e : worst;
-    }
-    return worst;
-}
-
-/* Greedy continuation of n_new tokens after a batched prefill. */
-static void greedy(runner_t *r, const golden_t *g, int n_new, int32_t *got)
-{
-    float lg[N_VOCAB];
-    run_tokens(r, g->prompt, g->n_prompt, 0, false, lg);
-    for (int i = 0; i < n_new; i++) {
-        int32_t t = argmax(lg, N_VOCAB);
-        got[i] = t;
-        if (i + 1 < n_new)
-            run_tokens(r, &t, 1, g->n_prompt + i, false, lg);
-    }
-    dsq_kv_seq_free(r->kv, &r->bt);
+    runner_open(r, rel, quantize, kvt);
 }
 
 /* FP32 weights and activations against transformers, every logit of the
@@ -242,7 +57,7 @@ static void check_variant_kv(const char *variant, dsq_kv_dtype_t kvt, double tol
     golden_t g;
     golden_read(&g, variant);
     runner_t r;
-    runner_open(&r, variant, NULL, kvt);
+    runner_open_variant(&r, variant, NULL, kvt);
     float *lg = malloc((size_t)g.n_prompt * N_VOCAB * sizeof(float));
     run_tokens(&r, g.prompt, g.n_prompt, 0, true, lg);
     dsq_kv_seq_free(r.kv, &r.bt);
@@ -296,7 +111,7 @@ static void test_prefill_vs_decode(void **state)
         golden_t g;
         golden_read(&g, variants[v]);
         runner_t r;
-        runner_open(&r, variants[v], NULL, DSQ_KV_F32);
+        runner_open_variant(&r, variants[v], NULL, DSQ_KV_F32);
         float *pre = malloc((size_t)g.n_prompt * N_VOCAB * sizeof(float));
         float *dec = malloc((size_t)g.n_prompt * N_VOCAB * sizeof(float));
         run_tokens(&r, g.prompt, g.n_prompt, 0, true, pre);
@@ -323,7 +138,7 @@ static void ragged_batch(void)
     golden_t g;
     golden_read(&g, "v2_group");
     runner_t r;
-    runner_open(&r, "v2_group", NULL, DSQ_KV_F32);
+    runner_open_variant(&r, "v2_group", NULL, DSQ_KV_F32);
     const dsq_model_config_t *c = dsq_model_config(r.model);
     (void)c;
     dsq_block_table_t bt2;
@@ -411,7 +226,7 @@ static void test_int4(void **state)
         golden_read(&g, variants[v]);
         quant_group = groups[v];
         runner_t r;
-        runner_open(&r, variants[v], "int4", DSQ_KV_F16);
+        runner_open_variant(&r, variants[v], "int4", DSQ_KV_F16);
         const size_t n = (size_t)g.n_prompt * N_VOCAB;
         float *lg = malloc(n * sizeof(float));
         run_tokens(&r, g.prompt, g.n_prompt, 0, true, lg);
@@ -453,7 +268,7 @@ static void test_int8_kv(void **state)
     golden_t g;
     golden_read(&g, "v2_lite");
     runner_t r;
-    runner_open(&r, "v2_lite", NULL, DSQ_KV_INT8);
+    runner_open_variant(&r, "v2_lite", NULL, DSQ_KV_INT8);
     float *lg = malloc((size_t)g.n_prompt * N_VOCAB * sizeof(float));
     run_tokens(&r, g.prompt, g.n_prompt, 0, true, lg);
     dsq_kv_seq_free(r.kv, &r.bt);

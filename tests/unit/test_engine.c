@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "error.h"
 #include "tokenizer.h"
+#include "engine_test.h"
 
 #define N_PROMPTS 16
 #define MAX_NEW 12
@@ -57,40 +58,13 @@ typedef struct result {
     int choice_n[8];
 } result_t;
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int signals;
-} waiter_t;
-
-static void notify(dsq_req_t *r, void *user)
-{
-    (void)r;
-    waiter_t *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->signals++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static waiter_t W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-
-static char model_path[1024];
+static waiter_t W = WAITER_INIT;
 
 static dsq_engine_t *open_engine(int64_t kv_bytes, int max_model_len)
 {
-    const char *dir = getenv("DSQ_MODELS_DIR");
-    snprintf(model_path, sizeof(model_path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : "models");
-    if (access(model_path, R_OK) != 0)
-        fail_msg("required test model missing: %s", model_path);
-    dsq_engine_opts_t o = {.model_path = model_path, .kv_cache_memory_bytes = kv_bytes,
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = kv_bytes,
                            .max_model_len = max_model_len, .block_size = 16};
-    char err[512];
-    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
-    if (!e)
-        fail_msg("engine: %s", err);
-    return e;
+    return smollm2_engine(&o);
 }
 
 static dsq_sampling_t greedy(int max_tokens)
@@ -102,37 +76,15 @@ static dsq_sampling_t greedy(int max_tokens)
 
 static dsq_req_t *submit(dsq_engine_t *e, const char *text, const dsq_sampling_t *sp)
 {
-    int32_t *ids = NULL;
-    size_t n = 0;
-    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), text, strlen(text),
-                                          DSQ_TOK_PARSE_SPECIAL, &ids, &n), 0);
-    char err[256];
-    dsq_req_t *r = dsq_req_create(ids, (int)n, sp, notify, &W, err, sizeof(err));
-    free(ids);
-    assert_non_null(r);
-    assert_int_equal(dsq_engine_submit(e, r), DSQ_OK);
-    return r;
+    return req_submit_text(e, &W, text, sp);
 }
 
 /* Drain events until every choice of r has finished. */
 static void collect(dsq_req_t *r, result_t *res)
 {
     memset(res, 0, sizeof(*res));
-    for (;;) {
-        pthread_mutex_lock(&W.mu);
-        int seen = W.signals;
-        pthread_mutex_unlock(&W.mu);
-        dsq_output_t ev;
-        int got = dsq_req_next(r, &ev);
-        if (got < 0)
-            break;
-        if (got == 0) {
-            pthread_mutex_lock(&W.mu);
-            while (W.signals == seen)
-                pthread_cond_wait(&W.cv, &W.mu);
-            pthread_mutex_unlock(&W.mu);
-            continue;
-        }
+    dsq_output_t ev;
+    while (wait_next(&W, r, &ev) > 0) {
         for (int i = 0; i < ev.n_tokens; i++) {
             if (ev.index == 0 && res->n_tokens < 256)
                 res->tokens[res->n_tokens++] = ev.tokens[i];
@@ -316,21 +268,8 @@ typedef struct plp_result {
 static void collect_plp(dsq_req_t *r, plp_result_t *res)
 {
     memset(res, 0, sizeof(*res));
-    for (;;) {
-        pthread_mutex_lock(&W.mu);
-        int seen = W.signals;
-        pthread_mutex_unlock(&W.mu);
-        dsq_output_t ev;
-        int got = dsq_req_next(r, &ev);
-        if (got < 0)
-            break;
-        if (got == 0) {
-            pthread_mutex_lock(&W.mu);
-            while (W.signals == seen)
-                pthread_cond_wait(&W.cv, &W.mu);
-            pthread_mutex_unlock(&W.mu);
-            continue;
-        }
+    dsq_output_t ev;
+    while (wait_next(&W, r, &ev) > 0) {
         if (ev.prompt_logprobs) {
             res->n_events_with_plp++;
             assert_true(ev.n_prompt_logprobs <= 128);
@@ -351,11 +290,7 @@ static void collect_plp(dsq_req_t *r, plp_result_t *res)
 static dsq_req_t *submit_ids(dsq_engine_t *e, const int32_t *ids, int n,
                              const dsq_sampling_t *sp)
 {
-    char err[256];
-    dsq_req_t *r = dsq_req_create(ids, n, sp, notify, &W, err, sizeof(err));
-    assert_non_null(r);
-    assert_int_equal(dsq_engine_submit(e, r), DSQ_OK);
-    return r;
+    return req_submit_ids(e, &W, ids, n, sp);
 }
 
 static void test_prompt_logprobs_and_best_of(void **state)
@@ -402,17 +337,11 @@ static void test_prompt_logprobs_and_best_of(void **state)
     dsq_engine_destroy(e);
 
     /* chunks of 8 tokens, 16 other requests, 8 KV blocks: preemption */
-    const char *dir = getenv("DSQ_MODELS_DIR");
-    snprintf(model_path, sizeof(model_path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : "models");
     int64_t per_block = 2LL * 30 * 3 * 64 * 2 * 16;
-    dsq_engine_opts_t o = {.model_path = model_path, .kv_cache_memory_bytes = 8 * per_block,
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 8 * per_block,
                            .max_model_len = 128, .block_size = 16,
                            .max_num_batched_tokens = 8};
-    char err[512];
-    e = dsq_engine_create(&o, err, sizeof(err));
-    if (!e)
-        fail_msg("engine: %s", err);
+    e = smollm2_engine(&o);
     dsq_sampling_t other = greedy(MAX_NEW);
     dsq_req_t *rs[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++)

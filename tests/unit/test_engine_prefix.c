@@ -25,6 +25,7 @@
 #include "engine.h"
 #include "error.h"
 #include "tokenizer.h"
+#include "engine_test.h"
 
 #define MAX_NEW 16
 #define BLOCK 16
@@ -67,76 +68,27 @@ typedef struct result {
     int cached_tokens, prompt_tokens;
 } result_t;
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int signals;
-} waiter_t;
-
-static waiter_t W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-static char model_path[1024];
-
-static void notify(dsq_req_t *r, void *user)
-{
-    (void)r;
-    waiter_t *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->signals++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
+static waiter_t W = WAITER_INIT;
 static dsq_engine_t *open_engine(int64_t kv_bytes, bool prefix)
 {
-    const char *dir = getenv("DSQ_MODELS_DIR");
-    snprintf(model_path, sizeof(model_path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : "models");
-    if (access(model_path, R_OK) != 0)
-        fail_msg("required test model missing: %s", model_path);
-    dsq_engine_opts_t o = {.model_path = model_path, .kv_cache_memory_bytes = kv_bytes,
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = kv_bytes,
                            .max_model_len = 160, .block_size = BLOCK,
                            .enable_prefix_caching = prefix};
-    char err[512];
-    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
-    if (!e)
-        fail_msg("engine: %s", err);
-    return e;
+    return smollm2_engine(&o);
 }
 
 static dsq_req_t *submit(dsq_engine_t *e, const char *text, int n)
 {
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), text, strlen(text),
-                                          DSQ_TOK_PARSE_SPECIAL, &ids, &n_ids), 0);
     dsq_sampling_t sp = {.max_tokens = MAX_NEW, .temperature = 0, .top_p = 1, .n = n,
                          .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
-    char err[256];
-    dsq_req_t *r = dsq_req_create(ids, (int)n_ids, &sp, notify, &W, err, sizeof(err));
-    free(ids);
-    assert_non_null(r);
-    assert_int_equal(dsq_engine_submit(e, r), DSQ_OK);
-    return r;
+    return req_submit_text(e, &W, text, &sp);
 }
 
 static void collect(dsq_req_t *r, result_t *res)
 {
     memset(res, 0, sizeof(*res));
-    for (;;) {
-        pthread_mutex_lock(&W.mu);
-        int seen = W.signals;
-        pthread_mutex_unlock(&W.mu);
-        dsq_output_t ev;
-        int got = dsq_req_next(r, &ev);
-        if (got < 0)
-            break;
-        if (got == 0) {
-            pthread_mutex_lock(&W.mu);
-            while (W.signals == seen)
-                pthread_cond_wait(&W.cv, &W.mu);
-            pthread_mutex_unlock(&W.mu);
-            continue;
-        }
+    dsq_output_t ev;
+    while (wait_next(&W, r, &ev) > 0) {
         for (int i = 0; i < ev.n_tokens && ev.index < 2; i++)
             if (res->n_tokens[ev.index] < 64)
                 res->tokens[ev.index][res->n_tokens[ev.index]++] = ev.tokens[i];

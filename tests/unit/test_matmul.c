@@ -30,134 +30,14 @@
 #include "kernels.h"
 #include "quant.h"
 #include "tensor.h"
+#include "matmul_build.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint32_t rnd(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng >> 33);
-}
-static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
-
-typedef struct built {
-    dsq_weight_t w;
-    void *data;
-    uint16_t *scales, *zeros;
-    float *bias;
-    double *wref;     /* [n][k] dequantised, FP64 */
-    double *wmag;     /* [n][k] magnitude of the terms that make w */
-} built_t;
-
-static void free_built(built_t *b)
-{
-    free(b->data); free(b->scales); free(b->zeros); free(b->bias);
-    free(b->wref); free(b->wmag);
-}
+static float rndf(float lo, float hi) { return lcg_f(&rng, lo, hi); }
 
 static built_t build(dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int64_t n, int64_t k, int bias)
 {
-    built_t b;
-    memset(&b, 0, sizeof(b));
-    b.w.format = f;
-    b.w.n = n;
-    b.w.k = k;
-    b.wref = calloc((size_t)(n * k), sizeof(double));
-    b.wmag = calloc((size_t)(n * k), sizeof(double));
-    const int64_t kp = (k + 31) / 32 * 32;
-    switch (f) {
-    case DSQ_WFMT_F32: {
-        float *d = malloc((size_t)(n * k) * 4);
-        for (int64_t i = 0; i < n * k; i++) {
-            d[i] = rndf(-0.5f, 0.5f);
-            b.wref[i] = d[i];
-        }
-        b.data = d;
-        break;
-    }
-    case DSQ_WFMT_F16: case DSQ_WFMT_BF16: {
-        uint16_t *d = malloc((size_t)(n * k) * 2);
-        for (int64_t i = 0; i < n * k; i++) {
-            float v = rndf(-0.5f, 0.5f);
-            d[i] = f == DSQ_WFMT_F16 ? dsq_fp32_to_fp16(v) : dsq_fp32_to_bf16(v);
-            b.wref[i] = f == DSQ_WFMT_F16 ? dsq_fp16_to_fp32(d[i]) : dsq_bf16_to_fp32(d[i]);
-        }
-        b.data = d;
-        break;
-    }
-    case DSQ_WFMT_Q8_0: {
-        b.w.group_size = 32;
-        uint8_t *d = malloc((size_t)(n * k / 32 * 34));
-        for (int64_t blk = 0; blk < n * k / 32; blk++) {
-            uint16_t h = dsq_fp32_to_fp16(rndf(0.0005f, 0.01f));
-            d[blk * 34] = (uint8_t)h;
-            d[blk * 34 + 1] = (uint8_t)(h >> 8);
-            for (int j = 0; j < 32; j++) {
-                int8_t q = (int8_t)(rnd() % 256);   /* includes -128 */
-                d[blk * 34 + 2 + j] = (uint8_t)q;
-                b.wref[blk * 32 + j] = (double)q * dsq_fp16_to_fp32(h);
-            }
-        }
-        b.data = d;
-        break;
-    }
-    case DSQ_WFMT_INT8: {
-        int8_t *d = malloc((size_t)(n * k));
-        b.scales = malloc((size_t)n * 2);
-        for (int64_t r = 0; r < n; r++) {
-            b.scales[r] = dsq_fp32_to_fp16(rndf(0.001f, 0.01f));
-            for (int64_t j = 0; j < k; j++) {
-                d[r * k + j] = (int8_t)((int)(rnd() % 255) - 127);
-                b.wref[r * k + j] = (double)d[r * k + j] * dsq_fp16_to_fp32(b.scales[r]);
-            }
-        }
-        b.data = d;
-        break;
-    }
-    case DSQ_WFMT_INT4: {
-        b.w.group_size = gs;
-        b.w.zp_mode = zp;
-        const int64_t G = (k + gs - 1) / gs;
-        uint8_t *d = calloc((size_t)(n * kp / 2), 1);
-        b.scales = malloc((size_t)(n * G) * 2);
-        if (zp != DSQ_ZP_SYM)
-            b.zeros = malloc((size_t)(n * G) * 2);
-        for (int64_t i = 0; i < n * G; i++) {
-            b.scales[i] = dsq_fp32_to_fp16(rndf(0.002f, 0.05f));
-            if (zp == DSQ_ZP_INT)
-                b.zeros[i] = dsq_fp32_to_fp16((float)(rnd() % 16));
-            else if (zp == DSQ_ZP_MIN)
-                b.zeros[i] = dsq_fp32_to_fp16(rndf(-0.3f, 0.1f));
-        }
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t j = 0; j < k; j++) {
-                unsigned q = rnd() % 16;
-                uint8_t *p = d + r * kp / 2 + (j / 32) * 16 + (j % 16);
-                *p |= (uint8_t)(j % 32 < 16 ? q : q << 4);
-                double s = dsq_fp16_to_fp32(b.scales[r * G + j / gs]);
-                double z = b.zeros ? dsq_fp16_to_fp32(b.zeros[r * G + j / gs]) : 0.0;
-                double v = zp == DSQ_ZP_SYM ? ((double)q - 8) * s
-                         : zp == DSQ_ZP_INT ? ((double)q - z) * s : (double)q * s + z;
-                b.wref[r * k + j] = v;
-                b.wmag[r * k + j] = zp == DSQ_ZP_SYM ? (q + 8.0) * s
-                                  : zp == DSQ_ZP_INT ? (q + z) * s : q * s + fabs(z);
-            }
-        b.data = d;
-        break;
-    }
-    }
-    for (int64_t i = 0; i < n * k; i++)
-        if (b.wmag[i] == 0.0)
-            b.wmag[i] = fabs(b.wref[i]);
-    if (bias) {
-        b.bias = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++)
-            b.bias[i] = rndf(-1, 1);
-    }
-    b.w.data = b.data;
-    b.w.scales = b.scales;
-    b.w.zeros = b.zeros;
-    b.w.bias = b.bias;
-    return b;
+    return build_weights(&rng, f, zp, gs, n, k, bias != 0);
 }
 
 #define N_ISAS 5

@@ -28,25 +28,7 @@
 #include "loader.h"
 #include "model.h"
 #include "tokenizer.h"
-
-static char *path_join(const char *env, const char *def, const char *rel)
-{
-    const char *root = getenv(env);
-    if (!root)
-        root = def;
-    size_t n = strlen(root) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", root, rel);
-    return p;
-}
-
-static void require_file(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        fail_msg("required test file missing: %s", p);
-    fclose(f);
-}
+#include "test_common.h"
 
 typedef struct runner {
     dsq_model_file_t *file;
@@ -120,15 +102,6 @@ static void run_tokens(runner_t *r, const int32_t *tokens, int n, int start, boo
     free(rows);
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Greedy: prefill prompt, then n_new tokens; stops early at stop_id >= 0. */
 static int greedy(runner_t *r, const int32_t *prompt, int n_prompt, int n_new, int stop_id,
                   int32_t *out, float (*top2)[2])
@@ -159,29 +132,13 @@ static int greedy(runner_t *r, const int32_t *prompt, int n_prompt, int n_new, i
     return n;
 }
 
-static int parse_ids(const char *s, int32_t *out, int cap)
-{
-    int n = 0;
-    char *end;
-    while (n < cap) {
-        long v = strtol(s, &end, 10);
-        if (end == s)
-            break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
-
 static void test_stories260k_greedy(void **state)
 {
     (void)state;
-    char *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
     char *ref = path_join("DSQ_TEST_DATA", "../shared/data",
                           "models/stories260K/stories260K.greedy-reference.txt");
-    require_file(model);
-    require_file(tok);
     require_file(ref);
     runner_t r;
     runner_open(&r, model, tok, NULL, 0);
@@ -249,9 +206,8 @@ static void test_stories260k_greedy(void **state)
 static void test_stories260k_int4(void **state)
 {
     (void)state;
-    char *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
-    require_file(model);
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
     runner_t a, b;
     runner_open(&a, model, tok, NULL, 0);
     runner_open(&b, model, tok, "int4", 32);

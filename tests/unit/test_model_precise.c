@@ -27,39 +27,7 @@
 #include "kv_cache.h"
 #include "loader.h"
 #include "model.h"
-
-static char *path_join(const char *env, const char *def, const char *rel)
-{
-    const char *root = getenv(env);
-    if (!root)
-        root = def;
-    size_t n = strlen(root) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", root, rel);
-    return p;
-}
-
-static void require_file(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        fail_msg("required test file missing: %s", p);
-    fclose(f);
-}
-
-static int parse_ids(const char *s, int32_t *out, int cap)
-{
-    int n = 0;
-    char *end;
-    while (n < cap) {
-        long v = strtol(s, &end, 10);
-        if (end == s)
-            break;
-        out[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
+#include "test_common.h"
 
 typedef struct runner {
     dsq_model_file_t *file;
@@ -129,15 +97,6 @@ static float *run_prompt(const char *path, dsq_act_dtype_t act, const int32_t *i
     run_tokens(&r, ids, n, 0, lg);
     runner_close(&r);
     return lg;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /* Errors of logits lg against a SmolLM2 golden file (smollm2_logits.txt

@@ -34,28 +34,10 @@
 #include "quant.h"
 #include "quantizer.h"
 #include "safetensors.h"
+#include "test_common.h"
 
 #define N_VOCAB 512
 #define MAX_IDS 64
-
-static char *path_join(const char *env, const char *def, const char *rel)
-{
-    const char *root = getenv(env);
-    if (!root)
-        root = def;
-    size_t n = strlen(root) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", root, rel);
-    return p;
-}
-
-static void require_file(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        fail_msg("required test file missing: %s", p);
-    fclose(f);
-}
 
 static dsq_tensor_t view(const char *name, dsq_type_t ty, int64_t rows, int64_t cols,
                          const void *data, size_t esz)
@@ -549,10 +531,8 @@ static void test_ds2_v3(void **state) { (void)state; check_variant("v3"); }
 static void test_llama_recipe_int8(void **state)
 {
     (void)state;
-    char *bin = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
-    require_file(bin);
-    require_file(tok);
+    char *bin, *tok;
+    stories260k_paths(&bin, &tok);
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char out[512];
     snprintf(out, sizeof(out), "%s/dsq-recipe-XXXXXX", tmp);

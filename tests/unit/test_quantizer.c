@@ -33,6 +33,7 @@
 #include "quantizer.h"
 #include "safetensors.h"
 #include "tensor.h"
+#include "test_common.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(void)
@@ -43,25 +44,6 @@ static uint32_t rnd(void)
     return (uint32_t)(rng >> 11);
 }
 static float frand(void) { return (float)(rnd() >> 11) / 1048576.0f - 1.0f; }   /* [-1, 1) */
-
-static char *path_join(const char *env, const char *def, const char *rel)
-{
-    const char *root = getenv(env);
-    if (!root)
-        root = def;
-    size_t n = strlen(root) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", root, rel);
-    return p;
-}
-
-static void require_file(const char *p)
-{
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        fail_msg("required test file missing: %s", p);
-    fclose(f);
-}
 
 /* code of weight (row c, col r) in the dsq native INT4 layout (kernels.h):
  * rows of k_pad/2 bytes, 32-weight chunks of 16 bytes, byte j = weight j
@@ -711,11 +693,9 @@ static void check_dir(const char *dir, const char *src_model, const char *tok, i
 static void test_stories260k_g128_gptq_format(void **state)
 {
     (void)state;
-    char *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
     const char *calib = "/usr/share/common-licenses/GPL-2";   /* Debian base-files */
-    require_file(model);
-    require_file(tok);
     require_file(calib);
     char tmpl[] = "/tmp/dsq-quantizer-XXXXXX";
     assert_non_null(mkdtemp(tmpl));
@@ -788,11 +768,9 @@ static void test_stories260k_g128_gptq_format(void **state)
 static void test_stories260k_roundtrip(void **state)
 {
     (void)state;
-    char *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    char *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
     const char *calib = "/usr/share/common-licenses/GPL-2";   /* Debian base-files */
-    require_file(model);
-    require_file(tok);
     require_file(calib);
     char tmpl[] = "/tmp/dsq-quantizer-XXXXXX";
     assert_non_null(mkdtemp(tmpl));

@@ -1,0 +1,100 @@
+/* Helpers shared by the cmocka unit tests: test-data paths, "required test
+ * file missing" checks, id-list parsing and the small logit comparisons the
+ * model tests use. Header-only (static inline) so every test includes it
+ * without extra build wiring; include it after <cmocka.h>. Test code only:
+ * on a missing file or allocation failure these fail the running test. */
+#ifndef DSQ_TEST_COMMON_H
+#define DSQ_TEST_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* "$env/rel", or "def/rel" when env is unset (env: DSQ_TEST_DATA,
+ * DSQ_MODELS_DIR or DSQ_SOURCE_ROOT, set by tests/meson.build). Returns a
+ * malloc'd string the caller frees; fails the test if allocation fails. */
+static inline char *path_join(const char *env, const char *def, const char *rel)
+{
+    const char *root = getenv(env);
+    if (!root)
+        root = def;
+    size_t n = strlen(root) + strlen(rel) + 2;
+    char *p = malloc(n);
+    if (!p)
+        fail_msg("out of memory joining %s/%s", root, rel);
+    snprintf(p, n, "%s/%s", root, rel);
+    return p;
+}
+
+/* Fails the test naming p (and hint, e.g. the script that makes the file,
+ * when not NULL) when p cannot be opened for reading. */
+static inline void require_file_hint(const char *p, const char *hint)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        if (hint)
+            fail_msg("required test file missing: %s (%s)", p, hint);
+        fail_msg("required test file missing: %s", p);
+    }
+    fclose(f);
+}
+
+/* require_file_hint without a hint. */
+static inline void require_file(const char *p)
+{
+    require_file_hint(p, NULL);
+}
+
+/* $DSQ_TEST_DATA/models/stories260K/stories260K.bin and tok512.bin (the
+ * llama2.c TinyStories 260K model and its tokenizer, see
+ * $DSQ_TEST_DATA/SOURCES.md) into *model and *tok, both required (the test
+ * fails naming a missing one); the caller frees both. */
+static inline void stories260k_paths(char **model, char **tok)
+{
+    *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
+    *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    require_file(*model);
+    require_file(*tok);
+}
+
+/* Whitespace-separated decimal ids of s into out[0..cap); returns how many
+ * were read (stops at the first non-number or at cap). */
+static inline int parse_ids(const char *s, int32_t *out, int cap)
+{
+    int n = 0;
+    char *end;
+    while (n < cap) {
+        long v = strtol(s, &end, 10);
+        if (end == s)
+            break;
+        out[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+/* Index of the largest of x[0..n) (first one on ties); n >= 1. */
+static inline int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* max over i < n of |a[i] - ref[i]| / max(1, |ref[i]|), in double. */
+static inline double max_rel(const float *a, const float *ref, size_t n)
+{
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - ref[i]) / fmax(1.0, fabs((double)ref[i]));
+        worst = e > worst ? e : worst;
+    }
+    return worst;
+}
+
+#endif
