@@ -94,6 +94,10 @@ static inline void runner_open(runner_t *r, const char *rel, const char *quantiz
     char *dir = path_join("DSQ_MODELS_DIR", "models", rel);
     size_t sl = strlen(dir) + 32;
     char *st = malloc(sl);
+    if (!st) {
+        fail_msg("out of memory");
+        exit(1);    /* not reached: fail_msg does not return (gcc can't tell) */
+    }
     snprintf(st, sl, strstr(rel, ".gguf") ? "%s" : "%s/model.safetensors", dir);
     require_file_hint(st, DS2_TINY_HINT);
     memset(r, 0, sizeof(*r));

@@ -23,8 +23,10 @@ static inline char *path_join(const char *env, const char *def, const char *rel)
         root = def;
     size_t n = strlen(root) + strlen(rel) + 2;
     char *p = malloc(n);
-    if (!p)
+    if (!p) {
         fail_msg("out of memory joining %s/%s", root, rel);
+        exit(1);    /* not reached: fail_msg does not return (gcc can't tell) */
+    }
     snprintf(p, n, "%s/%s", root, rel);
     return p;
 }
