@@ -17,7 +17,14 @@
  * a fresh sequence whose first token is replaced by BOS when the vocab adds
  * one, and only its second half is scored: tokens ctx/2 + 1 .. ctx - 1,
  * from the logits of rows ctx/2 .. ctx - 2. --stride is ignored. So dsq and
- * llama.cpp numbers on the same model and text are directly comparable. */
+ * llama.cpp numbers on the same model and text are directly comparable.
+ *
+ * Also printed: the mean predictive entropy H = -sum_v p_v log p_v of the
+ * scored positions. Mean NLL is the cross-entropy of the model against the
+ * text; NLL - H > 0 means the model is more confident than it is right on
+ * this text (miscalibrated), in which case perturbations that flatten its
+ * distributions, quantization noise included, can lower the perplexity.
+ * --temperature T scores softmax(logits / T) to measure that directly. */
 #include "dsq_config.h"
 
 #include <math.h>
@@ -112,27 +119,85 @@ static void log_softmax(float *x, int64_t n)
         x[i] -= lse;
 }
 
+/* Running sums over the scored tokens. */
+typedef struct {
+    double nll;     /* sum of -log p(target), nats */
+    double kl;      /* sum of KL(P_ref || P_model), nats (with a ref model) */
+    double ent;     /* sum of the model's predictive entropy, nats */
+    long n;         /* scored tokens */
+    double inv_t;   /* 1 / --temperature: logits are divided by T first */
+    FILE *dump;     /* --dump-nll, or NULL */
+} score_t;
+
+/* Score one position: p = the model's logits row (n_vocab floats,
+ * overwritten with log-probabilities at temperature T), q = the reference
+ * model's logits row for the same position or NULL (overwritten with its
+ * log-probabilities, never tempered), target = the next token's id. */
+static void score_row(score_t *s, float *p, float *q, int64_t n_vocab, int32_t target)
+{
+    if (s->inv_t != 1.0)
+        for (int64_t v = 0; v < n_vocab; v++)
+            p[v] = (float)(p[v] * s->inv_t);
+    log_softmax(p, n_vocab);
+    s->nll -= p[target];
+    if (s->dump)
+        fprintf(s->dump, "%.6f\n", -(double)p[target]);
+    double h = 0;
+    for (int64_t v = 0; v < n_vocab; v++)
+        h -= exp((double)p[v]) * p[v];
+    s->ent += h;
+    if (q) {
+        log_softmax(q, n_vocab);
+        double k = 0;
+        for (int64_t v = 0; v < n_vocab; v++)
+            k += exp((double)q[v]) * ((double)q[v] - p[v]);
+        s->kl += k;
+    }
+    s->n++;
+}
+
+/* Parse an integer option value in [lo, hi]; on failure a one-line message
+ * naming the option goes to stderr and -1 is returned. */
+static int parse_long(const char *opt, const char *v, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "dsq-perplexity: %s wants an integer in [%ld, %ld], not '%s'\n", opt,
+                lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
 "usage: dsq-perplexity --model M --text FILE [--tokenizer PATH] [--ctx 512]\n"
-"         [--stride 256] [--max-tokens N] [--ref-model R] [--ref-tokenizer PATH]\n"
-"         [--llama-cpp-protocol] [--dump-nll FILE] [--help] [--version]\n"
+"         [--stride ctx/2] [--max-tokens N] [--ref-model R] [--ref-tokenizer PATH]\n"
+"         [--llama-cpp-protocol] [--dump-nll FILE] [--temperature T]\n"
+"         [--help] [--version]\n"
 "--dump-nll: one line per scored token, its NLL in nats (paired comparisons).\n"
 "--llama-cpp-protocol: non-overlapping ctx chunks, second half scored, as\n"
 "llama.cpp's llama-perplexity.\n"
-"Prints ppl (sliding window, each token scored once) and, with --ref-model,\n"
-"the mean KL(P_ref || P_model) in nats over the scored tokens.\n");
+"--temperature T: score softmax(logits / T) (default 1; a calibration check:\n"
+"a model overconfident on the text scores better at some T > 1).\n"
+"Prints ppl (sliding window, each token scored once), the mean NLL and the\n"
+"mean predictive entropy (nats; nll - entropy > 0: overconfident on this\n"
+"text) and, with --ref-model, the mean KL(P_ref || P_model) in nats over the\n"
+"scored tokens.\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *tok = NULL, *ref = NULL, *ref_tok = NULL;
-    int ctx = 512, stride = 256;
-    long max_tokens = 0;
+    int ctx = 512, stride = 0;      /* stride 0: not given, ctx / 2 */
+    long max_tokens = 0, lv = 0;
     bool llama_protocol = false;
     const char *dump = NULL;
     FILE *df = NULL;
+    double temperature = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--llama-cpp-protocol") == 0) {
@@ -157,17 +222,40 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--tokenizer") == 0) tok = v;
         else if (strcmp(a, "--ref-model") == 0) ref = v;
         else if (strcmp(a, "--ref-tokenizer") == 0) ref_tok = v;
-        else if (strcmp(a, "--ctx") == 0) ctx = atoi(v);
-        else if (strcmp(a, "--stride") == 0) stride = atoi(v);
-        else if (strcmp(a, "--max-tokens") == 0) max_tokens = atol(v);
+        else if (strcmp(a, "--ctx") == 0) {
+            if (parse_long(a, v, 2, 1L << 20, &lv))
+                return 2;
+            ctx = (int)lv;
+        } else if (strcmp(a, "--stride") == 0) {
+            if (parse_long(a, v, 1, 1L << 20, &lv))
+                return 2;
+            stride = (int)lv;
+        } else if (strcmp(a, "--max-tokens") == 0) {
+            if (parse_long(a, v, 0, 1L << 40, &max_tokens))
+                return 2;
+        }
         else if (strcmp(a, "--dump-nll") == 0) dump = v;
-        else {
+        else if (strcmp(a, "--temperature") == 0) {
+            char *end = NULL;
+            temperature = strtod(v, &end);
+            if (!end || *end || !(temperature >= 0.01 && temperature <= 100)) {
+                fprintf(stderr, "dsq-perplexity: --temperature wants a number in "
+                        "[0.01, 100], not '%s'\n", v);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "dsq-perplexity: unknown option %s (see --help)\n", a);
             return 2;
         }
     }
-    if (!model || !text || ctx < 2 || stride < 1 || stride > ctx) {
-        usage(stderr);
+    if (!model || !text) {
+        fprintf(stderr, "dsq-perplexity: --model and --text are required (see --help)\n");
+        return 2;
+    }
+    if (stride == 0)
+        stride = ctx / 2;
+    if (stride > ctx && !llama_protocol) {
+        fprintf(stderr, "dsq-perplexity: --stride %d is larger than --ctx %d\n", stride, ctx);
         return 2;
     }
     dsq_log_set_level(getenv("DSQ_LOG_LEVEL") ? getenv("DSQ_LOG_LEVEL") : "warn");
@@ -235,19 +323,26 @@ int main(int argc, char **argv)
     }
     lg = malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lg));
     lr = have_ref ? malloc((size_t)ctx * (size_t)rm.n_vocab * sizeof(*lr)) : NULL;
-    if (!lg || (have_ref && !lr))
+    if (!lg || (have_ref && !lr)) {
+        fprintf(stderr, "dsq-perplexity: out of memory for the logits of --ctx %d\n", ctx);
         goto undo;
-    double nll = 0, kl = 0;
-    long n_scored = 0;
+    }
+    score_t sc = {.inv_t = 1.0 / temperature, .dump = df};
     size_t prev_end = 1;            /* tokens [1, prev_end) already scored */
     if (llama_protocol) {
         const int32_t bos = dsq_tokenizer_bos(tk);
         const size_t n_chunk = n_ids / (size_t)ctx;
         const int first = ctx / 2;
         int32_t *chunk = malloc((size_t)ctx * sizeof(*chunk));
-        if (!chunk || n_chunk == 0) {
-            fprintf(stderr, "dsq-perplexity: %s\n",
-                    chunk ? "text shorter than one --ctx chunk" : "out of memory");
+        if (!chunk || n_chunk == 0 || ctx < 3) {
+            if (!chunk)
+                fprintf(stderr, "dsq-perplexity: out of memory\n");
+            else if (ctx < 3)
+                fprintf(stderr, "dsq-perplexity: --llama-cpp-protocol scores nothing with "
+                        "--ctx %d (needs 3 or more)\n", ctx);
+            else
+                fprintf(stderr, "dsq-perplexity: %s: %zu tokens, shorter than one --ctx "
+                        "chunk of %d\n", text, n_ids, ctx);
             free(chunk);
             goto undo;
         }
@@ -262,20 +357,9 @@ int main(int argc, char **argv)
                 goto undo;
             }
             for (int row = first; row < ctx - 1; row++) {
-                float *p = lg + (size_t)(row - first) * (size_t)rm.n_vocab;
-                log_softmax(p, rm.n_vocab);
-                nll -= p[ids[c * (size_t)ctx + (size_t)row + 1]];
-                if (df)
-                    fprintf(df, "%.6f\n", -(double)p[ids[c * (size_t)ctx + (size_t)row + 1]]);
-                if (have_ref) {
-                    float *q = lr + (size_t)(row - first) * (size_t)rm.n_vocab;
-                    log_softmax(q, rm.n_vocab);
-                    double k = 0;
-                    for (int64_t v = 0; v < rm.n_vocab; v++)
-                        k += exp((double)q[v]) * ((double)q[v] - p[v]);
-                    kl += k;
-                }
-                n_scored++;
+                const size_t off = (size_t)(row - first) * (size_t)rm.n_vocab;
+                score_row(&sc, lg + off, have_ref ? lr + off : NULL, rm.n_vocab,
+                          ids[c * (size_t)ctx + (size_t)row + 1]);
             }
         }
         free(chunk);
@@ -294,30 +378,22 @@ int main(int argc, char **argv)
             goto undo;
         }
         for (int row = first; row < n - 1; row++) {
-            float *p = lg + (size_t)(row - first) * (size_t)rm.n_vocab;
-            log_softmax(p, rm.n_vocab);
-            nll -= p[ids[begin + (size_t)row + 1]];
-            if (df)
-                fprintf(df, "%.6f\n", -(double)p[ids[begin + (size_t)row + 1]]);
-            if (have_ref) {
-                float *q = lr + (size_t)(row - first) * (size_t)rm.n_vocab;
-                log_softmax(q, rm.n_vocab);
-                double k = 0;
-                for (int64_t v = 0; v < rm.n_vocab; v++)
-                    k += exp((double)q[v]) * ((double)q[v] - p[v]);
-                kl += k;
-            }
-            n_scored++;
+            const size_t off = (size_t)(row - first) * (size_t)rm.n_vocab;
+            score_row(&sc, lg + off, have_ref ? lr + off : NULL, rm.n_vocab,
+                      ids[begin + (size_t)row + 1]);
         }
         prev_end = end;
         if (end == n_ids)
             break;
     }
-    printf("ppl=%.4f nll=%.5f tokens=%ld ctx=%d %s=%d", exp(nll / n_scored),
-           nll / n_scored, n_scored, ctx, llama_protocol ? "llama_cpp_chunks" : "stride",
+    printf("ppl=%.4f nll=%.5f entropy=%.5f tokens=%ld ctx=%d %s=%d", exp(sc.nll / sc.n),
+           sc.nll / sc.n, sc.ent / sc.n, sc.n, ctx,
+           llama_protocol ? "llama_cpp_chunks" : "stride",
            llama_protocol ? (int)(n_ids / (size_t)ctx) : stride);
+    if (temperature != 1.0)
+        printf(" temperature=%g", temperature);
     if (have_ref)
-        printf(" kl=%.6f", kl / n_scored);
+        printf(" kl=%.6f", sc.kl / sc.n);
     printf(" model=%s\n", model);
     rc = 0;
 undo:
