@@ -9,8 +9,11 @@
 #     under $WORK);
 #  2. llama-quantize / llama-perplexity built by build_llama_tools.sh (the
 #     llama.cpp vendored in the llama-cpp-python 0.3.16 sdist);
-#  3. dsq-quantize from the F16 GGUF, calibration text GPL-2;
-#  4. perplexity on GPL-3 (Debian base-files, see docs/quantization.md):
+#  3. dsq-quantize from the F16 GGUF, calibration text GPL-2 (TEXT=gpl) or
+#     chapters I-VI of Alice's Adventures in Wonderland (TEXT=alice:
+#     prep_alice.py on the pinned brotli 1.2.1 sdist from PyPI);
+#  4. perplexity on GPL-3 (Debian base-files, see docs/quantization.md) or
+#     on Alice chapters VII-XII:
 #     every row through dsq-perplexity --llama-cpp-protocol (llama.cpp's
 #     chunking: non-overlapping ctx chunks, second half scored) with KL
 #     against the F16 model, and the F16 / Q4_0 / Q4_K_M rows also through
@@ -30,6 +33,8 @@
 #      GROUPS     group sizes (default "32 128"; under bash, whose GROUPS is
 #                 the user's group ids, use QGROUPS)
 #      BLOCK      paired_nll.py batch-means block in tokens (default 128)
+#      TEXT       gpl (default: GPL-2 / GPL-3) or alice (chapters I-VI /
+#                 VII-XII, see tests/ref/prep_alice.py)
 #      REUSE      1: keep dsq-quantize outputs already in $WORK (e.g. to
 #                 rescore them with a larger TOKENS); default 0 requantizes
 set -eu
@@ -44,8 +49,12 @@ QGROUPS=${QGROUPS:-${GROUPS:-32 128}}
 BLOCK=${BLOCK:-128}
 REUSE=${REUSE:-0}
 T0=$(date +%s)
-CALIB=/usr/share/common-licenses/GPL-2
-HELD=/usr/share/common-licenses/GPL-3
+TEXT=${TEXT:-gpl}
+case $TEXT in
+    gpl) CALIB=/usr/share/common-licenses/GPL-2; HELD=/usr/share/common-licenses/GPL-3 ;;
+    alice) CALIB=$W/text/alice-calib.txt; HELD=$W/text/alice-heldout.txt ;;
+    *) echo "run_quant_table.sh: TEXT is gpl or alice, not '$TEXT'" >&2; exit 1 ;;
+esac
 SRC=models/SmolLM2-135M-Instruct.Q4_1.gguf
 CHUNKS=$((TOKENS / 512))
 for g in $QGROUPS; do
@@ -54,7 +63,7 @@ for g in $QGROUPS; do
     esac
     [ "$g" -ge 8 ] || { echo "run_quant_table.sh: bad group size '$g'" >&2; exit 1; }
 done
-for f in "$CALIB" "$HELD" "$SRC" "$B/dsq-quantize" "$B/dsq-perplexity"; do
+for f in "$SRC" "$B/dsq-quantize" "$B/dsq-perplexity"; do
     [ -e "$f" ] || { echo "run_quant_table.sh: missing $f" >&2; exit 1; }
 done
 mkdir -p "$W"
@@ -65,6 +74,12 @@ if [ ! -x "$W/venv/bin/python" ]; then
     python3 -m venv "$W/venv"
     "$W/venv/bin/python" -m pip install -q -r tests/ref/requirements-quant.txt
 fi
+if [ "$TEXT" = alice ]; then
+    tests/ref/fetch_alice.sh "$W/venv/bin/python" "$W/text"
+fi
+for f in "$CALIB" "$HELD"; do
+    [ -e "$f" ] || { echo "run_quant_table.sh: missing $f" >&2; exit 1; }
+done
 F16=$W/smollm2-f16.gguf
 [ -f "$F16" ] || "$W/venv/bin/python" tests/ref/make_f16_gguf.py "$SRC" "$F16"
 
@@ -111,7 +126,7 @@ lrow() {  # name, gguf
 : > "$W/rows.txt"
 : > "$W/times.txt"
 timed "setup (venv, F16 GGUF, llama.cpp tools)"
-{ date -u; lscpu | grep 'Model name'; uptime; } > "$W/env.txt"
+{ date -u; lscpu | grep 'Model name'; uptime; echo "text=$TEXT calib=$CALIB held=$HELD samples=$SAMPLES tokens=$TOKENS"; } > "$W/env.txt"
 row fp16 "$F16"
 lrow fp16 "$F16"
 for g in $QGROUPS; do
