@@ -42,20 +42,15 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_common import sha256_file as sha256  # noqa: E402
+
 FORMAT_VERSION = 1
 N_CTX = 512
 MAX_TOKENS = 1024            # two chunks of N_CTX
 N_PER_TOKEN = 64             # per-token NLL lines for the first scored tokens
 TEMPERATURES = (1.0, 1.5)
 TEXT = "/usr/share/common-licenses/GPL-3"
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def ids_sha256(ids):
