@@ -998,14 +998,23 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
                                    "special_tokens_map.json", "chat_template.jinja",
                                    "generation_config.json", l2c ? "tokenizer.bin" : NULL,
                                    l2c ? tokn : NULL};
+            int n_copied = 0;
             for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
                 if (!names[i])
                     continue;
                 snprintf(src, sizeof(src), "%s/%s", dir, names[i]);
                 snprintf(dst, sizeof(dst), "%s/%s", o->out_dir, names[i]);
-                if (is_file(src) && copy_file(src, dst))
+                if (!is_file(src))
+                    continue;
+                if (copy_file(src, dst))
                     FAIL(DSQ_EIO, "quantize: cannot copy %s", src);
+                n_copied++;
             }
+            /* a GGUF carries its tokenizer; anything else without one in
+             * the output needs --tokenizer wherever it is loaded */
+            if (n_copied == 0 && strcmp(fmt, "gguf") != 0 && !o->quiet)
+                fprintf(stderr, "quantize: warning: no tokenizer file in %s: %s has none "
+                        "(give --tokenizer to copy one in)\n", dir, o->out_dir);
         }
     }
     if (!o->quiet)

@@ -10,7 +10,9 @@ file of the Canterbury compression corpus. Both the archive and the file
 are pinned by SHA-256 below; any other bytes are refused.
 
 The file is ASCII with CRLF line ends, hard-wrapped at ~65 columns with
-two-space paragraph indents, and opens quotations with a backtick. The
+two-space paragraph indents, opens quotations with a backtick, and ends
+with a DOS end-of-file byte (0x1a) after "THE END"; that byte is kept (it
+ends the held-out part's last line, "THE END \\x1a"). The
 normalisation is the same for both parts and changes no word: CRLF -> LF,
 each paragraph (lines up to a blank line) joined into one line with single
 spaces, leading/trailing blanks and runs of spaces removed, "`" -> "'".
@@ -19,8 +21,9 @@ Split: calibration = chapters I-VI (from the line "CHAPTER I" up to the
 line before "CHAPTER VII"), held-out = chapters VII-XII (from "CHAPTER
 VII" to the end). The title block before chapter I is dropped. The two
 parts share no line; dsq-quantize reads only the first, dsq-perplexity
-only the second. Their SHA-256 are pinned too, so a changed normalisation
-cannot slip into a table unnoticed.
+scores only the second (run_quant_stories.sh FIT_T=1 also reads the first
+to choose a softmax temperature). Their SHA-256 are pinned too, so a
+changed normalisation cannot slip into a table unnoticed.
 
 usage: prep_alice.py BROTLI_SDIST.tar.gz OUTDIR
        writes OUTDIR/alice-calib.txt and OUTDIR/alice-heldout.txt
@@ -66,7 +69,14 @@ def main(argv):
     if len(argv) != 3:
         sys.stderr.write("usage: prep_alice.py BROTLI_SDIST.tar.gz OUTDIR\n")
         return 2
-    sdist, outdir = argv[1], argv[2]
+    try:
+        return run(argv[1], argv[2])
+    except (OSError, tarfile.TarError, KeyError, UnicodeDecodeError) as e:
+        sys.stderr.write(f"prep_alice.py: {e}\n")
+        return 1
+
+
+def run(sdist, outdir):
     with open(sdist, "rb") as f:
         blob = f.read()
     if sha256(blob) != SDIST_SHA256:

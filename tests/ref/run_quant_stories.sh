@@ -13,14 +13,15 @@
 # that T; paired comparisons of those NLLs follow. The held-out text never
 # enters the choice of T.
 #
-# usage: tests/ref/run_quant_stories.sh     (about 3 minutes on 2 cores)
+# usage: tests/ref/run_quant_stories.sh     (about 7 minutes on 2 cores)
 # env: DSQ_BUILD   dsq build folder with tools/ (default: build)
 #      DSQ_TEST_DATA  the shared test data (default: ../shared/data)
 #      WORK        scratch folder (default: build-quant-stories, git-ignored)
 #      TEXT        alice (default: Alice chapters I-VI / VII-XII, see
 #                  tests/ref/prep_alice.py) or gpl (GPL-2 / GPL-3)
 #      BLOCK       paired_nll.py block in tokens (default 256)
-#      FIT_T       1: temperature-calibrated rows too (about 10 more minutes)
+#      FIT_T       1: temperature-calibrated rows too (about 1 hour more:
+#                  13 calibration-text passes per model)
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -50,7 +51,8 @@ fi
 : > "$W/paired.txt"
 ppl() {   # name, model, extra args
     name=$1; m=$2; shift 2
-    r=$("$B/dsq-perplexity" --model "$m" --tokenizer "$S/tok512.bin" --text "$HELD" "$@")
+    r=$("$B/dsq-perplexity" --model "$m" --tokenizer "$S/tok512.bin" --text "$HELD" "$@") ||
+        { echo "run_quant_stories.sh: dsq-perplexity $name failed" >&2; exit 1; }
     echo "$name $r" | tee -a "$W/rows.txt"
 }
 ppl fp32 "$S/stories260K.bin" --dump-nll "$W/fp32.nll"
@@ -67,9 +69,12 @@ for g in 32 128; do
         # every sample of 512 tokens the calibration text yields (fewer
         # than the bound's 96: --force)
         # shellcheck disable=SC2086 # $a is a list of options
-        "$B/dsq-quantize" --model "$S/stories260K.bin" --tokenizer "$S/tok512.bin" \
+        if ! "$B/dsq-quantize" --model "$S/stories260K.bin" --tokenizer "$S/tok512.bin" \
             --out "$o" $a --group-size "$g" --calib "$CALIB" --calib-seq-len 512 \
-            --calib-samples 96 --force > "$o.log" 2>&1
+            --calib-samples 96 --force > "$o.log" 2>&1; then
+            echo "run_quant_stories.sh: dsq-quantize $m g$g failed: $(tail -1 "$o.log") (see $o.log)" >&2
+            exit 1
+        fi
         ppl "$m-g$g" "$o" --ref-model "$S/stories260K.bin" --dump-nll "$W/$m-$g.nll"
     done
     {
@@ -84,8 +89,10 @@ done
 fit_t() { # name, model: T with the least NLL on $CALIB, then held-out at T
     name=$1; m=$2; best=; bn=
     for t in 1.00 1.05 1.10 1.15 1.20 1.25 1.30 1.35 1.40 1.45 1.50 1.55 1.60; do
-        n=$("$B/dsq-perplexity" --model "$m" --tokenizer "$S/tok512.bin" --text "$CALIB" \
-            --temperature "$t" | sed -n 's/.* nll=\([0-9.]*\) .*/\1/p')
+        r=$("$B/dsq-perplexity" --model "$m" --tokenizer "$S/tok512.bin" --text "$CALIB" \
+            --temperature "$t") || { echo "run_quant_stories.sh: dsq-perplexity $name T=$t failed" >&2; exit 1; }
+        n=$(echo "$r" | sed -n 's/.* nll=\([0-9.]*\) .*/\1/p')
+        [ -n "$n" ] || { echo "run_quant_stories.sh: no nll in: $r" >&2; exit 1; }
         if [ -z "$best" ] || awk "BEGIN { exit !($n < $bn) }"; then best=$t; bn=$n; fi
     done
     echo "$name fit on calibration text: T=$best nll=$bn" | tee -a "$W/rows.txt"
