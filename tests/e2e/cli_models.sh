@@ -5,7 +5,7 @@
 # llama.cpp's tokenizer test vectors (.inp/.out) and the llama2.c greedy
 # reference of stories260K (see $DSQ_TEST_DATA/SOURCES.md).
 # Environment (set by tests/e2e/meson.build): DSQ_INSPECT, DSQ_TOKENIZE,
-# DSQ_RUN, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
+# DSQ_RUN, DSQ_QUANTIZE, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
 set -u
 n=0; fail=0
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsq-e2e.XXXXXX")
@@ -186,6 +186,22 @@ if command -v script > /dev/null 2>&1; then
 else
   not_ok "script(1) (util-linux) is installed, to test on a terminal" "missing program: script"
 fi
+
+# ---- dsq-quantize copies the llama2.c tokenizer, or says the output has none ----
+mkdir -p "$tmp/l2c"
+cp "$s260/stories260K.bin" "$tmp/l2c/"
+"$DSQ_QUANTIZE" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-notok" --method rtn \
+  > "$tmp/q.out" 2> "$tmp/q.err"; rc=$?
+[ $rc -eq 0 ] && [ -f "$tmp/q-notok/model.safetensors" ] && [ ! -e "$tmp/q-notok/tok512.bin" ] &&
+  grep -q "warning: no tokenizer file in .*q-notok has none" "$tmp/q.err"
+check "quantize without a tokenizer next to the model warns that the output has none" $? \
+  "rc=$rc" "$(cat "$tmp/q.err")"
+cp "$s260/tok512.bin" "$tmp/l2c/"
+"$DSQ_QUANTIZE" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-tok" --method rtn \
+  > "$tmp/q.out" 2> "$tmp/q.err"; rc=$?
+[ $rc -eq 0 ] && cmp -s "$s260/tok512.bin" "$tmp/q-tok/tok512.bin" && ! grep -q warning "$tmp/q.err"
+check "quantize copies tok512.bin found next to the model, no warning" $? \
+  "rc=$rc" "$(cat "$tmp/q.err")"
 
 echo "1..$n"
 exit $fail
