@@ -173,7 +173,7 @@ typedef struct dsq_rope {
 } dsq_rope_t;
 
 /* Fill *p from a model config's numbers. scaling uses the numbers of
- * dsq_rope_scaling_t (engine/model_config.h): 0 none, 1 linear (freq_scale
+ * dsq_rope_scaling_t (engine/io/model_config.h): 0 none, 1 linear (freq_scale
  * = 1/factor), 3 YaRN (freq_scale = 1/factor, ext_factor = 1, beta_fast /
  * beta_slow (<= 0 means 32 / 1), orig_ctx, and attn_factor =
  * dsq_rope_yarn_mscale(factor, mscale) / dsq_rope_yarn_mscale(factor,

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat_template.h"
-#include "engine/error.h"
-#include "engine/log.h"
+#include "engine/text/chat_template.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 #define MAX_TEMPLATE_BYTES (4u << 20)
 

@@ -8,7 +8,7 @@
  * dsq_engine_chat_template). It is compiled once at startup, so a broken
  * template stops the daemon with the interpreter's message instead of
  * failing every request. Rendering follows transformers'
- * apply_chat_template (engine/chat_template.h) with bos_token/eos_token set
+ * apply_chat_template (engine/text/chat_template.h) with bos_token/eos_token set
  * to the tokenizer's BOS/EOS token text. */
 #ifndef DSQ_SERVER_CHAT_H
 #define DSQ_SERVER_CHAT_H
@@ -19,7 +19,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "server/error.h"
 
 /* Immutable after create; shared by every connection thread. */

@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 
 static const struct {
     int status;

@@ -48,7 +48,7 @@ const char *dsq_apierr_type(dsq_apierr_t kind);
 /* OpenAI `code` string of a kind, or NULL for JSON null. Static. */
 const char *dsq_apierr_code(dsq_apierr_t kind);
 
-/* Kind for a negative DSQ_E* code (engine/error.h):
+/* Kind for a negative DSQ_E* code (engine/common/error.h):
  * EINVAL -> INVALID_REQUEST, ERANGE -> CONTEXT_LENGTH, EFULL -> RATE_LIMIT,
  * ESTATE -> UNAVAILABLE, ENOTFOUND -> NOT_FOUND, EUNSUPPORTED -> UNSUPPORTED,
  * ECANCELLED -> TIMEOUT, anything else -> INTERNAL. */

@@ -27,9 +27,9 @@
 #include <openssl/sha.h>
 
 #include "dsq_config.h"
-#include "engine/error.h"
-#include "engine/log.h"
-#include "engine/tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/text/tokenizer.h"
 #include "server/chat.h"
 #include "server/error.h"
 #include "server/openai.h"

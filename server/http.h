@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 #include "server/metrics.h"
 
 typedef struct dsq_http_config {

@@ -27,9 +27,9 @@
 
 #include <systemd/sd-daemon.h>
 
-#include "engine/engine.h"
-#include "engine/error.h"
-#include "engine/log.h"
+#include "engine/serve/engine.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 #include "kernels/kernels.h"
 #include "server/http.h"
 #include "server/metrics.h"

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 
 typedef enum dsq_hist {
     DSQ_HIST_TTFT = 0,           /* dsq:time_to_first_token_seconds         */

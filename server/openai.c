@@ -11,7 +11,7 @@
 
 #include <openssl/rand.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 
 /* ------------------------------------------------------------ helpers */
 

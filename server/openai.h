@@ -17,7 +17,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 #include "server/error.h"
 
 #define DSQ_OPENAI_MAX_STOP 4        /* OpenAI: "up to 4 sequences"          */

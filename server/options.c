@@ -11,7 +11,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 
 typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_BYTES } opt_type_t;
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 
 static const char OPEN_TAG[] = "<think>";
 static const char CLOSE_TAG[] = "</think>";

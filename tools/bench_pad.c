@@ -1,4 +1,4 @@
-/* dsq-bench pad: fit the padding cost model (engine/padding.h) on this
+/* dsq-bench pad: fit the padding cost model (engine/serve/padding.h) on this
  * machine.
  *
  * What a CUDA-graph replay of bucket B costs for a real batch of b decode
@@ -31,12 +31,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
-#include "padding.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/serve/padding.h"
 
 #define MAX_CELLS 512
 

@@ -1,6 +1,6 @@
 /* dsq-bench sched: scheduler overhead per step.
  *
- * Drives engine/scheduler.c and the KV block manager exactly as the engine
+ * Drives engine/serve/scheduler.c and the KV block manager exactly as the engine
  * does for a steady decode load of N running sequences (default 256): every
  * step plans the batch (block reservation, copy-on-write check, batch
  * arrays), commits it and appends one token per sequence; finished
@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kv_cache.h"
-#include "scheduler.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/serve/scheduler.h"
 
 static double now_us(void)
 {

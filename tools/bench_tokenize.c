@@ -35,10 +35,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "error.h"
-#include "gguf.h"
-#include "log.h"
-#include "tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/common/log.h"
+#include "engine/text/tokenizer.h"
 
 int dsq__bench_tokenize(int argc, char **argv);
 

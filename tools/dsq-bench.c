@@ -9,7 +9,7 @@
  *   cpu     end to end on a real model: prompt processing (one prefill of
  *           --prompt-tokens) and generation (--gen-tokens decode steps)
  *           tok/s, as llama-bench's pp512 / tg128 (see bench_cpu).
- *   pad     fits the padding cost model (engine/padding.h) on a real model
+ *   pad     fits the padding cost model (engine/serve/padding.h) on a real model
  *           (bench_pad.c).
  *   serve   HTTP load against dsqd and/or llama.cpp's llama-server: request
  *           throughput, output tok/s, TTFT and inter-token latency under N
@@ -23,11 +23,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
 
 static double now_s(void)
 {

@@ -7,11 +7,11 @@
  * built with cJSON.
  */
 #include "dsq_config.h"
-#include "loader.h"
-#include "log.h"
-#include "model_config.h"
-#include "tensor.h"
-#include "tokenizer.h"
+#include "engine/loader/loader.h"
+#include "engine/common/log.h"
+#include "engine/io/model_config.h"
+#include "engine/io/tensor.h"
+#include "engine/text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>

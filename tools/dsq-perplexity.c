@@ -32,13 +32,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "log.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/common/log.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 
 typedef struct runner {
     dsq_model_file_t *f;

@@ -2,7 +2,7 @@
  * into an AutoAWQ (or AutoGPTQ) Hugging Face directory that dsq — and
  * AWQ/GPTQ loaders — read.
  * Only argument parsing lives here; the pipeline is dsq_quantizer_run
- * (engine/quantizer_run.c), the math engine/quantizer.c. */
+ * (engine/quantizer/quantizer_run.c), the math engine/quantizer/quantizer.c. */
 #include "dsq_config.h"
 
 #include <omp.h>
@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "log.h"
-#include "quantizer.h"
+#include "engine/common/log.h"
+#include "engine/quantizer/quantizer.h"
 
 static void usage(FILE *f)
 {

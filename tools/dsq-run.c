@@ -13,11 +13,11 @@
 #include <time.h>
 
 #include "dsq_config.h"
-#include "engine.h"
-#include "error.h"
+#include "engine/serve/engine.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "log.h"
-#include "tokenizer.h"
+#include "engine/common/log.h"
+#include "engine/text/tokenizer.h"
 
 static const char usage[] =
     "usage: dsq-run --model PATH --prompt TEXT [-n N] [options]\n"

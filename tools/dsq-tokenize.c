@@ -10,9 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "error.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/text/tokenizer.h"
 
 static void usage(FILE *f)
 {

@@ -1,7 +1,7 @@
 /* Residual add y += x. Trivial, but an op of its own so the CUDA backend
  * has a twin with the same signature. */
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 struct add_ctx {

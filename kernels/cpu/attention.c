@@ -20,7 +20,7 @@
 #include <stdlib.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 /* -------------------------------------------------------------- the op */

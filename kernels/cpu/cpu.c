@@ -25,7 +25,7 @@
 #endif
 #endif
 
-#include "error.h"
+#include "engine/common/error.h"
 
 static int n_threads_set;          /* 0 = not decided yet */
 static int isa_detected = -1;      /* -1 = not probed yet */

@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 
 struct embed_ctx {
     float *out;

@@ -15,7 +15,7 @@
 #endif
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 int dsq_kv_n_groups(int head_dim)

@@ -28,7 +28,7 @@
 #define MM_X86 1
 #endif
 
-#include "error.h"
+#include "engine/common/error.h"
 
 #define TILE_N 16
 #define TILE_M 64

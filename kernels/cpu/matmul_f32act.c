@@ -29,7 +29,7 @@
 #define FA_NEON 1
 #endif
 
-#include "error.h"
+#include "engine/common/error.h"
 
 #define TILE_N 16
 #define TILE_M 64

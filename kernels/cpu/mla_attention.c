@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 /* Dequantise the cached vector of slot t into dst[D]. */

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 /* Index of the largest of x[0..n) not yet taken; ties -> lowest index. */

@@ -8,7 +8,7 @@
 #include <math.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 static void norm_row(float *y, const float *x, const float *w, int64_t n,

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 #define ROPE_PI 3.14159265358979323846

@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 static void softmax_row(float *x, int64_t n)

@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 struct swiglu_ctx {

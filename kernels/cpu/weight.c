@@ -1,5 +1,5 @@
 /* Byte sizes of the dsq_weight_t arrays, in one place so the memory planner,
- * the repackers (engine/quant.c) and the kernels agree on the layout
+ * the repackers (engine/model/quant.c) and the kernels agree on the layout
  * documented in kernels.h. */
 #include "kernels.h"
 
@@ -39,7 +39,7 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
 /* Row dequantisation, the reference formula of each format (kernels.h).
  * Used by dsq_cpu_embed and by tests; not a hot path. */
 #include "cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 
 int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
 {

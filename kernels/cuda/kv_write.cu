@@ -9,7 +9,7 @@
 #include <math.h>
 
 extern "C" {
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "kernels/kernels.h"
 }
 

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "kernels/kernels.h"
 }
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 extern "C" {
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "kernels/kernels.h"
 }
 

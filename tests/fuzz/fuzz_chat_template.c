@@ -1,4 +1,4 @@
-/* libFuzzer target for engine/jinja.c + engine/chat_template.c.
+/* libFuzzer target for engine/text/jinja.c + engine/text/chat_template.c.
  *
  * Input: template text. Everything before the first 0x00 byte is the
  * template; anything after it, if it parses as a JSON array, replaces the
@@ -9,8 +9,8 @@
  *
  * Build (clang only; from the repo root):
  *   clang -g -O1 -std=c17 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
- *     -Iengine tests/fuzz/fuzz_chat_template.c engine/jinja.c \
- *     engine/jinja_value.c engine/jinja_filters.c engine/chat_template.c \
+ *     -Iengine tests/fuzz/fuzz_chat_template.c engine/text/jinja.c \
+ *     engine/text/jinja_value.c engine/text/jinja_filters.c engine/text/chat_template.c \
  *     -lcjson -lm -o fuzz_chat_template
  * Run, seeded with the real templates:
  *   ./fuzz_chat_template -max_total_time=60 -timeout=10 CORPUS_DIR
@@ -24,7 +24,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "chat_template.h"
+#include "engine/text/chat_template.h"
 
 static const char *const default_messages =
     "[{\"role\":\"system\",\"content\":\"sys\"},"

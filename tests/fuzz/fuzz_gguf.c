@@ -1,4 +1,4 @@
-/* libFuzzer target for engine/gguf.c: parse arbitrary bytes as GGUF and, if
+/* libFuzzer target for engine/io/gguf.c: parse arbitrary bytes as GGUF and, if
  * they parse, touch every metadata value and tensor the way loaders do, so
  * ASan sees any read the validation let through. Seeds: the real GGUFs
  * (tests/fuzz/run and the meson `fuzz` suite pass them in). */
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "engine/io/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,9 +1,9 @@
-/* libFuzzer target for engine/safetensors.c: parse arbitrary bytes as a
+/* libFuzzer target for engine/io/safetensors.c: parse arbitrary bytes as a
  * safetensors file and touch the first and last byte of every tensor. */
 #include <stddef.h>
 #include <stdint.h>
 
-#include "safetensors.h"
+#include "engine/io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

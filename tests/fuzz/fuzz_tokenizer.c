@@ -1,5 +1,5 @@
-/* libFuzzer target for the tokenizers (engine/tokenizer*.c) and the
- * incremental detokenizer (engine/detok.c).
+/* libFuzzer target for the tokenizers (engine/text/tokenizer*.c) and the
+ * incremental detokenizer (engine/text/detok.c).
  *
  * Real vocabularies are loaded once, in LLVMFuzzerInitialize, from
  * $DSQ_TEST_DATA/vocab/llama.cpp: deepseek-llm and deepseek-coder (byte-level
@@ -20,9 +20,9 @@
  *
  * Build (clang only; from the repo root):
  *   clang -g -O1 -std=c17 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
- *     -Iengine tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c \
- *     engine/tokenizer_bpe.c engine/tokenizer_spm.c engine/detok.c \
- *     engine/gguf.c engine/mapfile.c engine/tensor.c engine/log.c \
+ *     -Iengine tests/fuzz/fuzz_tokenizer.c engine/text/tokenizer.c \
+ *     engine/text/tokenizer_bpe.c engine/text/tokenizer_spm.c engine/text/detok.c \
+ *     engine/io/gguf.c engine/io/mapfile.c engine/io/tensor.c engine/common/log.c \
  *     -lcjson -lpcre2-8 -lm -o fuzz_tokenizer
  * Run with DSQ_TEST_DATA set, seeded with the llama.cpp .inp test vectors
  * (tests/fuzz/meson.build does both).
@@ -34,10 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "detok.h"
-#include "gguf.h"
-#include "log.h"
-#include "tokenizer.h"
+#include "engine/text/detok.h"
+#include "engine/io/gguf.h"
+#include "engine/common/log.h"
+#include "engine/text/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -57,7 +57,7 @@ static void die(const char *what, const char *detail)
 }
 
 /* Strict UTF-8 check (RFC 3629, Unicode Table 3-7), written independently of
- * engine/detok.c so that the two can disagree. */
+ * engine/text/detok.c so that the two can disagree. */
 static bool utf8_valid(const unsigned char *s, size_t n)
 {
     size_t i = 0;

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "kernels/kernels.h"
 
 static uint64_t rng = 0x13198a2e03707344ull;

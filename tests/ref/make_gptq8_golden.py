@@ -13,7 +13,7 @@ gptq kernels and transformers/optimum use):
   W[c][r] = scales[g][c] * (q[r][c] - (qzeros_stored[g][c] + 1)),
   g = g_idx[r]; per channel (group_size -1): one group, g_idx all 0.
 
-The matrix is quantised with dsq's INT8 rule (engine/quant.c
+The matrix is quantised with dsq's INT8 rule (engine/model/quant.c
 dsq_quant_int8_channel): s = amax/127 rounded UP to fp16, q = round half
 even (w / s) clipped to [-127, 127], stored unsigned q + 128 with z = 128.
 The C test checks that dsq (a) repacks these words into exactly the values

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden file for dsq_pad_fit (engine/padding.c): an independent least-squares
+"""Golden file for dsq_pad_fit (engine/serve/padding.c): an independent least-squares
 solution of the padding cost model t(b, B) = base(b) + k * ((B - b) / B)^1.8
 by numpy.linalg.lstsq on the full design matrix [one-hot(b) | pad_ratio^1.8],
 on synthetic step times that the model does NOT fit exactly (time linear in

@@ -3,7 +3,7 @@
 
 The prefix cache names a full KV block by SHA-256(parent digest || the
 block's token ids as little-endian int32), 32 zero bytes standing in for
-the parent of the first block (engine/kv_cache.h). This script computes the
+the parent of the first block (engine/kv/kv_cache.h). This script computes the
 same digests with Python's hashlib, independently of the C code, for
 block_size 4; the test embeds its output.
 

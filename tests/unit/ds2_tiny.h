@@ -9,10 +9,10 @@
 
 #include <stdbool.h>
 
-#include "error.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
 #include "test_common.h"
 
 #define N_VOCAB 512

@@ -1,7 +1,7 @@
 /* Shared by the engine tests (test_engine.c, test_engine_prefix.c): the
  * SmolLM2 engine they open, a condition-variable waiter that a request's
  * notify callback signals, and a blocking "next event" on top of
- * dsq_req_next (engine/engine.h), which itself never blocks. Header-only
+ * dsq_req_next (engine/serve/engine.h), which itself never blocks. Header-only
  * (static inline); include after <cmocka.h>. */
 #ifndef DSQ_TEST_ENGINE_TEST_H
 #define DSQ_TEST_ENGINE_TEST_H
@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "tokenizer.h"
+#include "engine/serve/engine.h"
+#include "engine/text/tokenizer.h"
 
 /* Counts notify calls; initialise with WAITER_INIT. */
 typedef struct waiter {

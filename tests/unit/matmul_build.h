@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "tensor.h"
+#include "engine/io/tensor.h"
 
 /* 64-bit LCG (Knuth's MMIX constants); the caller owns *s (its
  * seed). Returns the top 31 bits. */

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 static uint64_t rng = 0x243f6a8885a308d3ull;

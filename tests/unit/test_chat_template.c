@@ -1,4 +1,4 @@
-/* tests for engine/chat_template.c + engine/jinja.c.
+/* tests for engine/text/chat_template.c + engine/text/jinja.c.
  *
  * Goldens (tests/golden/chat_templates/, made by tests/ref/make_chat_golden.py
  * with transformers' own renderer): every real template from the test data
@@ -22,9 +22,9 @@
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
-#include "chat_template.h"
-#include "error.h"
-#include "gguf.h"
+#include "engine/text/chat_template.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
 
 static char *slurp(const char *path, size_t *n)
 {

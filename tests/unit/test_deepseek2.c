@@ -1,4 +1,4 @@
-/* tests for engine/model_deepseek2.c (DeepSeek-V2/V3: MLA + MoE) and its
+/* tests for engine/model/model_deepseek2.c (DeepSeek-V2/V3: MLA + MoE) and its
  * kernels (kernels/cpu/mla_attention.c, kernels/cpu/moe.c), against
  * independent references:
  *  - tiny random-weight models (tests/ref/make_deepseek2_tiny.py, FP32 HF
@@ -25,11 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
 
 #include "ds2_tiny.h"
 

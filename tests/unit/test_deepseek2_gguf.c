@@ -1,7 +1,7 @@
-/* tests for llama.cpp's deepseek2 GGUF layout (engine/loader.c splitting
- * the stacked tensors, engine/model_config.c's deepseek2.* keys,
- * engine/model_deepseek2.c's split attn_k_b/attn_v_b path) and the memory
- * planner's prediction for DeepSeek models (engine/planner.c).
+/* tests for llama.cpp's deepseek2 GGUF layout (engine/loader/loader.c splitting
+ * the stacked tensors, engine/io/model_config.c's deepseek2.* keys,
+ * engine/model/model_deepseek2.c's split attn_k_b/attn_v_b path) and the memory
+ * planner's prediction for DeepSeek models (engine/serve/planner.c).
  * References, all independent of dsq:
  *  - the tiny random-weight models of tests/ref/make_deepseek2_tiny.py,
  *    converted to GGUF by llama.cpp's own convert_hf_to_gguf.py
@@ -27,13 +27,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
-#include "model_config.h"
-#include "planner.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/io/model_config.h"
+#include "engine/serve/planner.h"
 
 #include "ds2_tiny.h"
 

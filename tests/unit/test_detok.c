@@ -1,4 +1,4 @@
-/* tests for engine/detok.c: the streaming detokenizer.
+/* tests for engine/text/detok.c: the streaming detokenizer.
  *
  * Property (fixed seed, random valid UTF-8 incl. CJK and emoji, which
  * byte-level BPE and SPM byte fallback split across tokens): every delta
@@ -17,10 +17,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "detok.h"
-#include "error.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/text/detok.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/text/tokenizer.h"
 
 static dsq_tokenizer_t *load_gguf(const char *rel)
 {

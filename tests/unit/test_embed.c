@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "gguf.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
 #include "kernels.h"
-#include "tensor.h"
+#include "engine/io/tensor.h"
 
 static uint64_t rng = 0x13198A2E03707344ull;
 static uint32_t rnd(void)

@@ -1,4 +1,4 @@
-/* tests for engine/engine.c: the engine thread, requests and outputs, on the
+/* tests for engine/serve/engine.c: the engine thread, requests and outputs, on the
  * real SmolLM2-135M-Instruct Q4_1 model.
  *  - batch invariance: the greedy output of each of 16 prompts is the same
  *    alone, among the 15 others, and under preemption forced by a tiny KV
@@ -20,9 +20,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "error.h"
-#include "tokenizer.h"
+#include "engine/serve/engine.h"
+#include "engine/common/error.h"
+#include "engine/text/tokenizer.h"
 #include "engine_test.h"
 
 #define N_PROMPTS 16

@@ -1,4 +1,4 @@
-/* tests for prefix caching through engine/engine.c on the real
+/* tests for prefix caching through engine/serve/engine.c on the real
  * SmolLM2-135M-Instruct Q4_1 model (issue #5).
  *
  * The reference is the same engine with prefix caching off (whose greedy
@@ -22,9 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "error.h"
-#include "tokenizer.h"
+#include "engine/serve/engine.h"
+#include "engine/common/error.h"
+#include "engine/text/tokenizer.h"
 #include "engine_test.h"
 
 #define MAX_NEW 16

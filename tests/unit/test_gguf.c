@@ -1,4 +1,4 @@
-/* tests for engine/gguf.c and engine/tensor.c: the real SmolLM2 Q4_1 GGUF and
+/* tests for engine/io/gguf.c and engine/io/tensor.c: the real SmolLM2 Q4_1 GGUF and
  * llama.cpp's vocab-only GGUFs (expected values from the task brief and
  * shared/data/SOURCES.md, read independently with a Python parser), and a
  * small GGUF written here byte by byte, then truncated and corrupted. */
@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "gguf.h"
-#include "tensor.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/io/tensor.h"
 
 /* ---- helpers ---- */
 

@@ -1,4 +1,4 @@
-/* tests for engine/loader.c and engine/llama2c.c: the real SmolLM2 GGUF, a
+/* tests for engine/loader/loader.c and engine/io/llama2c.c: the real SmolLM2 GGUF, a
  * vocab-only GGUF, the real stories260K llama2.c checkpoint (shapes and
  * offsets from shared/data/SOURCES.md section 1, values re-read from the file
  * with stdio), and Hugging Face directories written here (config.json,
@@ -14,11 +14,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "llama2c.h"
-#include "loader.h"
-#include "tensor.h"
-#include "tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/io/llama2c.h"
+#include "engine/loader/loader.h"
+#include "engine/io/tensor.h"
+#include "engine/text/tokenizer.h"
 
 static char tmpdir[256];
 

@@ -1,4 +1,4 @@
-/* tests for engine/log.c: level names and error strings. */
+/* tests for engine/common/log.c: level names and error strings. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -6,8 +6,8 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "error.h"
-#include "log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 static void test_set_level(void **state)
 {

@@ -25,11 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "gguf.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
 #include "kernels.h"
-#include "quant.h"
-#include "tensor.h"
+#include "engine/model/quant.h"
+#include "engine/io/tensor.h"
 #include "matmul_build.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -157,7 +157,7 @@ static void test_float(void **state)
     printf(" (best: %s)\n", dsq_cpu_isa());
 }
 
-/* Real SmolLM2 tensors repacked by engine/quant.c (Q4_1 -> INT4 MIN, Q8_0
+/* Real SmolLM2 tensors repacked by engine/model/quant.c (Q4_1 -> INT4 MIN, Q8_0
  * tied embedding / lm_head, n = 49152): reference from the GGUF bytes. */
 static void test_real_model(void **state)
 {

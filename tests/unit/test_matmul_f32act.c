@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "tensor.h"
+#include "engine/io/tensor.h"
 #include "matmul_build.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;

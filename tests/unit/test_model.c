@@ -1,4 +1,4 @@
-/* tests for engine/model.c against independent references:
+/* tests for engine/model/model.c against independent references:
  *  - stories260K (real FP32 llama2.c weights): greedy continuations equal
  *    llama2.c run.c's, token for token ($DSQ_TEST_DATA/models/stories260K/
  *    stories260K.greedy-reference.txt);
@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 #include "test_common.h"
 
 typedef struct runner {

@@ -1,4 +1,4 @@
-/* tests for engine/model_config.c: GGUF metadata (the real SmolLM2 file, the
+/* tests for engine/io/model_config.c: GGUF metadata (the real SmolLM2 file, the
  * llama.cpp vocab-only files, a deepseek2 metadata block written here),
  * the HF config.json files in shared/data/configs/hf (expected numbers typed
  * in from reading those files), inline JSON snippets (AWQ, GPTQ, rope
@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "gguf.h"
-#include "model_config.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/io/model_config.h"
 
 static char *data_path(const char *env, const char *rel)
 {

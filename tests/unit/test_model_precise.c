@@ -22,11 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
 #include "test_common.h"
 
 typedef struct runner {

@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "server/error.h"
 #include "server/openai.h"
 

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 #define PI_D 3.14159265358979323846

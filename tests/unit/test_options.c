@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "server/options.h"
 
 static const char *const *fake_env;

@@ -1,4 +1,4 @@
-/* tests for engine/padding.c: bucket choices on small stated models (the
+/* tests for engine/serve/padding.c: bucket choices on small stated models (the
  * expected times are computed by hand in the comments), the least-squares
  * fit against known constants, the JSON file round trip and its errors.
  *
@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "padding.h"
+#include "engine/common/error.h"
+#include "engine/serve/padding.h"
 
 /* base(b) = 100 + 10·b (two points, one segment), k as given, no eager. */
 static dsq_pad_model_t linear_model(double k)

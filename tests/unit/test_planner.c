@@ -1,4 +1,4 @@
-/* tests for engine/planner.c.
+/* tests for engine/serve/planner.c.
  *
  * KV bytes per token of the real configs in $DSQ_TEST_DATA/configs/hf/
  * against values derived by hand (derivations inline), the plan arithmetic
@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "loader.h"
-#include "model.h"
-#include "model_config.h"
-#include "planner.h"
+#include "engine/common/error.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/io/model_config.h"
+#include "engine/serve/planner.h"
 
 static void load_cfg(const char *dir, dsq_model_config_t *c)
 {

@@ -1,5 +1,5 @@
-/* tests for the prefix cache of engine/kv_cache.c and its use by
- * engine/scheduler.c (issue #5: automatic prefix caching).
+/* tests for the prefix cache of engine/kv/kv_cache.c and its use by
+ * engine/serve/scheduler.c (issue #5: automatic prefix caching).
  *
  * Block digests are checked against hashlib's SHA-256
  * (tests/ref/make_prefix_hash.py prints the expected values); the rest
@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "kv_cache.h"
-#include "scheduler.h"
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/serve/scheduler.h"
 
 #define BS 4
 

@@ -1,4 +1,4 @@
-/* tests for engine/quant.c: every repack, dequantised row by row, must equal
+/* tests for engine/model/quant.c: every repack, dequantised row by row, must equal
  * the source format's own dequantisation formula computed here from the raw
  * bytes (exact equality; Q4_K within its documented fp16 rounding), on real
  * SmolLM2 tensors (Q4_1 weights, Q8_0 token_embd) and on synthetic
@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "gguf.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
 #include "kernels.h"
-#include "quant.h"
-#include "tensor.h"
+#include "engine/model/quant.h"
+#include "engine/io/tensor.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void)

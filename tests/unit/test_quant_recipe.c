@@ -1,6 +1,6 @@
 /* tests for real INT8 checkpoints and the deepseek-moe recipe end to end:
- *  - GPTQ 8-bit per-channel packing (engine/quantizer.c
- *    dsq_quantizer_pack_gptq8) and repacking (engine/quant.c
+ *  - GPTQ 8-bit per-channel packing (engine/quantizer/quantizer.c
+ *    dsq_quantizer_pack_gptq8) and repacking (engine/model/quant.c
  *    dsq_quant_from_gptq8 / dsq_quant_from_gptq_tensors) against packed
  *    tensors and their dequantised values written by an independent numpy
  *    implementation of the published AutoGPTQ v1 formula
@@ -25,15 +25,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
-#include "planner.h"
-#include "quant.h"
-#include "quantizer.h"
-#include "safetensors.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/serve/planner.h"
+#include "engine/model/quant.h"
+#include "engine/quantizer/quantizer.h"
+#include "engine/io/safetensors.h"
 #include "test_common.h"
 
 #define N_VOCAB 512

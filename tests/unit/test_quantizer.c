@@ -1,4 +1,4 @@
-/* tests for engine/quantizer*.c (dsq-quantize's math, writer and pipeline):
+/* tests for engine/quantizer/quantizer*.c (dsq-quantize's math, writer and pipeline):
  *  - AWQ GEMM packing against a hand-packed word (AWQ_ORDER), and the
  *    writer/reader round trip pack -> dsq_quant_from_awq -> repack;
  *  - stories260K (real FP32 weights) quantised with RTN and AWQ into an
@@ -24,15 +24,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
-#include "kv_cache.h"
-#include "loader.h"
-#include "model.h"
-#include "quant.h"
-#include "quantizer.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/model/quant.h"
+#include "engine/quantizer/quantizer.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/tensor.h"
 #include "test_common.h"
 
 static uint64_t rng = 88172645463325252ull;

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/common/error.h"
 #include "server/reasoning.h"
 
 typedef struct {

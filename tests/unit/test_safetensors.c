@@ -1,4 +1,4 @@
-/* tests for engine/safetensors.c: small files written here byte by byte
+/* tests for engine/io/safetensors.c: small files written here byte by byte
  * (format per the huggingface/safetensors README), then truncated and
  * corrupted. No python needed. */
 #include <stdarg.h>
@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "engine/common/error.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/tensor.h"
 
 static char tmpdir[256];
 static char fpath[300];

@@ -1,4 +1,4 @@
-/* tests for engine/sampler.c: every processing stage against values worked
+/* tests for engine/serve/sampler.c: every processing stage against values worked
  * out by hand from the definitions cited in sampler.h. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,8 +8,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "error.h"
-#include "sampler.h"
+#include "engine/common/error.h"
+#include "engine/serve/sampler.h"
 
 #define V 8
 

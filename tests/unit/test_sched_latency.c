@@ -1,4 +1,4 @@
-/* tests for the latency policies of engine/scheduler.c: the prefill-token
+/* tests for the latency policies of engine/serve/scheduler.c: the prefill-token
  * cap of steps that carry decodes (max_prefill_tokens_with_decode,
  * Sarathi-Serve's stall-free batching) and drain-aligned admission
  * (admission_defer_steps). Expected batches are worked out by hand from the
@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "kv_cache.h"
-#include "scheduler.h"
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/serve/scheduler.h"
 
 static dsq_seq_t *new_seq(uint64_t order, int n_prompt, int max_tokens)
 {

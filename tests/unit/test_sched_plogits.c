@@ -1,5 +1,5 @@
 /* tests for the scheduler's cap on prompt-logprob rows per step
- * (dsq_sched_opts_t.max_prompt_logit_rows, engine/scheduler.h).
+ * (dsq_sched_opts_t.max_prompt_logit_rows, engine/serve/scheduler.h).
  *
  * A prompt-logprob request (echo + logprobs) needs one logits row of
  * n_vocab floats per prompt token of its chunk, so without a cap one step
@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "kv_cache.h"
-#include "scheduler.h"
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/serve/scheduler.h"
 
 static void seq_make(dsq_seq_t *s, int n_prompt, uint64_t order, bool plogits)
 {

@@ -1,4 +1,4 @@
-/* tests for engine/scheduler.c and engine/kv_cache.c.
+/* tests for engine/serve/scheduler.c and engine/kv/kv_cache.c.
  *
  * The property test drives the scheduler and the KV block manager through
  * 100,000 steps of random arrivals, prompt lengths, max_tokens,
@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "kv_cache.h"
-#include "scheduler.h"
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/serve/scheduler.h"
 
 static uint64_t rng_state = 0x1234567;
 

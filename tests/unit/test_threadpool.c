@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "cpu/cpu_internal.h"
-#include "error.h"
+#include "engine/common/error.h"
 #include "kernels.h"
 
 #define MAXC 4096

@@ -1,4 +1,4 @@
-/* tests for engine/tokenizer*.c.
+/* tests for engine/text/tokenizer*.c.
  *
  * References, all independent of this code:
  * - llama.cpp's tokenizer test vectors ($DSQ_TEST_DATA/vocab/llama.cpp/
@@ -29,9 +29,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/text/tokenizer.h"
 
 /* ---- helpers ---- */
 

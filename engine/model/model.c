@@ -1,0 +1,581 @@
+/* Model graph for the llama and qwen2 architectures (see model.h).
+ *
+ * Weights: every linear layer becomes a dsq_weight_t through engine/quant
+ * (zero-copy views for formats the kernels read directly, exact repacking
+ * for Q4_0/Q4_1/AWQ/GPTQ, RTN INT4 with --quantize int4). Norm weights and
+ * biases are converted to fp32 once. Activations are fp32; the workspace
+ * grows to the largest step seen and is reused. opts->activation_dtype is
+ * stamped on every linear weight (kernels.h dsq_act_dtype_t).
+ *
+ * GPTQ act-order (desc_act): the repacked weight's k dimension is permuted
+ * so that groups are contiguous (engine/model/quant.h, dsq_quant_from_gptq), and
+ * y = W'·x' with x'[j] = x[perm[j]]. The permutation cannot be folded into
+ * the weights at load time without breaking group contiguity, nor into the
+ * previous op (the residual stream and attention heads are shared), so the
+ * graph gathers the activation rows at run time (T*k copies, negligible
+ * next to the matmul), once per distinct (input, permutation) pair: q/k/v
+ * and gate/up of a GPTQ checkpoint normally share one permutation (the same
+ * input, hence the same Hessian order), which load_linear deduplicates. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/common/error.h"
+#include "kernels.h"
+#include "engine/common/log.h"
+#include "model_internal.h"   /* ds2: DeepSeek-V2 graph dispatch */
+#include "quant.h"
+#include "engine/io/tensor.h"
+
+typedef struct layer_weights {
+    dsq_weight_t wq, wk, wv, wo, w_gate, w_up, w_down;
+    const float *attn_norm, *ffn_norm;
+    /* GPTQ act-order input permutations (NULL = none), owned by the model */
+    const int32_t *perm_q, *perm_k, *perm_v, *perm_o, *perm_gate, *perm_up, *perm_down;
+} layer_weights_t;
+
+struct dsq_model {
+    dsq_model_config_t cfg;
+    dsq_weight_t tok_embd, output;
+    const float *output_norm;
+    layer_weights_t *layers;
+    dsq_rope_t rope;
+    float attn_scale;
+
+    void **owned;            /* malloc'd blocks the model frees */
+    int n_owned, cap_owned;
+    size_t owned_bytes, weight_bytes;
+
+    /* workspace, sized for ws_tokens rows */
+    int ws_tokens;
+    float *x, *h, *q, *k, *v, *att, *g, *u, *lg;
+
+    /* GPTQ act-order: the last permutation loaded (shared when equal), and
+     * the permuted copy xp of input xp_src under xp_perm (NULL = stale) */
+    const int32_t *last_perm;
+    int64_t last_perm_k;
+    bool has_perm;
+    float *xp;
+    const float *xp_src;
+    const int32_t *xp_perm;
+
+    dsq_model_tap_fn tap;    /* == activation tap (quant): see model.h == */
+    void *tap_user;
+
+    dsq_ds2_t *ds2;          /* ds2: DeepSeek-V2/V3 graph, NULL for llama/qwen2 */
+};
+
+void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
+{
+    m->tap = fn;
+    m->tap_user = user;
+}
+
+/* Hand one linear input site to the tap, if any. */
+#define TAP(site, ptr, kk) \
+    do { if (m->tap) m->tap(m->tap_user, (int)l, site, ptr, T, kk); } while (0)
+
+const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
+size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
+size_t dsq_model_weight_bytes(const dsq_model_t *m) { return m->weight_bytes; }
+
+static int keep(dsq_model_t *m, void *p, size_t bytes)
+{
+    if (!p)
+        return DSQ_OK;
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **o = realloc(m->owned, (size_t)cap * sizeof(*o));
+        if (!o) {
+            free(p);
+            return DSQ_ENOMEM;
+        }
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    m->owned_bytes += bytes;
+    return DSQ_OK;
+}
+
+/* fp32 copy (or view) of a 1-D tensor of n elements. */
+static int load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
+                    int64_t n, bool required, const float **out, char *err,
+                    size_t err_len)
+{
+    const dsq_tensor_t *t = dsq_model_file_find(f, name);
+    *out = NULL;
+    if (!t) {
+        if (required)
+            snprintf(err, err_len, "model: tensor %s missing", name);
+        return required ? DSQ_ENOTFOUND : DSQ_OK;
+    }
+    int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (ne != n) {
+        snprintf(err, err_len, "model: tensor %s has %lld elements, expected %lld",
+                 name, (long long)ne, (long long)n);
+        return DSQ_EFORMAT;
+    }
+    if (t->type == DSQ_TYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        *out = t->data;
+        m->weight_bytes += (size_t)n * 4;
+        return DSQ_OK;
+    }
+    float *v = malloc((size_t)n * sizeof(*v));
+    if (!v)
+        return DSQ_ENOMEM;
+    const uint8_t *src = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        switch (t->type) {
+        case DSQ_TYPE_F32:
+            memcpy(&v[i], src + 4 * i, 4);
+            break;
+        case DSQ_TYPE_F16:
+            memcpy(&h, src + 2 * i, 2);
+            v[i] = dsq_fp16_to_fp32(h);
+            break;
+        case DSQ_TYPE_BF16:
+            memcpy(&h, src + 2 * i, 2);
+            v[i] = dsq_bf16_to_fp32(h);
+            break;
+        default:
+            free(v);
+            snprintf(err, err_len, "model: tensor %s has type %s, expected F32/F16/BF16",
+                     name, dsq_type_name(t->type));
+            return DSQ_EFORMAT;
+        }
+    }
+    *out = v;
+    m->weight_bytes += (size_t)n * 4;
+    return keep(m, v, (size_t)n * 4);
+}
+
+/* Bytes a weight's arrays occupy (data + scales + zeros). */
+static size_t weight_bytes(const dsq_weight_t *w)
+{
+    size_t sc = dsq_weight_scale_bytes(w->format, w->n, w->k, w->group_size);
+    return dsq_weight_data_bytes(w->format, w->n, w->k, w->group_size) +
+           (w->zeros ? 2 * sc : sc);
+}
+
+/* Keep a GPTQ act-order permutation of k entries: reuse the previous one
+ * when equal (q/k/v, gate/up), else the model takes ownership. */
+static int keep_perm(dsq_model_t *m, int32_t *perm, int64_t k, const int32_t **out)
+{
+    if (m->last_perm && m->last_perm_k == k &&
+        memcmp(m->last_perm, perm, (size_t)k * sizeof(*perm)) == 0) {
+        free(perm);
+        *out = m->last_perm;
+        return DSQ_OK;
+    }
+    int rc = keep(m, perm, (size_t)k * sizeof(*perm));
+    if (rc == DSQ_OK) {
+        m->last_perm = perm;
+        m->last_perm_k = k;
+        m->has_perm = true;
+        *out = perm;
+    }
+    return rc;
+}
+
+/* Linear weight named base + ".weight" (or AWQ/GPTQ parts) of shape [n, k].
+ * perm_out: where a GPTQ act-order permutation goes (see the file comment);
+ * NULL refuses such weights (callers that cannot apply one). */
+static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
+                         const dsq_model_opts_t *opts, const char *base, int64_t n,
+                         int64_t k, bool quantize, dsq_weight_t *w,
+                         const int32_t **perm_out, char *err, size_t err_len)
+{
+    char name[160];
+    void *storage = NULL;
+    int32_t *perm = NULL;
+    int rc;
+    memset(w, 0, sizeof(*w));
+    snprintf(name, sizeof(name), "%s.weight", base);
+    const dsq_tensor_t *t = dsq_model_file_find(f, name);
+    if (t) {
+        if (t->ne[0] != k || t->ne[1] != n || t->ne[2] != 1 || t->ne[3] != 1) {
+            snprintf(err, err_len, "model: tensor %s has shape [%lld, %lld], expected "
+                     "[%lld, %lld] (ne[0] = inputs)", name, (long long)t->ne[0],
+                     (long long)t->ne[1], (long long)k, (long long)n);
+            return DSQ_EFORMAT;
+        }
+        if (quantize && opts && opts->quantize && strcmp(opts->quantize, "int4") == 0 &&
+            t->type != DSQ_TYPE_Q4_0 && t->type != DSQ_TYPE_Q4_1 &&
+            t->type != DSQ_TYPE_Q4_K)
+            rc = dsq_quant_rtn_int4(t, opts->group_size ? opts->group_size : 32,
+                                    false, w, &storage, err, err_len);
+        else
+            rc = dsq_quant_from_gguf(t, w, &storage, err, err_len);
+    } else {
+        const dsq_tensor_t *qw, *qz, *sc, *gi;
+        snprintf(name, sizeof(name), "%s.qweight", base);
+        qw = dsq_model_file_find(f, name);
+        snprintf(name, sizeof(name), "%s.qzeros", base);
+        qz = dsq_model_file_find(f, name);
+        snprintf(name, sizeof(name), "%s.scales", base);
+        sc = dsq_model_file_find(f, name);
+        snprintf(name, sizeof(name), "%s.g_idx", base);
+        gi = dsq_model_file_find(f, name);
+        const dsq_model_config_t *c = dsq_model_file_config(f);
+        if (!qw || !sc || !qz) {
+            snprintf(err, err_len, "model: tensor %s.weight (or .qweight/.qzeros/.scales) "
+                     "missing", base);
+            return DSQ_ENOTFOUND;
+        }
+        if (qw->type != DSQ_TYPE_I32 || qz->type != DSQ_TYPE_I32 ||
+            sc->type != DSQ_TYPE_F16 || (gi && gi->type != DSQ_TYPE_I32)) {
+            snprintf(err, err_len, "model: %s: packed tensors must be I32 qweight/qzeros, "
+                     "F16 scales, I32 g_idx", base);
+            return DSQ_EFORMAT;
+        }
+        if (c->ckpt_quant == DSQ_CKPT_QUANT_AWQ)
+            rc = dsq_quant_from_awq(qw->data, qz->data, sc->data, k, n,
+                                    c->ckpt_group_size, w, &storage, err, err_len);
+        else if (c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ)
+            rc = dsq_quant_from_gptq_tensors(qw, qz, sc, gi, k, n, c->ckpt_group_size, w,
+                                             &storage, &perm, err, err_len);
+        else {
+            snprintf(err, err_len, "model: %s is packed but config.json declares no "
+                     "AWQ/GPTQ quantization_config", base);
+            rc = DSQ_EFORMAT;
+        }
+    }
+    if (perm_out)
+        *perm_out = NULL;
+    if (rc == DSQ_OK && perm && !perm_out) {
+        snprintf(err, err_len, "model: %s uses GPTQ act-order (desc_act) with a row "
+                 "permutation, not supported for this tensor", base);
+        rc = DSQ_EUNSUPPORTED;
+    } else if (rc == DSQ_OK && perm) {
+        rc = keep_perm(m, perm, k, perm_out);
+        perm = NULL;
+        if (rc == DSQ_ENOMEM)
+            snprintf(err, err_len, "model: out of memory");
+    }
+    free(perm);
+    if (rc == DSQ_OK && opts)
+        w->act = opts->activation_dtype;
+    if (rc == DSQ_OK) {
+        size_t b = weight_bytes(w);
+        m->weight_bytes += b;
+        rc = keep(m, storage, storage ? b : 0);
+    } else {
+        free(storage);
+    }
+    return rc;
+}
+
+static int load_linear(dsq_model_t *m, const dsq_model_file_t *f,
+                       const dsq_model_opts_t *opts, const char *base, int64_t n,
+                       int64_t k, bool quantize, dsq_weight_t *w, char *err,
+                       size_t err_len)
+{
+    return load_linear_p(m, f, opts, base, n, k, quantize, w, NULL, err, err_len);
+}
+
+static int load_bias(dsq_model_t *m, const dsq_model_file_t *f, const char *base,
+                     int64_t n, dsq_weight_t *w, char *err, size_t err_len)
+{
+    char name[160];
+    snprintf(name, sizeof(name), "%s.bias", base);
+    return load_vec(m, f, name, n, false, &w->bias, err, err_len);
+}
+
+static void setup_rope(dsq_model_t *m)
+{
+    const dsq_model_config_t *c = &m->cfg;
+    dsq_rope_t *r = &m->rope;
+    memset(r, 0, sizeof(*r));
+    r->rot_dim = (int)(c->rope_dim > 0 ? c->rope_dim : c->head_dim);
+    r->neox = c->rope_neox;
+    r->theta = (float)(c->rope_theta > 0 ? c->rope_theta : 10000.0);
+    r->freq_scale = 1.0f;
+    r->attn_factor = 1.0f;
+    if (c->rope_scaling == DSQ_ROPE_SCALING_LINEAR && c->rope_factor > 0)
+        r->freq_scale = (float)(1.0 / c->rope_factor);
+}
+
+dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
+                              const dsq_model_opts_t *opts, char *err,
+                              size_t err_len)
+{
+    const dsq_model_config_t *c = dsq_model_file_config(f);
+    dsq_model_t *m = NULL;
+    int rc = DSQ_OK;
+    char base[128];
+
+    if (opts && opts->activation_dtype != DSQ_ACT_INT8 &&
+        opts->activation_dtype != DSQ_ACT_F32) {
+        snprintf(err, err_len, "model: unknown activation dtype %d",
+                 (int)opts->activation_dtype);
+        return NULL;
+    }
+
+    /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
+    if (c->arch == DSQ_ARCH_DEEPSEEK2) {
+        m = calloc(1, sizeof(*m));
+        if (!m) {
+            snprintf(err, err_len, "model: out of memory");
+            return NULL;
+        }
+        m->cfg = *c;
+        m->ds2 = dsq__ds2_create(m, f, opts, err, err_len);
+        if (!m->ds2) {
+            dsq_model_destroy(m);
+            m = NULL;
+        }
+        return m;
+    }
+    if (c->arch != DSQ_ARCH_LLAMA && c->arch != DSQ_ARCH_QWEN2) {
+        snprintf(err, err_len, "model: architecture %s is not supported by the "
+                 "llama/qwen2 graph", dsq_arch_name(c->arch));
+        return NULL;
+    }
+    if (c->n_embd <= 0 || c->n_layer <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->head_dim <= 0 || c->n_ff <= 0 || c->n_vocab <= 0 ||
+        c->n_head % c->n_head_kv != 0) {
+        snprintf(err, err_len, "model: inconsistent shape (n_embd=%lld n_layer=%lld "
+                 "n_head=%lld n_head_kv=%lld head_dim=%lld n_ff=%lld n_vocab=%lld)",
+                 (long long)c->n_embd, (long long)c->n_layer, (long long)c->n_head,
+                 (long long)c->n_head_kv, (long long)c->head_dim, (long long)c->n_ff,
+                 (long long)c->n_vocab);
+        return NULL;
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m)
+        goto oom;
+    m->cfg = *c;
+    m->layers = calloc((size_t)c->n_layer, sizeof(*m->layers));
+    if (!m->layers)
+        goto oom;
+    int64_t d = c->n_embd, hd = c->head_dim;
+    int64_t q_dim = c->n_head * hd, kv_dim = c->n_head_kv * hd;
+
+    rc = load_linear(m, f, opts, "token_embd", c->n_vocab, d, false, &m->tok_embd,
+                     err, err_len);
+    if (rc)
+        goto fail;
+    if (dsq_model_file_find(f, "output.weight") || dsq_model_file_find(f, "output.qweight"))
+        rc = load_linear(m, f, opts, "output", c->n_vocab, d, false, &m->output, err,
+                         err_len);
+    else
+        m->output = m->tok_embd;          /* tied embeddings */
+    if (rc)
+        goto fail;
+    rc = load_vec(m, f, "output_norm.weight", d, true, &m->output_norm, err, err_len);
+    if (rc)
+        goto fail;
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        layer_weights_t *L = &m->layers[l];
+        struct { const char *nm; dsq_weight_t *w; int64_t n, k; bool bias;
+                 const int32_t **perm; } lin[] = {
+            {"attn_q", &L->wq, q_dim, d, true, &L->perm_q},
+            {"attn_k", &L->wk, kv_dim, d, true, &L->perm_k},
+            {"attn_v", &L->wv, kv_dim, d, true, &L->perm_v},
+            {"attn_output", &L->wo, d, q_dim, false, &L->perm_o},
+            {"ffn_gate", &L->w_gate, c->n_ff, d, false, &L->perm_gate},
+            {"ffn_up", &L->w_up, c->n_ff, d, false, &L->perm_up},
+            {"ffn_down", &L->w_down, d, c->n_ff, false, &L->perm_down},
+        };
+        for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
+            snprintf(base, sizeof(base), "blk.%lld.%s", (long long)l, lin[i].nm);
+            rc = load_linear_p(m, f, opts, base, lin[i].n, lin[i].k, true, lin[i].w,
+                               lin[i].perm, err, err_len);
+            if (!rc && lin[i].bias)
+                rc = load_bias(m, f, base, lin[i].n, lin[i].w, err, err_len);
+            if (rc)
+                goto fail;
+        }
+        snprintf(base, sizeof(base), "blk.%lld.attn_norm.weight", (long long)l);
+        rc = load_vec(m, f, base, d, true, &L->attn_norm, err, err_len);
+        if (rc)
+            goto fail;
+        snprintf(base, sizeof(base), "blk.%lld.ffn_norm.weight", (long long)l);
+        rc = load_vec(m, f, base, d, true, &L->ffn_norm, err, err_len);
+        if (rc)
+            goto fail;
+    }
+    setup_rope(m);
+    m->attn_scale = 1.0f / sqrtf((float)hd);
+    return m;
+oom:
+    snprintf(err, err_len, "model: out of memory");
+fail:
+    if (rc == DSQ_ENOMEM)
+        snprintf(err, err_len, "model: out of memory while loading weights");
+    dsq_model_destroy(m);
+    return NULL;
+}
+
+void dsq_model_destroy(dsq_model_t *m)
+{
+    if (!m)
+        return;
+    dsq__ds2_destroy(m->ds2);   /* ds2 */
+    for (int i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
+    for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+        free(ws[i]);
+    free(m);
+}
+
+static int ensure_ws(dsq_model_t *m, int n_tokens)
+{
+    if (n_tokens <= m->ws_tokens)
+        return DSQ_OK;
+    const dsq_model_config_t *c = &m->cfg;
+    size_t t = (size_t)n_tokens;
+    size_t d = (size_t)c->n_embd, qd = (size_t)(c->n_head * c->head_dim),
+           kvd = (size_t)(c->n_head_kv * c->head_dim), ff = (size_t)c->n_ff;
+    struct { float **p; size_t n; } bufs[] = {
+        {&m->x, t * d}, {&m->h, t * (d > qd ? d : qd)}, {&m->q, t * qd},
+        {&m->k, t * kvd}, {&m->v, t * kvd}, {&m->att, t * qd}, {&m->g, t * ff},
+        {&m->u, t * ff}, {&m->lg, t * d},
+        /* act-order gathers: any linear input (d, q_dim or n_ff wide) */
+        {&m->xp, m->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0},
+    };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        if (bufs[i].n == 0)
+            continue;                /* xp without act-order weights */
+        float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
+        if (!p)
+            return DSQ_ENOMEM;
+        *bufs[i].p = p;
+    }
+    m->ws_tokens = n_tokens;
+    return DSQ_OK;
+}
+
+/* The input a linear layer expects: x itself, or (GPTQ act-order) its rows
+ * gathered through perm into m->xp, reused while (x, perm) is unchanged;
+ * the forward pass sets m->xp_src = NULL whenever an input is rewritten. */
+static const float *lin_in(dsq_model_t *m, const float *x, int T, int64_t k,
+                           const int32_t *perm)
+{
+    if (!perm)
+        return x;
+    if (m->xp_src != x || m->xp_perm != perm) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < k; j++)
+                m->xp[t * k + j] = x[t * k + perm[j]];
+        m->xp_src = x;
+        m->xp_perm = perm;
+    }
+    return m->xp;
+}
+
+int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                      float *logits)
+{
+    const dsq_model_config_t *c = &m->cfg;
+    int T = b->n_tokens;
+    int rc;
+    if (m->ds2)                 /* ds2 */
+        return dsq__ds2_forward(m->ds2, kv, b, logits);
+    if (T <= 0 || b->n_logits < 0 || b->n_logits > T)
+        return DSQ_EINVAL;
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= T)
+            return DSQ_EINVAL;
+    for (int i = 0; i < T; i++)
+        if (b->row_seq[i] < 0 || b->row_seq[i] >= b->n_seqs || b->pos[i] < 0)
+            return DSQ_EINVAL;
+    rc = ensure_ws(m, T);
+    if (rc)
+        return rc;
+    int64_t d = c->n_embd, hd = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
+    int64_t ff = c->n_ff;
+    float eps = (float)c->rms_eps;
+
+    rc = dsq_cpu_embed(m->x, &m->tok_embd, b->tokens, T);
+    if (rc)
+        return rc;
+    for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++) {
+        const layer_weights_t *L = &m->layers[l];
+        const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
+        rc = dsq_cpu_rmsnorm(m->h, m->x, L->attn_norm, T, d, eps);
+        m->xp_src = NULL;
+        if (!rc) TAP("attn_q", m->h, d);
+        if (!rc) rc = dsq_cpu_matmul(m->q, lin_in(m, m->h, T, d, L->perm_q), T, &L->wq);
+        if (!rc) rc = dsq_cpu_matmul(m->k, lin_in(m, m->h, T, d, L->perm_k), T, &L->wk);
+        if (!rc) rc = dsq_cpu_matmul(m->v, lin_in(m, m->h, T, d, L->perm_v), T, &L->wv);
+        if (!rc) rc = dsq_cpu_rope(m->q, T, (int)nh, (int)hd, b->pos, &m->rope);
+        if (!rc) rc = dsq_cpu_rope(m->k, T, (int)nkv, (int)hd, b->pos, &m->rope);
+        if (!rc) rc = dsq_cpu_kv_write(kl, m->k, m->v, b->slot, T);
+        if (!rc) rc = dsq_cpu_attention(m->att, m->q, T, (int)nh, kl, b->row_seq, b->pos,
+                                        b->block_tables, b->max_blocks, m->attn_scale);
+        m->xp_src = NULL;
+        if (!rc) TAP("attn_output", m->att, nh * hd);
+        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->att, T, nh * hd, L->perm_o), T,
+                                     &L->wo);
+        if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
+        if (!rc) rc = dsq_cpu_rmsnorm(m->h, m->x, L->ffn_norm, T, d, eps);
+        m->xp_src = NULL;
+        if (!rc) TAP("ffn_gate", m->h, d);
+        if (!rc) rc = dsq_cpu_matmul(m->g, lin_in(m, m->h, T, d, L->perm_gate), T,
+                                     &L->w_gate);
+        if (!rc) rc = dsq_cpu_matmul(m->u, lin_in(m, m->h, T, d, L->perm_up), T, &L->w_up);
+        if (!rc) rc = dsq_cpu_swiglu(m->g, m->g, m->u, T, ff);
+        m->xp_src = NULL;
+        if (!rc) TAP("ffn_down", m->g, ff);
+        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->g, T, ff, L->perm_down), T,
+                                     &L->w_down);
+        if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
+    }
+    if (rc || b->n_logits == 0)
+        return rc;
+    for (int i = 0; i < b->n_logits; i++)
+        memcpy(m->lg + (size_t)i * d, m->x + (size_t)b->logit_rows[i] * d,
+               (size_t)d * sizeof(float));
+    rc = dsq_cpu_rmsnorm(m->lg, m->lg, m->output_norm, b->n_logits, d, eps);
+    if (!rc)
+        rc = dsq_cpu_matmul(logits, m->lg, b->n_logits, &m->output);
+    return rc;
+}
+
+/* ---- ds2: helpers shared with engine/model/model_deepseek2.c (model_internal.h) */
+
+int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
+                           const dsq_model_opts_t *opts, const char *base,
+                           int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                           char *err, size_t err_len)
+{
+    return load_linear(m, f, opts, base, n, k, quantize, w, err, err_len);
+}
+
+int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
+                        int64_t n, bool required, const float **out, char *err,
+                        size_t err_len)
+{
+    return load_vec(m, f, name, n, required, out, err, err_len);
+}
+
+int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes)
+{
+    if (p)
+        m->weight_bytes += bytes;
+    return keep(m, p, bytes);
+}
+
+void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
+                        bool *has_v)
+{
+    const dsq_model_config_t *c = &m->cfg;
+    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
+        *n_kv_heads = 1;
+        *head_dim = (int)(c->kv_lora_rank + c->qk_rope_head_dim);
+        *has_v = false;
+    } else {
+        *n_kv_heads = (int)c->n_head_kv;
+        *head_dim = (int)c->head_dim;
+        *has_v = true;
+    }
+}

@@ -1,0 +1,101 @@
+/* The model graph: weights in kernel layout and the forward pass of the
+ * llama and qwen2 architectures over a ragged batch.
+ *
+ * (deepseek2: MLA + MoE, engine/model/model_deepseek2.c, dispatched from here.)
+ * Architecture sources: LLaMA (Touvron et al. 2023; pre-RMSNorm, SwiGLU,
+ * RoPE, GQA), Qwen2 (Yang et al. 2024; biases on q/k/v), as implemented by
+ * transformers' modeling_llama.py / modeling_qwen2.py and llama.cpp.
+ *
+ * A forward call takes any mix of prefill chunks and decode tokens (no
+ * padding): each token row carries its sequence (block table row) and
+ * position; logits are computed only for the rows that ask for them.
+ * Not thread-safe: one engine thread owns a model (the CPU ops parallelise
+ * internally).
+ */
+#ifndef DSQ_MODEL_H
+#define DSQ_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/io/model_config.h"
+
+typedef struct dsq_model dsq_model_t;
+
+/* Load options. */
+typedef struct dsq_model_opts {
+    const char *quantize;      /* NULL/"none": keep file formats; "int4": RTN
+                                  every 16/32-bit or Q8_0 linear weight      */
+    int group_size;            /* for quantize=int4: 32, 64 or 128 (def. 32) */
+    dsq_act_dtype_t activation_dtype; /* set on every quantised linear weight
+                                  (kernels.h): DSQ_ACT_INT8 (0, default) or
+                                  DSQ_ACT_F32 (fp32 activations, exact up to
+                                  fp32 rounding, slower)                     */
+} dsq_model_opts_t;
+
+/* Build the model from an open model file (which must outlive the model:
+ * weights may point into its mapping). NULL + err on failure (missing or
+ * mis-shaped tensor named in err, unsupported architecture or format). */
+dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
+                              const dsq_model_opts_t *opts, char *err,
+                              size_t err_len);
+void dsq_model_destroy(dsq_model_t *m);   /* NULL is a no-op */
+
+const dsq_model_config_t *dsq_model_config(const dsq_model_t *m);
+/* Bytes of weight memory the model allocated itself (repacked or
+ * converted weights; zero-copy views of the file are not counted). */
+size_t dsq_model_owned_bytes(const dsq_model_t *m);
+/* Bytes of all weights as the kernels read them (owned + mapped views). */
+size_t dsq_model_weight_bytes(const dsq_model_t *m);
+
+/* Shape of the KV cache the model's forward pass expects, for
+ * dsq_kv_create_ex: llama/qwen2 n_head_kv x head_dim keys and values;
+ * deepseek2 (MLA) one vector of kv_lora_rank + qk_rope_head_dim values per
+ * token and layer (latent + rope key) and no V pool (*has_v false). This is
+ * what dsq_plan_kv_bytes_per_token counts. */
+void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
+                        bool *has_v);
+
+/* One forward step.
+ *   tokens/pos/row_seq/slot: [n_tokens]; token ids, positions, the block
+ *     table row of each token, and its KV cache slot.
+ *   block_tables: [n_seqs][max_blocks] int32.
+ *   logit_rows: [n_logits] token rows whose logits are wanted.
+ * KV entries for every (row_seq, pos) are written before attention, so a
+ * token attends to itself and everything before it in its sequence. */
+typedef struct dsq_batch {
+    int n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *row_seq;
+    const int32_t *slot;
+    int n_seqs;
+    const int32_t *block_tables;
+    int max_blocks;
+    int n_logits;
+    const int32_t *logit_rows;
+} dsq_batch_t;
+
+/* Run one step. logits: [n_logits][n_vocab] fp32, caller-owned.
+ * Returns 0, DSQ_EINVAL (bad batch), DSQ_ERANGE (token id out of vocab,
+ * slot out of the cache) or DSQ_ENOMEM. */
+int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                      float *logits);
+
+/* == activation tap (owner: quant; used by tools/dsq-quantize for AWQ/GPTQ
+ * calibration) ==
+ * Called by dsq_model_forward with the fp32 input activations of each linear
+ * input site, before the matmul, on the engine thread:
+ *   layer: 0..n_layer-1; site: "attn_q" (input of q/k/v, after attn_norm),
+ *   "attn_output" (input of o_proj), "ffn_gate" (input of gate/up, after
+ *   ffn_norm), "ffn_down" (input of down_proj, after SwiGLU);
+ *   x: [n_tokens][k] fp32 row-major, read-only, valid only during the call.
+ * fn NULL removes the tap. No effect on the forward result. */
+typedef void (*dsq_model_tap_fn)(void *user, int layer, const char *site,
+                                 const float *x, int n_tokens, int64_t k);
+void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user);
+
+#endif

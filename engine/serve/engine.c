@@ -1,0 +1,1526 @@
+/* The engine: one thread with a libuv loop that owns the model, the KV cache
+ * and the scheduler, and the request objects HTTP threads use to talk to it.
+ *
+ * Hand-off (DESIGN.md, STYLE.md): dsq_engine_submit() puts a request on a
+ * locked queue and wakes the loop with uv_async_send (which coalesces), so
+ * the async callback drains the whole queue. While there is work an idle
+ * handle runs one step per loop iteration; without work the loop sleeps in
+ * epoll. Output goes the other way through a per-request locked queue and the
+ * request's notify callback. Cancellation is an atomic flag on the request
+ * plus a wake-up; the engine frees the request's KV blocks at the next step.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <openssl/rand.h>
+
+#include "engine/text/detok.h"
+#include "engine/common/error.h"
+#include "kernels.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/common/log.h"
+#include "engine/model/model.h"
+#include "padding.h"
+#include "planner.h"
+#include "sampler.h"
+#include "scheduler.h"
+
+#define MAX_TOP_LOGPROBS 20
+#define MAX_BEST_OF 1024            /* api: sequences one request may fork   */
+
+/* Engine-side state of one choice. Engine thread only. */
+typedef struct eseq {
+    dsq_seq_t seq;                 /* scheduler view (must be first)          */
+    dsq_req_t *req;
+    dsq_detok_t *detok;
+    dsq_rng_t rng;
+    char *hold;                    /* decoded text not yet emitted            */
+    size_t hold_len, hold_cap;
+    size_t text_bytes;             /* bytes of text decoded so far            */
+    int n_generated;
+    double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
+    bool finished;
+    /* pending output event */
+    dsq_output_t ev;
+    int ev_cap;
+    char *ev_text;
+    size_t ev_text_len, ev_text_cap;
+} eseq_t;
+
+struct dsq_req {
+    atomic_int refs;
+    uint64_t id;
+    int32_t *prompt;
+    int n_prompt;
+    dsq_sampling_t sp;             /* arrays point at owned copies below      */
+    int32_t *bias_ids, *stop_ids;
+    float *bias;
+    char **stop;
+    size_t max_stop_len;
+    dsq_req_notify_fn notify;
+    void *user;
+    atomic_bool cancelled;
+    atomic_bool submitted;
+
+    pthread_mutex_t mu;            /* guards the output queue below           */
+    dsq_output_t *q;
+    int q_head, q_n, q_cap;
+    int n_final_pushed;            /* choices whose final event was queued    */
+    int n_final_popped;
+
+    /* api: prompt logprobs (sp.prompt_logprobs), engine thread only:
+     * entry i = prompt token i + 1; plp_n entries computed so far */
+    float *plp;
+    dsq_top_logprob_t *plp_top;
+    int plp_n;
+    bool plp_sent;
+    bool scored;                   /* api: max_tokens 0 ended every choice
+                                      after the prompt (finish "length") */
+
+    /* engine thread only */
+    eseq_t **seqs;
+    int n_seqs;                    /* created so far (1 until the fork)       */
+    int n_live;
+    bool forked;
+    bool counted_waiting;
+    bool queue_reported;           /* queue_us sent on the first event        */
+    double t_sched;                /* first time any choice was scheduled     */
+    struct dsq_req *next_active, *prev_active;
+    double t_arrival, t_first_token;
+};
+
+struct dsq_engine {
+    dsq_engine_opts_t o;
+    int max_model_len;
+    dsq_model_file_t *file;
+    dsq_model_t *model;
+    dsq_kv_cache_t *kv;
+    dsq_sched_t *sched;
+    dsq_sampler_t *sampler;
+    const dsq_tokenizer_t *tok;
+    int n_vocab;
+    float *logits;
+    int logits_cap;
+    float *logits_fork;
+    /* api: prompt-logprob rows appended to the scheduler's logit rows */
+    int32_t *lrows, *xpos;
+    eseq_t **xseq;
+    int lrows_cap;
+
+    pthread_t thread;
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_idle_t idle;
+    bool idle_on;
+    uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
+    /* itl: admission window (engine.h admission_window_ms) */
+    uv_timer_t burst;
+    double t_last_submit;          /* under mu                                */
+    double t_last_step;            /* engine thread: end of the last step     */
+    double t_burst;                /* engine thread: first wait of this burst */
+    int window_ms;                 /* quiet time; <= 0: off                   */
+    int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
+
+    pthread_mutex_t mu;            /* guards submit queue and stats           */
+    dsq_req_t **subq;
+    int subq_n, subq_cap;
+    bool stopping;
+    atomic_int n_waiting;          /* submitted, not yet admitted             */
+    dsq_engine_stats_t stats;
+
+    dsq_req_t *active;             /* engine thread: list of live requests    */
+    uint64_t next_order;
+    dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
+};
+
+static atomic_uint_fast64_t next_req_id = 1;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ requests */
+
+void dsq_output_free(dsq_output_t *o)
+{
+    if (!o)
+        return;
+    free(o->text);
+    free(o->tokens);
+    free(o->logprobs);
+    free(o->top);
+    free(o->token_text_offset);
+    free(o->prompt_logprobs);
+    free(o->prompt_top);
+    memset(o, 0, sizeof(*o));
+}
+
+static void req_free(dsq_req_t *r)
+{
+    free(r->prompt);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->stop_ids);
+    for (int i = 0; r->stop && i < r->sp.n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    for (int i = 0; i < r->q_n; i++)
+        dsq_output_free(&r->q[(r->q_head + i) % r->q_cap]);
+    free(r->q);
+    free(r->seqs);
+    free(r->plp);
+    free(r->plp_top);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* api: sequences the request generates: n, or best_of when larger. */
+static int req_n_total(const dsq_req_t *r)
+{
+    return r->sp.best_of > r->sp.n ? r->sp.best_of : r->sp.n;
+}
+
+dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
+                          const dsq_sampling_t *sp, dsq_req_notify_fn notify,
+                          void *user, char *err, size_t err_len)
+{
+    dsq_req_t *r = NULL;
+    if (!prompt || n_prompt <= 0 || !sp) {
+        snprintf(err, err_len, "prompt must contain at least one token");
+        return NULL;
+    }
+    if (sp->max_tokens < 0 || sp->n < 1 || sp->temperature < 0 ||
+        !(sp->top_p > 0 && sp->top_p <= 1) || sp->min_p < 0 || sp->min_p > 1 ||
+        sp->logprobs > MAX_TOP_LOGPROBS || sp->n_logit_bias < 0 || sp->n_stop < 0 ||
+        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 ||
+        sp->best_of < 0 || sp->best_of > MAX_BEST_OF) {
+        snprintf(err, err_len, "invalid sampling parameters");
+        return NULL;
+    }
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        goto oom;
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->cancelled, false);
+    atomic_init(&r->submitted, false);
+    pthread_mutex_init(&r->mu, NULL);
+    r->id = atomic_fetch_add(&next_req_id, 1);
+    r->sp = *sp;
+    r->notify = notify;
+    r->user = user;
+    r->prompt = malloc((size_t)n_prompt * sizeof(*r->prompt));
+    if (!r->prompt)
+        goto oom;
+    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(*prompt));
+    r->n_prompt = n_prompt;
+    if (sp->n_logit_bias > 0) {
+        r->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias_ids));
+        r->bias = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias));
+        if (!r->bias_ids || !r->bias)
+            goto oom;
+        memcpy(r->bias_ids, sp->logit_bias_ids, (size_t)sp->n_logit_bias * sizeof(int32_t));
+        memcpy(r->bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof(float));
+    }
+    r->sp.logit_bias_ids = r->bias_ids;
+    r->sp.logit_bias = r->bias;
+    if (sp->n_stop_token_ids > 0) {
+        r->stop_ids = malloc((size_t)sp->n_stop_token_ids * sizeof(*r->stop_ids));
+        if (!r->stop_ids)
+            goto oom;
+        memcpy(r->stop_ids, sp->stop_token_ids, (size_t)sp->n_stop_token_ids * sizeof(int32_t));
+    }
+    r->sp.stop_token_ids = r->stop_ids;
+    if (sp->n_stop > 0) {
+        r->stop = calloc((size_t)sp->n_stop, sizeof(*r->stop));
+        if (!r->stop)
+            goto oom;
+        for (int i = 0; i < sp->n_stop; i++) {
+            r->stop[i] = strdup(sp->stop[i] ? sp->stop[i] : "");
+            if (!r->stop[i])
+                goto oom;
+            size_t l = strlen(r->stop[i]);
+            if (l > r->max_stop_len)
+                r->max_stop_len = l;
+        }
+    }
+    r->sp.stop = (const char *const *)r->stop;
+    r->seqs = calloc((size_t)req_n_total(r), sizeof(*r->seqs));
+    if (!r->seqs)
+        goto oom;
+    if (sp->prompt_logprobs && n_prompt > 1) {
+        int k = sp->logprobs > 0 ? sp->logprobs : 0;
+        r->plp = malloc((size_t)(n_prompt - 1) * sizeof(*r->plp));
+        if (!r->plp)
+            goto oom;
+        if (k > 0 && !(r->plp_top = malloc((size_t)(n_prompt - 1) * (size_t)k *
+                                           sizeof(*r->plp_top))))
+            goto oom;
+    }
+    return r;
+oom:
+    snprintf(err, err_len, "out of memory");
+    if (r)
+        req_free(r);
+    return NULL;
+}
+
+void dsq_req_ref(dsq_req_t *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+}
+
+void dsq_req_unref(dsq_req_t *r)
+{
+    if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+        req_free(r);
+}
+
+uint64_t dsq_req_id(const dsq_req_t *r) { return r->id; }
+
+int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
+{
+    int rc;
+    pthread_mutex_lock(&r->mu);
+    if (r->q_n > 0) {
+        *out = r->q[r->q_head];
+        memset(&r->q[r->q_head], 0, sizeof(r->q[0]));
+        r->q_head = (r->q_head + 1) % r->q_cap;
+        r->q_n--;
+        if (out->finish != DSQ_FINISH_NONE)
+            r->n_final_popped++;
+        rc = 1;
+    } else if (r->n_final_popped >= r->sp.n) {
+        rc = -1;
+    } else {
+        rc = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* Queue an event (takes ownership of ev's arrays). */
+static int req_push(dsq_req_t *r, dsq_output_t *ev)
+{
+    int rc = DSQ_OK;
+    pthread_mutex_lock(&r->mu);
+    if (r->q_n == r->q_cap) {
+        int cap = r->q_cap ? r->q_cap * 2 : 8;
+        dsq_output_t *q = malloc((size_t)cap * sizeof(*q));
+        if (!q) {
+            rc = DSQ_ENOMEM;
+            goto out;
+        }
+        for (int i = 0; i < r->q_n; i++)
+            q[i] = r->q[(r->q_head + i) % r->q_cap];
+        free(r->q);
+        r->q = q;
+        r->q_head = 0;
+        r->q_cap = cap;
+    }
+    r->q[(r->q_head + r->q_n) % r->q_cap] = *ev;
+    r->q_n++;
+    if (ev->finish != DSQ_FINISH_NONE)
+        r->n_final_pushed++;
+    memset(ev, 0, sizeof(*ev));
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------ sequences */
+
+static eseq_t *eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
+{
+    eseq_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->req = r;
+    s->seq.owner = s;
+    s->seq.index = index;
+    dsq_block_table_init(&s->seq.bt);
+    s->detok = dsq_detok_create(e->tok, true, false);
+    if (!s->detok) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void eseq_destroy(eseq_t *s)
+{
+    if (!s)
+        return;
+    dsq_detok_destroy(s->detok);
+    dsq_block_table_deinit(&s->seq.bt);
+    free(s->seq.tokens);
+    free(s->hold);
+    dsq_output_free(&s->ev);
+    free(s->ev_text);
+    free(s);
+}
+
+static int seq_append(dsq_seq_t *q, int32_t t)
+{
+    if (q->n_tokens == q->cap_tokens) {
+        int cap = q->cap_tokens ? q->cap_tokens * 2 : 64;
+        int32_t *p = realloc(q->tokens, (size_t)cap * sizeof(*p));
+        if (!p)
+            return DSQ_ENOMEM;
+        q->tokens = p;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->n_tokens++] = t;
+    return DSQ_OK;
+}
+
+static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 64;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *p = realloc(*buf, c);
+        if (!p)
+            return DSQ_ENOMEM;
+        *buf = p;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return DSQ_OK;
+}
+
+/* Grow the pending event's per-token arrays to hold one more token. */
+static int ev_reserve(eseq_t *s, int n_top)
+{
+    dsq_output_t *ev = &s->ev;
+    if (ev->n_tokens < s->ev_cap)
+        return DSQ_OK;
+    int cap = s->ev_cap ? s->ev_cap * 2 : 8;
+    int32_t *t = realloc(ev->tokens, (size_t)cap * sizeof(*t));
+    if (!t)
+        return DSQ_ENOMEM;
+    ev->tokens = t;
+    size_t *off = realloc(ev->token_text_offset, (size_t)cap * sizeof(*off));
+    if (!off)
+        return DSQ_ENOMEM;
+    ev->token_text_offset = off;
+    if (n_top >= 0) {
+        float *lp = realloc(ev->logprobs, (size_t)cap * sizeof(*lp));
+        if (!lp)
+            return DSQ_ENOMEM;
+        ev->logprobs = lp;
+        if (n_top > 0) {
+            dsq_top_logprob_t *tp = realloc(ev->top, (size_t)cap * (size_t)n_top * sizeof(*tp));
+            if (!tp)
+                return DSQ_ENOMEM;
+            ev->top = tp;
+        }
+    }
+    s->ev_cap = cap;
+    return DSQ_OK;
+}
+
+/* Move text that can no longer become part of a stop string from hold to
+ * the pending event. final: flush everything. Returns true if a stop string
+ * was found (the text before it is emitted, the rest dropped). */
+static bool release_text(eseq_t *s, bool final)
+{
+    dsq_req_t *r = s->req;
+    size_t cut = s->hold_len;
+    bool stopped = false;
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        if (sl == 0)
+            continue;
+        char *p = memmem(s->hold, s->hold_len, r->stop[i], sl);
+        if (p && (size_t)(p - s->hold) < cut) {
+            cut = (size_t)(p - s->hold);
+            stopped = true;
+        }
+    }
+    if (!stopped && !final && r->max_stop_len > 0) {
+        size_t keep = r->max_stop_len - 1;
+        cut = s->hold_len > keep ? s->hold_len - keep : 0;
+        /* Never split a UTF-8 character: back up to a lead byte. */
+        while (cut > 0 && cut < s->hold_len && ((unsigned char)s->hold[cut] & 0xC0) == 0x80)
+            cut--;
+    }
+    if (cut > 0) {
+        buf_append(&s->ev_text, &s->ev_text_len, &s->ev_text_cap, s->hold, cut);
+        memmove(s->hold, s->hold + cut, s->hold_len - cut);
+        s->hold_len -= cut;
+    }
+    if (stopped || final)
+        s->hold_len = 0;
+    return stopped;
+}
+
+/* Hand the pending event to the request queue. */
+static void flush_event(eseq_t *s)
+{
+    dsq_output_t *ev = &s->ev;
+    if (ev->n_tokens == 0 && s->ev_text_len == 0 && ev->finish == DSQ_FINISH_NONE)
+        return;
+    ev->index = s->seq.index;
+    ev->text = s->ev_text ? s->ev_text : strdup("");
+    ev->text_len = s->ev_text_len;
+    ev->n_top = s->req->sp.logprobs > 0 ? s->req->sp.logprobs : 0;
+    if (!s->req->queue_reported && s->req->t_sched > 0) {
+        ev->queue_us = (int64_t)((s->req->t_sched - s->req->t_arrival) * 1e6);
+        if (ev->queue_us <= 0)
+            ev->queue_us = 1;
+        s->req->queue_reported = true;
+    }
+    if (s->req->plp && !s->req->plp_sent) {
+        /* api: prompt logprobs ride on the request's first event */
+        dsq_req_t *r = s->req;
+        r->plp_sent = true;
+        ev->n_prompt_logprobs = r->plp_n;
+        ev->prompt_logprobs = r->plp;
+        ev->prompt_top = r->plp_top;
+        r->plp = NULL;
+        r->plp_top = NULL;
+    }
+    if (ev->finish != DSQ_FINISH_NONE) {
+        ev->prompt_tokens = s->req->n_prompt;
+        ev->completion_tokens = s->n_generated;
+        ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
+    }
+    s->ev_text = NULL;
+    s->ev_text_len = s->ev_text_cap = 0;
+    s->ev_cap = 0;
+    req_push(s->req, ev);
+}
+
+/* End a choice. Text still held back (for stop strings) or inside the
+ * detokenizer is emitted, except after a stop string, where everything from
+ * the stop string on is dropped, and on abort. */
+static void finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tail)
+{
+    if (s->finished)
+        return;
+    if (why != DSQ_FINISH_ABORT && !drop_tail) {
+        char *tail = NULL;
+        size_t tail_len = 0;
+        if (dsq_detok_flush(s->detok, &tail, &tail_len) == 0 && tail_len > 0)
+            buf_append(&s->hold, &s->hold_len, &s->hold_cap, tail, tail_len);
+        free(tail);
+        release_text(s, true);
+    }
+    s->finished = true;
+    s->ev.finish = why;
+    if (s->seq.state != DSQ_SEQ_DETACHED)
+        dsq_sched_remove(e->sched, &s->seq);
+    s->req->n_live--;
+    pthread_mutex_lock(&e->mu);
+    e->stats.requests_finished_total += s->req->n_live == 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ------------------------------------------------------------ engine */
+
+static void active_add(dsq_engine_t *e, dsq_req_t *r)
+{
+    r->next_active = e->active;
+    r->prev_active = NULL;
+    if (e->active)
+        e->active->prev_active = r;
+    e->active = r;
+}
+
+static void active_remove(dsq_engine_t *e, dsq_req_t *r)
+{
+    if (r->prev_active)
+        r->prev_active->next_active = r->next_active;
+    else
+        e->active = r->next_active;
+    if (r->next_active)
+        r->next_active->prev_active = r->prev_active;
+}
+
+/* api: best_of > n. Candidates' events accumulate in their pending event
+ * until every candidate ended; then the n with the highest cum_logprob are
+ * renumbered 0..n-1 (best first, stable) and flushed, the others dropped
+ * with their token count reported as discarded_tokens. Returns whether
+ * anything was queued. */
+static bool publish_best_of(dsq_req_t *r)
+{
+    if (r->n_live > 0)
+        return false;
+    int n = r->n_seqs < r->sp.n ? r->n_seqs : r->sp.n;
+    int discarded = 0;
+    /* selection sort of the first n places by cum_logprob, stable */
+    for (int k = 0; k < n; k++) {
+        int best = k;
+        for (int i = k + 1; i < r->n_seqs; i++)
+            if (r->seqs[i]->cum_logprob > r->seqs[best]->cum_logprob)
+                best = i;
+        eseq_t *t = r->seqs[best];
+        memmove(r->seqs + k + 1, r->seqs + k, (size_t)(best - k) * sizeof(*r->seqs));
+        r->seqs[k] = t;
+    }
+    for (int i = n; i < r->n_seqs; i++)
+        discarded += r->seqs[i]->n_generated;
+    for (int k = 0; k < n; k++) {
+        eseq_t *s = r->seqs[k];
+        s->seq.index = k;
+        if (k == 0)
+            s->ev.discarded_tokens = discarded;
+        flush_event(s);
+    }
+    return true;
+}
+
+/* Deliver events, notify, and release requests whose choices all ended. */
+static void publish(dsq_engine_t *e)
+{
+    dsq_req_t *r = e->active;
+    while (r) {
+        dsq_req_t *next = r->next_active;
+        bool any = false;
+        if (req_n_total(r) > r->sp.n)
+            any = publish_best_of(r);
+        for (int i = 0; i < r->n_seqs && req_n_total(r) <= r->sp.n; i++) {
+            eseq_t *s = r->seqs[i];
+            if (s->ev.n_tokens || s->ev_text_len || s->ev.finish) {
+                flush_event(s);
+                any = true;
+            }
+        }
+        if (r->n_live == 0) {
+            /* choices never created (abort before the fork, or max_tokens
+             * 0: nothing to generate, the fork is skipped) still need a
+             * final event each */
+            for (int i = r->n_seqs < r->sp.n ? r->n_seqs : r->sp.n; i < r->sp.n; i++) {
+                dsq_output_t ev = {0};
+                ev.index = i;
+                ev.text = strdup("");
+                ev.finish = r->scored ? DSQ_FINISH_LENGTH : DSQ_FINISH_ABORT;
+                ev.prompt_tokens = r->n_prompt;
+                req_push(r, &ev);
+                any = true;
+            }
+        }
+        if (any && r->notify)
+            r->notify(r, r->user);
+        if (r->n_live == 0) {
+            if (r->counted_waiting)
+                atomic_fetch_sub(&e->n_waiting, 1);
+            r->counted_waiting = false;
+            active_remove(e, r);
+            for (int i = 0; i < r->n_seqs; i++)
+                eseq_destroy(r->seqs[i]);
+            r->n_seqs = 0;
+            dsq_req_unref(r);
+        }
+        r = next;
+    }
+}
+
+static void update_stats(dsq_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stats.n_running = dsq_sched_n_running(e->sched);
+    e->stats.n_waiting = atomic_load(&e->n_waiting);
+    e->stats.kv_blocks_total = dsq_kv_n_blocks(e->kv);
+    e->stats.kv_blocks_used = dsq_kv_n_blocks(e->kv) - dsq_kv_n_free(e->kv);
+    e->stats.preemptions_total = dsq_sched_n_preemptions(e->sched);
+    dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
+                           &e->stats.prefix_cache_hits_total);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void admit_new(dsq_engine_t *e)
+{
+    dsq_req_t **q;
+    int n;
+    pthread_mutex_lock(&e->mu);
+    q = e->subq;
+    n = e->subq_n;
+    e->subq = NULL;
+    e->subq_n = e->subq_cap = 0;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n; i++) {
+        dsq_req_t *r = q[i];
+        eseq_t *s = eseq_create(e, r, 0);
+        int rc = s ? DSQ_OK : DSQ_ENOMEM;
+        if (s) {
+            s->seq.order = e->next_order++;
+            for (int j = 0; j < r->n_prompt && !rc; j++)
+                rc = seq_append(&s->seq, r->prompt[j]);
+            s->seq.n_prompt = r->n_prompt;
+            s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
+            /* prefix: cached positions produce no logits */
+            s->seq.no_prefix_cache = r->sp.prompt_logprobs;
+            s->seq.prompt_logits = r->sp.prompt_logprobs;    /* attack2 */
+            uint64_t seed = r->sp.seed;
+            if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
+                seed = (uint64_t)now_s() ^ r->id;
+            dsq_rng_seed(&s->rng, seed);
+        }
+        dsq_log(DSQ_LOG_DEBUG, "event=admit req=%llu n_prompt=%d queued_ms=%.2f",
+                (unsigned long long)r->id, r->n_prompt, (now_s() - r->t_arrival) * 1e3);
+        r->seqs[0] = s;
+        r->n_seqs = s ? 1 : 0;
+        r->n_live = s ? 1 : 0;
+        r->counted_waiting = true;
+        active_add(e, r);
+        if (!rc)
+            rc = dsq_sched_add(e->sched, &s->seq);
+        if (rc) {
+            dsq_log(DSQ_LOG_ERROR, "event=admit_failed req=%llu err=%s",
+                    (unsigned long long)r->id, dsq_strerror(rc));
+            if (s) {
+                s->seq.state = DSQ_SEQ_DETACHED;
+                finish_seq(e, s, DSQ_FINISH_ABORT, true);
+            }
+        }
+    }
+    free(q);
+}
+
+static void reap_cancelled(dsq_engine_t *e)
+{
+    for (dsq_req_t *r = e->active; r; r = r->next_active) {
+        if (!atomic_load(&r->cancelled))
+            continue;
+        for (int i = 0; i < r->n_seqs; i++)
+            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+    }
+}
+
+static bool is_stop_token(const dsq_req_t *r, int32_t t)
+{
+    for (int i = 0; i < r->sp.n_stop_token_ids; i++)
+        if (r->sp.stop_token_ids[i] == t)
+            return true;
+    return false;
+}
+
+/* Record a sampled token on s and decide whether the sequence ends. */
+static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
+                        const dsq_top_logprob_t *top)
+{
+    dsq_req_t *r = s->req;
+    int n_top = r->sp.logprobs;
+    int rc = seq_append(&s->seq, tok);
+    if (!rc)
+        rc = ev_reserve(s, n_top);
+    if (rc)
+        return rc;
+    dsq_output_t *ev = &s->ev;
+    int k = ev->n_tokens++;
+    ev->tokens[k] = tok;
+    ev->token_text_offset[k] = s->text_bytes;
+    if (n_top >= 0) {
+        ev->logprobs[k] = lp;
+        if (n_top > 0)
+            memcpy(ev->top + (size_t)k * (size_t)n_top, top, (size_t)n_top * sizeof(*top));
+    }
+    s->n_generated++;
+    s->cum_logprob += lp;
+    if (r->t_first_token == 0)
+        r->t_first_token = now_s();
+    pthread_mutex_lock(&e->mu);
+    e->stats.generation_tokens_total++;
+    pthread_mutex_unlock(&e->mu);
+
+    bool eos = !r->sp.ignore_eos && dsq_tokenizer_is_eog(e->tok, tok);
+    if (eos || is_stop_token(r, tok)) {
+        finish_seq(e, s, DSQ_FINISH_STOP, false);
+        return DSQ_OK;
+    }
+    char *piece = NULL;
+    size_t piece_len = 0;
+    rc = dsq_detok_push(s->detok, tok, &piece, &piece_len);
+    if (!rc && piece_len > 0) {
+        s->text_bytes += piece_len;
+        rc = buf_append(&s->hold, &s->hold_len, &s->hold_cap, piece, piece_len);
+    }
+    free(piece);
+    if (rc)
+        return rc;
+    if (release_text(s, false)) {
+        finish_seq(e, s, DSQ_FINISH_STOP, true);
+        return DSQ_OK;
+    }
+    if (s->n_generated >= r->sp.max_tokens || s->seq.n_tokens >= e->max_model_len)
+        finish_seq(e, s, DSQ_FINISH_LENGTH, false);
+    return DSQ_OK;
+}
+
+/* n > 1: after the prompt is computed, fork the first sequence so the
+ * choices share the prompt's KV blocks (copy on write). */
+static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
+{
+    eseq_t *parent = r->seqs[0];
+    for (int i = 1; i < req_n_total(r); i++) {
+        eseq_t *c = eseq_create(e, r, i);
+        if (!c)
+            return DSQ_ENOMEM;
+        r->seqs[r->n_seqs++] = c;
+        r->n_live++;
+        c->seq.order = parent->seq.order;
+        c->seq.n_prompt = parent->seq.n_prompt;
+        c->seq.n_max_tokens = parent->seq.n_max_tokens;   /* itl */
+        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;   /* prefix */
+        c->seq.no_prefix_cache = parent->seq.no_prefix_cache;
+        for (int j = 0; j < parent->seq.n_tokens; j++)
+            if (seq_append(&c->seq, parent->seq.tokens[j]))
+                return DSQ_ENOMEM;
+        c->seq.n_computed = parent->seq.n_computed;
+        int rc = dsq_kv_seq_fork(e->kv, &c->seq.bt, &parent->seq.bt);
+        if (rc)
+            return rc;
+        uint64_t seed = r->sp.seed + (uint64_t)i;
+        if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
+            seed = (uint64_t)now_s() ^ (r->id + (uint64_t)i);
+        dsq_rng_seed(&c->rng, seed);
+        rc = dsq_sched_add_running(e->sched, &c->seq);
+        if (rc)
+            return rc;
+    }
+    r->forked = true;
+    return DSQ_OK;
+}
+
+static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
+{
+    dsq_req_t *r = s->req;
+    dsq_top_logprob_t top[MAX_TOP_LOGPROBS];
+    int32_t tok = 0;
+    float lp = 0;
+    int n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
+    memcpy(e->logits_fork, row, (size_t)e->n_vocab * sizeof(float));
+    dsq_sampler_hist_t hist = {
+        .prompt = s->seq.tokens, .n_prompt = s->seq.n_prompt,
+        .output = s->seq.tokens + s->seq.n_prompt,
+        .n_output = s->seq.n_tokens - s->seq.n_prompt,
+    };
+    int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
+                              r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
+                              n_top ? top : NULL, n_top);
+    if (!rc)
+        rc = accept_token(e, s, tok, lp, top);
+    return rc;
+}
+
+/* api: add to e->lrows (after the scheduler's n_logits rows) the rows of
+ * this step whose logits give prompt logprobs: for each request that wants
+ * them, the rows at positions plp_n, plp_n + 1, ... < n_prompt - 1 (the
+ * logits at position p score prompt token p + 1). Positions below plp_n
+ * (a recompute after preemption) are never taken twice. *n_x gets the
+ * count. Returns 0 or DSQ_ENOMEM. */
+static int plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x)
+{
+    int need = out->n_logits + out->n_tokens;
+    bool any = false;
+    *n_x = 0;
+    for (int i = 0; i < out->n_seqs && !any; i++) {
+        const dsq_req_t *r = ((eseq_t *)out->seqs[i]->owner)->req;
+        any = r->plp && !r->plp_sent;
+    }
+    if (!any)
+        return DSQ_OK;    /* nobody wants prompt logprobs */
+    if (need > e->lrows_cap) {
+        int32_t *a = realloc(e->lrows, (size_t)need * sizeof(*a));
+        if (a)
+            e->lrows = a;
+        int32_t *b = realloc(e->xpos, (size_t)need * sizeof(*b));
+        if (b)
+            e->xpos = b;
+        eseq_t **c = realloc(e->xseq, (size_t)need * sizeof(*c));
+        if (c)
+            e->xseq = c;
+        if (!a || !b || !c)
+            return DSQ_ENOMEM;
+        e->lrows_cap = need;
+    }
+    memcpy(e->lrows, out->logit_rows, (size_t)out->n_logits * sizeof(*e->lrows));
+    for (int i = 0; i < out->n_seqs; i++) {
+        dsq_seq_t *q = out->seqs[i];
+        eseq_t *s = (eseq_t *)q->owner;
+        dsq_req_t *r = s->req;
+        if (!r->plp || r->plp_sent || s->seq.index != 0)
+            continue;
+        int next = r->plp_n;
+        for (int row = q->sched_row; row < q->sched_row + q->sched_tokens; row++) {
+            if (out->pos[row] != next || next >= r->n_prompt - 1)
+                continue;
+            e->lrows[out->n_logits + *n_x] = row;
+            e->xpos[*n_x] = next++;
+            e->xseq[(*n_x)++] = s;
+        }
+    }
+    return DSQ_OK;
+}
+
+/* api: log-softmax of one logits row (raw model distribution, as the
+ * sampler's logprobs) -> the logprob of prompt token pos + 1 and the top
+ * alternatives, stored as entry pos. */
+static void plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row)
+{
+    dsq_req_t *r = s->req;
+    int n = e->n_vocab, k = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
+    float mx = -INFINITY;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)row[i] - mx);
+    double lse = mx + log(sum);
+    r->plp[pos] = (float)(row[r->prompt[pos + 1]] - lse);
+    if (k > 0) {
+        /* top k by insertion: k <= 20, one pass over the vocabulary */
+        dsq_top_logprob_t *t = r->plp_top + (size_t)pos * (size_t)k;
+        int have = 0;
+        for (int i = 0; i < n; i++) {
+            if (have == k && row[i] <= t[k - 1].logprob)
+                continue;
+            int j = have < k ? have++ : k - 1;
+            while (j > 0 && t[j - 1].logprob < row[i]) {
+                t[j] = t[j - 1];
+                j--;
+            }
+            t[j].token = i;
+            t[j].logprob = row[i];
+        }
+        for (int j = 0; j < have; j++)
+            t[j].logprob = (float)(t[j].logprob - lse);
+    }
+    if (pos + 1 > r->plp_n)
+        r->plp_n = pos + 1;
+}
+
+/* One scheduler step: plan, forward, sample, publish. Returns true when
+ * there may be more work. */
+static bool engine_step(dsq_engine_t *e)
+{
+    dsq_sched_out_t out;
+    /* itl: step timings by composition, logged at debug level */
+    bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
+    double t0 = timed ? now_s() : 0, t_fwd = 0, t_smp = 0;
+    admit_new(e);
+    reap_cancelled(e);
+    int rc = dsq_sched_step(e->sched, &out);
+    int n_x = 0;                   /* api: prompt-logprob rows */
+    if (rc == DSQ_OK && out.n_tokens > 0)
+        rc = plp_collect(e, &out, &n_x);
+    if (rc == DSQ_OK && out.n_tokens > 0) {
+        if (out.n_logits + n_x > e->logits_cap) {
+            float *p = realloc(e->logits, (size_t)(out.n_logits + n_x) * (size_t)e->n_vocab *
+                                          sizeof(float));
+            if (p) {
+                e->logits = p;
+                e->logits_cap = out.n_logits + n_x;
+            } else {
+                rc = DSQ_ENOMEM;
+            }
+        }
+        for (int i = 0; i < out.n_seqs && !rc; i++) {
+            eseq_t *s = (eseq_t *)out.seqs[i]->owner;
+            if (s->req->t_sched == 0)
+                s->req->t_sched = now_s();
+            if (s->req->counted_waiting) {
+                s->req->counted_waiting = false;
+                atomic_fetch_sub(&e->n_waiting, 1);
+            }
+            if (s->seq.n_computed < s->seq.n_prompt) {
+                int n = s->seq.sched_tokens;
+                if (s->seq.n_computed + n > s->seq.n_prompt)
+                    n = s->seq.n_prompt - s->seq.n_computed;
+                pthread_mutex_lock(&e->mu);
+                e->stats.prompt_tokens_total += n;
+                pthread_mutex_unlock(&e->mu);
+            }
+        }
+        if (!rc) {
+            dsq_batch_t b = {
+                .n_tokens = out.n_tokens, .tokens = out.tokens, .pos = out.pos,
+                .row_seq = out.row_seq, .slot = out.slot, .n_seqs = out.n_seqs,
+                .block_tables = out.block_tables, .max_blocks = out.max_blocks,
+                .n_logits = out.n_logits + n_x,
+                .logit_rows = n_x ? e->lrows : out.logit_rows,
+            };
+            if (timed)
+                t_fwd = now_s();
+            rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
+            if (timed)
+                t_smp = now_s();
+        }
+        if (!rc) {
+            dsq_sched_commit(e->sched, &out);
+            for (int j = 0; j < n_x; j++)
+                plp_store(e, e->xseq[j], e->xpos[j],
+                          e->logits + (size_t)(out.n_logits + j) * (size_t)e->n_vocab);
+            for (int i = 0; i < out.n_logits; i++) {
+                eseq_t *s = (eseq_t *)out.logit_seqs[i]->owner;
+                const float *row = e->logits + (size_t)i * (size_t)e->n_vocab;
+                dsq_req_t *r = s->req;
+                if (s->finished)
+                    continue;
+                if (r->sp.max_tokens == 0) {
+                    r->scored = true;
+                    finish_seq(e, s, DSQ_FINISH_LENGTH, false);
+                    continue;
+                }
+                if (req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
+                    break;
+                if (s->seq.index == 0 && r->forked && r->n_seqs > 1 &&
+                    s->n_generated == 0) {
+                    /* first token of every choice comes from the same logits */
+                    for (int c = 0; c < r->n_seqs && !rc; c++)
+                        rc = sample_seq(e, r->seqs[c], row);
+                } else {
+                    rc = sample_seq(e, s, row);
+                }
+                if (rc)
+                    break;
+            }
+        }
+        if (rc) {
+            dsq_log(DSQ_LOG_ERROR, "event=step_failed err=%s n_tokens=%d",
+                    dsq_strerror(rc), out.n_tokens);
+            for (int i = 0; i < out.n_seqs; i++)
+                finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
+        }
+    }
+    if (n_x > 0) {
+        /* api: a prompt-logprob prefill needed one logits row per prompt
+         * token (chunk x n_vocab floats); give that memory back */
+        free(e->logits);
+        e->logits = NULL;
+        e->logits_cap = 0;
+    }
+#ifndef NDEBUG
+    if (!dsq_sched_check(e->sched))
+        dsq_log(DSQ_LOG_ERROR, "event=kv_invariant_broken");
+#endif
+    /* decode rows: sequences past their prompt (counted before publish,
+     * which frees finished ones); the rest is prefill */
+    int n_dec = 0;
+    for (int i = 0; timed && rc == DSQ_OK && i < out.n_seqs; i++) {
+        int end = i + 1 < out.n_seqs ? out.seqs[i + 1]->sched_row : out.n_tokens;
+        n_dec += end - out.seqs[i]->sched_row == 1 &&
+                 out.seqs[i]->n_computed > out.seqs[i]->n_prompt;
+    }
+    double t_pub = timed ? now_s() : 0;
+    publish(e);
+    update_stats(e);
+    if (timed && rc == DSQ_OK && out.n_tokens > 0) {
+        double t1 = now_s();
+        dsq_log(DSQ_LOG_DEBUG,
+                "event=step n_seqs=%d n_decode=%d n_prefill_tokens=%d n_tokens=%d "
+                "n_waiting=%d sched_ms=%.2f forward_ms=%.2f sample_ms=%.2f "
+                "publish_ms=%.2f step_ms=%.2f",
+                out.n_seqs, n_dec, out.n_tokens - n_dec, out.n_tokens,
+                dsq_sched_n_waiting(e->sched), (t_fwd - t0) * 1e3, (t_smp - t_fwd) * 1e3,
+                (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3);
+    }
+    return dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
+}
+
+static void on_idle(uv_idle_t *h);
+
+/* itl: milliseconds to hold back the first step of a burst. With nothing
+ * running, new requests wait until no request arrived and no step ended for
+ * window_ms (at most 10 x window_ms after the first wait): clients answered
+ * in the same step (closed loops, agents) send their next requests within
+ * milliseconds of each other, and a long prefill step started on the first
+ * of them would leave the rest, and their streams for the rest of the run,
+ * one prefill behind, each group stalling the other's decodes. Waiting
+ * also leaves the CPUs to the HTTP threads that deliver those answers. */
+static int burst_wait_ms(dsq_engine_t *e)
+{
+    if (e->window_ms <= 0 || dsq_sched_n_running(e->sched) > 0) {
+        e->t_burst = 0;
+        return 0;
+    }
+    pthread_mutex_lock(&e->mu);
+    int n_new = e->subq_n;
+    double t_sub = e->t_last_submit;
+    pthread_mutex_unlock(&e->mu);
+    if (n_new == 0 && dsq_sched_n_waiting(e->sched) == 0)
+        return 0;
+    double now = now_s(), w = e->window_ms * 1e-3;
+    if (e->t_burst == 0)
+        e->t_burst = now;
+    double last = t_sub > e->t_last_step ? t_sub : e->t_last_step;
+    double left = last + w - now;
+    if (e->t_burst + 10 * w - now < left)
+        left = e->t_burst + 10 * w - now;
+    if (left <= 0) {
+        e->t_burst = 0;
+        return 0;
+    }
+    return (int)ceil(left * 1e3);
+}
+
+static void on_burst(uv_timer_t *h)
+{
+    dsq_engine_t *e = h->data;
+    if (!e->idle_on) {
+        uv_idle_start(&e->idle, on_idle);
+        e->idle_on = true;
+    }
+}
+
+static void on_idle(uv_idle_t *h)
+{
+    dsq_engine_t *e = h->data;
+    int wait_ms = burst_wait_ms(e);
+    if (wait_ms > 0) {
+        uv_idle_stop(&e->idle);
+        e->idle_on = false;
+        uv_timer_start(&e->burst, on_burst, (uint64_t)wait_ms, 0);
+        return;
+    }
+    /* == deploy: test-only wedge (debug builds), once, on the first step == */
+    if (e->wedge_ms > 0) {
+        struct timespec ts = {e->wedge_ms / 1000, (long)(e->wedge_ms % 1000) * 1000000L};
+        dsq_log(DSQ_LOG_WARN, "event=engine_wedged_for_test ms=%d", e->wedge_ms);
+        e->wedge_ms = 0;
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+    }
+    /* == end deploy == */
+    bool busy = engine_step(e);
+    e->t_last_step = now_s();
+    if (!busy) {
+        pthread_mutex_lock(&e->mu);
+        bool more = e->subq_n > 0;
+        pthread_mutex_unlock(&e->mu);
+        if (!more) {
+            uv_idle_stop(&e->idle);
+            e->idle_on = false;
+        }
+    }
+}
+
+static void abort_all(dsq_engine_t *e)
+{
+    admit_new(e);
+    for (dsq_req_t *r = e->active; r; r = r->next_active)
+        for (int i = 0; i < r->n_seqs; i++)
+            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+    publish(e);
+    update_stats(e);
+}
+
+static void on_close(uv_handle_t *h)
+{
+    (void)h;
+}
+
+/* == deploy: heartbeat timer callback (engine thread) == */
+static void on_heartbeat(uv_timer_t *h)
+{
+    dsq_engine_t *e = h->data;
+    e->o.heartbeat(e->o.heartbeat_user);
+}
+
+static void on_async(uv_async_t *h)
+{
+    dsq_engine_t *e = h->data;
+    pthread_mutex_lock(&e->mu);
+    bool stopping = e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    if (stopping) {
+        abort_all(e);
+        uv_idle_stop(&e->idle);
+        uv_close((uv_handle_t *)&e->idle, on_close);
+        uv_close((uv_handle_t *)&e->async, on_close);
+        uv_close((uv_handle_t *)&e->heartbeat, on_close);   /* deploy */
+        uv_close((uv_handle_t *)&e->burst, on_close);       /* itl */
+        return;
+    }
+    if (!e->idle_on) {
+        uv_idle_start(&e->idle, on_idle);
+        e->idle_on = true;
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    dsq_engine_t *e = arg;
+    uv_run(&e->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* KV element type: explicit, or "auto" = FP32 for FP32 models (the token
+ * embedding's type stands for the model's storage type), FP16 otherwise. */
+static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f)
+{
+    if (opts->kv_cache_dtype == DSQ_KV_INT8 || opts->kv_cache_dtype == DSQ_KV_F32)
+        return (dsq_kv_dtype_t)opts->kv_cache_dtype;
+    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f) {
+        const dsq_tensor_t *t = dsq_model_file_find(f, "token_embd.weight");
+        if (t && t->type == DSQ_TYPE_F32)
+            return DSQ_KV_F32;
+    }
+    return DSQ_KV_F16;
+}
+
+static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
+{
+    memset(po, 0, sizeof(*po));
+    po->block_size = opts->block_size;
+    po->max_model_len = opts->max_model_len;
+    po->max_num_seqs = opts->max_num_seqs;
+    po->max_num_batched_tokens = opts->max_num_batched_tokens;
+    po->budget_bytes = opts->memory_limit_bytes;
+    po->kv_cache_bytes = opts->kv_cache_memory_bytes;
+    po->quantize = opts->quantize;
+    po->group_size = opts->quant_group_size;
+}
+
+dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
+                                size_t err_len)
+{
+    dsq_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    e->o = *opts;
+    pthread_mutex_init(&e->mu, NULL);
+    atomic_init(&e->n_waiting, 0);
+    if (opts->n_threads > 0)
+        dsq_cpu_set_threads(opts->n_threads);
+    double t0 = now_s();
+    e->file = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err, err_len);
+    if (!e->file)
+        goto fail;
+    e->tok = dsq_model_file_tokenizer(e->file);
+    if (!e->tok) {
+        snprintf(err, err_len, "%s: no tokenizer in the model file; pass --tokenizer",
+                 opts->model_path);
+        goto fail;
+    }
+    /* Plan memory from the config and the tensor table before loading. */
+    const dsq_model_config_t *fc = dsq_model_file_config(e->file);
+    int n_t = dsq_model_file_n_tensors(e->file);
+    const dsq_tensor_t **tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
+    if (!tv) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n_t; i++)
+        tv[i] = dsq_model_file_tensor(e->file, i);
+    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file);
+    dsq_plan_opts_t po;
+    plan_opts_from(opts, &po);
+    po.kv_dtype = kvt;
+    dsq_plan_t plan;
+    int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
+    free(tv);
+    if (prc && prc != DSQ_ERANGE)
+        goto fail;
+    e->max_model_len = plan.max_model_len;
+    int block_size = plan.block_size;
+    int64_t n_blocks = plan.num_blocks;
+    int64_t need = (e->max_model_len + block_size - 1) / block_size;
+    if (prc == DSQ_ERANGE || n_blocks < need) {
+        snprintf(err, err_len, "memory plan: budget %lld bytes - weights %lld - workspace %lld "
+                 "leaves %lld bytes for the KV cache = %lld blocks of %d tokens (%lld bytes/token), "
+                 "but one sequence of max_model_len %d needs %lld blocks; lower --max-model-len "
+                 "or raise --memory-limit / --kv-cache-memory",
+                 (long long)plan.budget_bytes, (long long)plan.weight_bytes,
+                 (long long)plan.workspace_bytes, (long long)plan.kv_budget_bytes,
+                 (long long)n_blocks, block_size, (long long)plan.kv_bytes_per_token,
+                 e->max_model_len, (long long)need);
+        goto fail;
+    }
+    dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
+                           .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype};
+    e->model = dsq_model_create(e->file, &mo, err, err_len);
+    if (!e->model)
+        goto fail;
+    /* pad: the CPU backend runs ragged batches, so the padding model is only
+     * loaded and logged here; the CUDA-graph path will plan with it. */
+    if (dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len) != 0)
+        goto fail;
+    const dsq_model_config_t *c = dsq_model_config(e->model);
+    e->n_vocab = (int)c->n_vocab;
+    size_t per_tok = (size_t)plan.kv_bytes_per_token;
+    dsq_log(DSQ_LOG_INFO, "event=memory_plan weight_bytes_predicted=%lld "
+            "weight_bytes_measured=%zu coarse_estimate_bytes=%lld kv_blocks=%lld "
+            "kv_tokens=%lld kv_bytes_per_token=%lld workspace_bytes=%lld",
+            (long long)plan.weight_bytes, dsq_model_weight_bytes(e->model),
+            (long long)plan.coarse_estimate_bytes, (long long)plan.num_blocks,
+            (long long)plan.max_tokens, (long long)plan.kv_bytes_per_token,
+            (long long)plan.workspace_bytes);
+    /* ds2: the model says what its cache holds (MLA: one latent + rope key
+     * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
+    int kv_heads, kv_dim;
+    bool kv_has_v;
+    dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
+    e->kv = dsq_kv_create_ex((int)c->n_layer, kv_heads, kv_dim, block_size,
+                             n_blocks, kvt, kv_has_v, err, err_len);
+    if (!e->kv)
+        goto fail;
+    if (opts->enable_prefix_caching && dsq_kv_set_prefix_caching(e->kv, true) != DSQ_OK) {
+        snprintf(err, err_len, "prefix caching: out of memory for %lld blocks",
+                 (long long)n_blocks);
+        goto fail;
+    }
+    dsq_sched_opts_t so = {
+        .max_num_seqs = opts->max_num_seqs > 0 ? opts->max_num_seqs : 256,
+        .max_num_batched_tokens = opts->max_num_batched_tokens > 0 ?
+                                  opts->max_num_batched_tokens : 2048,
+        .max_prefill_tokens_with_decode = opts->max_prefill_tokens_with_decode,
+        .admission_defer_steps = opts->admission_defer_steps == 0 ?
+                                 DSQ_ENGINE_ADMISSION_DEFER_STEPS :
+                                 opts->admission_defer_steps < 0 ? 0 :
+                                 opts->admission_defer_steps,
+    };
+    /* attack2: prompt-logprob rows per step: the logits rows the memory
+     * planner sizes the workspace for (min(max_num_seqs, batched tokens)) */
+    so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
+                                   ? so.max_num_seqs : so.max_num_batched_tokens;
+    e->sched = dsq_sched_create(e->kv, &so);
+    e->sampler = dsq_sampler_create(e->n_vocab);
+    e->logits_fork = malloc((size_t)e->n_vocab * sizeof(float));
+    if (!e->sched || !e->sampler || !e->logits_fork) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    if (uv_loop_init(&e->loop) != 0) {
+        snprintf(err, err_len, "uv_loop_init failed");
+        goto fail;
+    }
+    uv_async_init(&e->loop, &e->async, on_async);
+    uv_idle_init(&e->loop, &e->idle);
+    uv_timer_init(&e->loop, &e->burst);   /* itl */
+    e->burst.data = e;
+    e->window_ms = opts->admission_window_ms == 0 ? DSQ_ENGINE_ADMISSION_WINDOW_MS
+                                                  : opts->admission_window_ms;
+    e->async.data = e;
+    e->idle.data = e;
+    /* == deploy: heartbeat timer and the debug-only test wedge == */
+    uv_timer_init(&e->loop, &e->heartbeat);
+    e->heartbeat.data = e;
+    if (opts->heartbeat && opts->heartbeat_interval_ms > 0)
+        uv_timer_start(&e->heartbeat, on_heartbeat, (uint64_t)opts->heartbeat_interval_ms,
+                       (uint64_t)opts->heartbeat_interval_ms);
+#ifndef NDEBUG
+    {
+        const char *w = getenv("DSQ_TEST_WEDGE_ENGINE_MS");
+        e->wedge_ms = w ? atoi(w) : 0;
+    }
+#endif
+    /* == end deploy == */
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        snprintf(err, err_len, "cannot start the engine thread");
+        uv_close((uv_handle_t *)&e->idle, NULL);
+        uv_close((uv_handle_t *)&e->async, NULL);
+        uv_close((uv_handle_t *)&e->heartbeat, NULL);   /* deploy */
+        uv_close((uv_handle_t *)&e->burst, NULL);       /* itl */
+        uv_run(&e->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&e->loop);
+        goto fail;
+    }
+    update_stats(e);
+    dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
+            "weights_bytes=%zu kv_blocks=%lld block_size=%d kv_bytes_per_token=%zu "
+            "max_model_len=%d threads=%d isa=%s load_ms=%.0f",
+            dsq_arch_name(c->arch), (long long)c->n_layer, e->n_vocab,
+            dsq_model_weight_bytes(e->model), (long long)n_blocks, block_size, per_tok,
+            e->max_model_len, dsq_cpu_get_threads(), dsq_cpu_isa(),
+            (now_s() - t0) * 1000.0);
+    return e;
+fail:
+    dsq_sched_destroy(e->sched);
+    dsq_sampler_destroy(e->sampler);
+    free(e->logits_fork);
+    dsq_kv_destroy(e->kv);
+    dsq_model_destroy(e->model);
+    dsq_pad_model_destroy(e->pad_model);
+    dsq_model_file_close(e->file);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+    return NULL;
+}
+
+/* config.json alone (no weights): read it directly. */
+static int config_only(const char *dir, dsq_model_config_t *c, char *err, size_t err_len)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, err_len, "%.400s: cannot open", path);
+        return DSQ_EIO;
+    }
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf)
+        return DSQ_ENOMEM;
+    int rc = dsq_model_config_from_hf_json(buf, n, c, err, err_len);
+    free(buf);
+    return rc;
+}
+
+int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *err,
+                    size_t err_len)
+{
+    dsq_model_config_t cfg;
+    const dsq_model_config_t *c = &cfg;
+    const dsq_tensor_t **tv = NULL;
+    int n_t = 0, rc;
+    *out = NULL;
+    dsq_model_file_t *f = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err,
+                                              err_len);
+    if (f) {
+        c = dsq_model_file_config(f);
+        n_t = dsq_model_file_n_tensors(f);
+        tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
+        if (!tv) {
+            rc = DSQ_ENOMEM;
+            goto done;
+        }
+        for (int i = 0; i < n_t; i++)
+            tv[i] = dsq_model_file_tensor(f, i);
+    } else {
+        char err2[512];
+        rc = config_only(opts->model_path, &cfg, err2, sizeof(err2));
+        if (rc)
+            goto done;    /* keep the loader's message: it says more */
+    }
+    dsq_plan_opts_t po;
+    plan_opts_from(opts, &po);
+    po.kv_dtype = kv_dtype_for(opts, f);
+    dsq_plan_t plan;
+    rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
+    if (rc == DSQ_OK || rc == DSQ_ERANGE) {
+        int64_t need = (plan.max_model_len + plan.block_size - 1) / plan.block_size;
+        if (rc == DSQ_OK && plan.num_blocks < need) {
+            snprintf(err, err_len, "one sequence of max_model_len %d needs %lld blocks; the "
+                     "KV budget holds %lld", plan.max_model_len, (long long)need,
+                     (long long)plan.num_blocks);
+            rc = DSQ_ERANGE;
+        }
+        *out = json ? dsq_plan_format_json(&plan, c) : dsq_plan_format_table(&plan, c);
+        if (!*out)
+            rc = DSQ_ENOMEM;
+    }
+done:
+    free(tv);
+    dsq_model_file_close(f);
+    return rc;
+}
+
+void dsq_engine_destroy(dsq_engine_t *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->async);
+    pthread_join(e->thread, NULL);
+    uv_loop_close(&e->loop);
+    /* Requests submitted after the loop drained: release them. */
+    for (int i = 0; i < e->subq_n; i++)
+        dsq_req_unref(e->subq[i]);
+    free(e->subq);
+    dsq_sched_destroy(e->sched);
+    dsq_sampler_destroy(e->sampler);
+    free(e->logits);
+    free(e->logits_fork);
+    free(e->lrows);
+    free(e->xpos);
+    free(e->xseq);
+    dsq_kv_destroy(e->kv);
+    dsq_model_destroy(e->model);
+    dsq_pad_model_destroy(e->pad_model);
+    dsq_model_file_close(e->file);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e)
+{
+    return dsq_model_config(e->model);
+}
+
+const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e) { return e->tok; }
+/* chatapi: the model's chat template, for the server's /v1/chat/completions */
+const char *dsq_engine_chat_template(const dsq_engine_t *e)
+{
+    return dsq_model_file_chat_template(e->file);
+}
+int dsq_engine_max_model_len(const dsq_engine_t *e) { return e->max_model_len; }
+
+void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->n_waiting = atomic_load(&e->n_waiting);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
+{
+    int rc = DSQ_OK;
+    if ((int64_t)r->n_prompt + r->sp.max_tokens > e->max_model_len)
+        return DSQ_ERANGE;
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->n_vocab)
+            return DSQ_EINVAL;
+    if (atomic_exchange(&r->submitted, true))
+        return DSQ_ESTATE;
+    int max_wait = e->o.max_waiting_requests > 0 ? e->o.max_waiting_requests : 1024;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        rc = DSQ_ESTATE;
+    } else if (atomic_load(&e->n_waiting) >= max_wait) {
+        rc = DSQ_EFULL;
+    } else {
+        if (e->subq_n == e->subq_cap) {
+            int cap = e->subq_cap ? e->subq_cap * 2 : 16;
+            dsq_req_t **q = realloc(e->subq, (size_t)cap * sizeof(*q));
+            if (!q)
+                rc = DSQ_ENOMEM;
+            else {
+                e->subq = q;
+                e->subq_cap = cap;
+            }
+        }
+        if (!rc) {
+            dsq_req_ref(r);
+            r->t_arrival = now_s();
+            e->t_last_submit = r->t_arrival;   /* itl */
+            e->subq[e->subq_n++] = r;
+            atomic_fetch_add(&e->n_waiting, 1);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc)
+        atomic_store(&r->submitted, false);
+    else
+        uv_async_send(&e->async);
+    return rc;
+}
+
+void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r)
+{
+    if (!atomic_exchange(&r->cancelled, true))
+        uv_async_send(&e->async);
+}

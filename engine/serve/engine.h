@@ -1,0 +1,262 @@
+/* The engine's API towards the server: load a model, submit requests, read
+ * their output. Everything here is thread-safe unless it says otherwise.
+ *
+ * Threads: dsq_engine_create() starts one engine thread running a libuv loop
+ * (DESIGN.md). HTTP threads create a dsq_req_t, submit it, and read output
+ * events from it; the engine thread is the only one that touches model
+ * state. A dsq_req_t is reference-counted: the creator holds one reference,
+ * the engine takes another on submit and drops it when the request ends.
+ */
+#ifndef DSQ_ENGINE_H
+#define DSQ_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/io/model_config.h"
+#include "engine/text/tokenizer.h"
+
+#define DSQ_ENGINE_KV_AUTO (-1)
+
+/* itl: defaults of admission_defer_steps and admission_window_ms (see
+ * docs/benchmarks.md, serving section, for the measurements behind them). */
+#define DSQ_ENGINE_ADMISSION_DEFER_STEPS 4
+#define DSQ_ENGINE_ADMISSION_WINDOW_MS 5
+
+typedef struct dsq_engine dsq_engine_t;
+typedef struct dsq_req dsq_req_t;
+
+/* Engine options (units in the names). Zero means "default" for every
+ * numeric field. */
+typedef struct dsq_engine_opts {
+    const char *model_path;          /* .gguf file, HF directory or llama2.c .bin */
+    const char *tokenizer_path;      /* optional separate tokenizer             */
+    int max_model_len;               /* tokens; default n_ctx_train (capped)    */
+    int max_num_seqs;                /* default 256                             */
+    int max_num_batched_tokens;      /* default max(2048, max_model_len)?       */
+    int max_prefill_tokens_with_decode; /* itl: prefill tokens per step while
+                                        any sequence decodes (scheduler.h);
+                                        0 (default) or >= the step budget:
+                                        no separate cap                      */
+    int admission_defer_steps;       /* itl: dsq_sched_opts_t's; 0 = default
+                                        DSQ_ENGINE_ADMISSION_DEFER_STEPS,
+                                        < 0 = off                            */
+    int admission_window_ms;         /* itl: with nothing running, the first
+                                        step of a burst of requests waits
+                                        until none arrived (and no step
+                                        ended) for this long, at most 10x it
+                                        after the first wait; 0 = default
+                                        DSQ_ENGINE_ADMISSION_WINDOW_MS,
+                                        < 0 = off                            */
+    int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
+    int block_size;                  /* tokens per KV block, default 16         */
+    int kv_cache_dtype;              /* dsq_kv_dtype_t, or DSQ_ENGINE_KV_AUTO:
+                                        FP32 for a model stored in FP32
+                                        (like vLLM's "auto" = model dtype),
+                                        FP16 otherwise                       */
+    int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
+    int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
+    bool enable_prefix_caching;      /* reuse KV blocks of shared prefixes
+                                        (engine/kv/kv_cache.h); default off        */
+    int n_threads;                   /* CPU threads, default physical cores     */
+    const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
+    int quant_group_size;            /* with quantize=int4: 32/64/128           */
+    int activation_dtype;            /* dsq_act_dtype_t (kernels.h): activations
+                                        of quantised matmuls, DSQ_ACT_INT8 (0,
+                                        default, llama.cpp's scheme and speed)
+                                        or DSQ_ACT_F32 (fp32: W·x exact up to
+                                        fp32 rounding, slower)               */
+    /* == deploy: liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
+     * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
+     * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from
+     * a uv_timer_t on its own loop, i.e. between scheduler steps: an engine
+     * wedged inside a step (or its loop) stops calling it, which is the
+     * point. The first call comes one interval after dsq_engine_create().
+     * Must not block (dsqd sends sd_notify("WATCHDOG=1")). NULL/0 = off.
+     * Debug builds only (NDEBUG unset): env DSQ_TEST_WEDGE_ENGINE_MS=N makes
+     * the engine thread sleep N ms at the start of its first step, so tests
+     * can observe a hung engine (heartbeats stop, HTTP threads still answer). */
+    void (*heartbeat)(void *user);
+    void *heartbeat_user;
+    int heartbeat_interval_ms;
+    /* == pad: padding cost model (engine/serve/padding.h), a JSON file written by
+     * `dsq-bench pad`. NULL: the backend's default file when it exists
+     * (dsq_pad_default_path; a malformed default is ignored with a
+     * warning); set: that file, and any failure to load it fails
+     * dsq_engine_create. Logged at start-up; on the CPU backend
+     * informational (batches are ragged), the CUDA-graph path will plan
+     * its bucket launches with it (dsq_pad_choose). */
+    const char *padding_model_path;
+} dsq_engine_opts_t;
+
+/* Load the model and start the engine thread. On failure returns NULL with a
+ * one-line reason in err. */
+dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
+                                size_t err_len);
+/* Memory plan for opts without loading weights (engine/serve/planner.h): opens
+ * the model file's header and tensor table, or, for a directory holding
+ * only config.json, the config alone (weights then assumed in the
+ * opts->quantize format, FP16 otherwise). *out receives a malloc'd table
+ * (json = false) or JSON object (json = true). Returns 0, or a negative
+ * DSQ_E* with a reason in err (unreadable model, bad config; DSQ_ERANGE
+ * when the budget cannot hold one sequence of max_model_len, with *out
+ * still filled so the numbers can be shown). */
+int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *err,
+                    size_t err_len);
+
+/* Stop the engine thread (ending every request with finish_reason "abort")
+ * and free everything. NULL is a no-op. */
+void dsq_engine_destroy(dsq_engine_t *e);
+
+/* Read-only model facts, valid for the engine's lifetime. */
+const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e);
+const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e);
+int dsq_engine_max_model_len(const dsq_engine_t *e);
+/* chatapi: the model's own chat template (NUL-terminated Jinja2 text,
+ * owned by the engine): GGUF tokenizer.chat_template, or for a HF
+ * directory tokenizer_config.json chat_template (string, or the "default"
+ * entry of a named list) / chat_template.jinja (engine/loader/loader.h). NULL
+ * when the model has none (llama2.c checkpoints never do). The BOS/EOS
+ * token text for rendering comes from dsq_tokenizer_token_str(). */
+const char *dsq_engine_chat_template(const dsq_engine_t *e);
+
+/* Snapshot of engine counters for /metrics and /health. */
+typedef struct dsq_engine_stats {
+    int n_running, n_waiting;
+    int64_t kv_blocks_total, kv_blocks_used;
+    int64_t prompt_tokens_total, generation_tokens_total;
+    int64_t preemptions_total;
+    int64_t requests_finished_total;
+    /* prefix: prefix cache lookups in tokens (vLLM V1 prefix_cache_queries /
+     * prefix_cache_hits): queries = tokens of every admitted sequence,
+     * hits = those whose KV came from the cache. 0 while it is off. */
+    int64_t prefix_cache_queries_total, prefix_cache_hits_total;
+} dsq_engine_stats_t;
+void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
+
+/* ------------------------------------------------------------ requests */
+
+/* Sampling and stopping parameters of one request (OpenAI/vLLM meanings). */
+typedef struct dsq_sampling {
+    int max_tokens;                  /* >= 0; 0 is allowed with echo            */
+    float temperature;               /* 0 = greedy                              */
+    float top_p;                     /* (0, 1], 1 = off                         */
+    int top_k;                       /* <= 0 = off                              */
+    float min_p;                     /* [0, 1], 0 = off                         */
+    float presence_penalty;          /* [-2, 2]                                 */
+    float frequency_penalty;         /* [-2, 2]                                 */
+    float repetition_penalty;        /* > 0, 1 = off (CTRL paper, as vLLM)      */
+    bool has_seed;
+    uint64_t seed;
+    bool ignore_eos;
+    int logprobs;                    /* -1: none; 0..20 top alternatives        */
+    int n;                           /* choices, >= 1                           */
+    /* api: best_of > n generates best_of sequences from one prompt (forked
+     * copy-on-write after the prefill, like n > 1) and returns the n with
+     * the highest cumulative raw log-probability of their completion
+     * tokens (sum, as vLLM; OpenAI documents "highest log probability per
+     * token"), renumbered 0..n-1 best first; ties keep generation order.
+     * Their events are held until every candidate ended (no streaming).
+     * 0 or <= n: n sequences. At most 1024 (dsq_req_create rejects more). */
+    int best_of;
+    /* api: compute the logprob of every prompt token but the first under
+     * the raw model distribution (log-softmax of the logits at the position
+     * before it), with max(logprobs, 0) top alternatives each, and deliver
+     * them on the request's first output event (dsq_output_t
+     * prompt_logprobs). Each position is computed once, also across chunked
+     * prefill and preemption by recompute. */
+    bool prompt_logprobs;
+    int n_logit_bias;
+    const int32_t *logit_bias_ids;   /* [n_logit_bias], copied on create        */
+    const float *logit_bias;         /* [n_logit_bias], copied on create        */
+    int n_stop_token_ids;
+    const int32_t *stop_token_ids;   /* copied on create                        */
+    int n_stop;
+    const char *const *stop;         /* stop strings, copied on create          */
+} dsq_sampling_t;
+
+/* Why a choice ended. */
+typedef enum dsq_finish {
+    DSQ_FINISH_NONE = 0,
+    DSQ_FINISH_STOP,                 /* EOS, stop token or stop string          */
+    DSQ_FINISH_LENGTH,               /* max_tokens or max_model_len             */
+    DSQ_FINISH_ABORT,                /* cancelled or engine shut down           */
+} dsq_finish_t;
+
+/* One top-logprob alternative. */
+typedef struct dsq_top_logprob {
+    int32_t token;
+    float logprob;
+} dsq_top_logprob_t;
+
+/* One output event of one choice: the text that became final since the last
+ * event, the tokens sampled since then, and, on the last event, the finish
+ * reason. Owned by the caller of dsq_req_next() and freed with
+ * dsq_output_free(). text is UTF-8 and never splits a character; text that
+ * might still become a stop string is held back until it cannot. */
+typedef struct dsq_output {
+    int index;                       /* choice index 0..n-1                     */
+    char *text;                      /* NUL-terminated delta                    */
+    size_t text_len;
+    int n_tokens;
+    int32_t *tokens;                 /* [n_tokens]                              */
+    float *logprobs;                 /* [n_tokens] or NULL                      */
+    dsq_top_logprob_t *top;          /* [n_tokens][n_top] or NULL               */
+    int n_top;
+    size_t *token_text_offset;       /* [n_tokens]: byte offset of each token's
+                                        text within the choice's whole text     */
+    dsq_finish_t finish;
+    int prompt_tokens;               /* set on the final event                  */
+    int completion_tokens;           /* set on the final event                  */
+    int cached_tokens;               /* set on the final event: prompt tokens
+                                        whose KV came from the prefix cache at
+                                        admission (a multiple of block_size,
+                                        < prompt_tokens; 0 when off)            */
+    /* api: prompt logprobs (dsq_sampling_t.prompt_logprobs), on the
+     * request's first event only: entry i is prompt token i + 1 (the first
+     * prompt token has none), n_prompt_logprobs <= n_prompt - 1 (fewer only
+     * when the prompt was not computed, e.g. an abort); top rows hold n_top
+     * alternatives, most likely first. NULL / 0 otherwise. */
+    int n_prompt_logprobs;
+    float *prompt_logprobs;          /* [n_prompt_logprobs]                     */
+    dsq_top_logprob_t *prompt_top;   /* [n_prompt_logprobs][n_top] or NULL      */
+    /* api: best_of > n: tokens generated by the candidates that were not
+     * returned, on one final event of the request (usage counts them). */
+    int discarded_tokens;
+    int64_t queue_us;                /* on the request's first event (0 = not
+                                        reported): microseconds from
+                                        dsq_engine_submit to the step that
+                                        first scheduled it, for /metrics'
+                                        request_queue_time_seconds and the log */
+} dsq_output_t;
+
+void dsq_output_free(dsq_output_t *o);
+
+/* Called on the engine thread whenever a request has new output or ends. It
+ * must not block (e.g. MHD_resume_connection or a condvar signal). */
+typedef void (*dsq_req_notify_fn)(dsq_req_t *req, void *user);
+
+/* Create a request for the prompt ids (copied). Returns NULL with a reason
+ * in err on invalid parameters. The caller owns one reference. */
+dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
+                          const dsq_sampling_t *sp, dsq_req_notify_fn notify,
+                          void *user, char *err, size_t err_len);
+void dsq_req_ref(dsq_req_t *r);
+void dsq_req_unref(dsq_req_t *r);    /* NULL is a no-op */
+uint64_t dsq_req_id(const dsq_req_t *r);
+
+/* Queue the request. Returns 0, DSQ_EFULL (waiting queue full), DSQ_ERANGE
+ * (prompt + max_tokens > max_model_len), DSQ_ESTATE (engine shutting down). */
+int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r);
+
+/* Ask the engine to end the request (client gone, timeout). Its KV blocks are
+ * freed at the next step; it then reports DSQ_FINISH_ABORT. Idempotent. */
+void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r);
+
+/* Pop the next output event. Returns 1 and fills *out, 0 when nothing is
+ * pending yet, or -1 when every choice has finished and everything was
+ * popped. Never blocks. */
+int dsq_req_next(dsq_req_t *r, dsq_output_t *out);
+
+#endif

@@ -1,0 +1,425 @@
+/* Memory planner (see planner.h for the formulas and their sources).
+ *
+ * Weight bytes are computed with the same byte-size functions the repackers
+ * use (dsq_weight_data_bytes / dsq_weight_scale_bytes), from the tensor
+ * table alone, so the prediction can be checked against what the model
+ * actually allocates. Without a tensor table the architecture's shapes are
+ * enumerated from the config. */
+#include "planner.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/common/error.h"
+#include "engine/kv/kv_cache.h"
+
+int64_t dsq_plan_default_budget(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    int64_t ram = pages > 0 && psz > 0 ? (int64_t)pages * psz : (int64_t)8 << 30;
+    return ram / 2;
+}
+
+int64_t dsq_plan_kv_bytes_per_token(const dsq_model_config_t *c, dsq_kv_dtype_t dt)
+{
+    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
+        int64_t vals = c->kv_lora_rank + c->qk_rope_head_dim;
+        int64_t per = dt == DSQ_KV_INT8 ? vals + (vals / 64 > 0 ? vals / 64 : 1) * 4
+                      : dt == DSQ_KV_F32 ? vals * 4 : vals * 2;
+        return c->n_layer * per;
+    }
+    return c->n_layer *
+           (int64_t)dsq_kv_bytes_per_token_layer((int)c->n_head_kv, (int)c->head_dim, dt);
+}
+
+/* blk.N.ffn_{gate,up,down}.E.<suffix>: one routed expert (HF checkpoints,
+ * and llama.cpp's stacked *_exps as the loader splits them). */
+static bool is_expert_slice(const char *name)
+{
+    const char *p = strstr(name, ".ffn_");
+    if (!p)
+        return false;
+    p += 5;
+    if (!strncmp(p, "gate.", 5)) p += 5;
+    else if (!strncmp(p, "up.", 3)) p += 3;
+    else if (!strncmp(p, "down.", 5)) p += 5;
+    else return false;
+    return *p >= '0' && *p <= '9';
+}
+
+static int classify(const char *name)
+{
+    if (strstr(name, "token_embd"))
+        return DSQ_PLAN_EMBED;
+    if (strncmp(name, "output.", 7) == 0)
+        return DSQ_PLAN_OUTPUT;
+    if (strstr(name, "norm") || strstr(name, ".bias"))
+        return DSQ_PLAN_NORM;
+    if (strstr(name, "_exps") || strstr(name, "ffn_gate_inp") || strstr(name, "exp_probs") ||
+        is_expert_slice(name))
+        return DSQ_PLAN_EXPERTS;
+    if (strstr(name, "attn"))
+        return DSQ_PLAN_ATTN;
+    return DSQ_PLAN_FFN;
+}
+
+/* Bytes of a linear weight [n, k] in format f (INT4 with zeros unless sym). */
+static int64_t lin_bytes(dsq_wformat_t f, int64_t n, int64_t k, int g, bool zeros)
+{
+    int64_t sc = (int64_t)dsq_weight_scale_bytes(f, n, k, g);
+    return (int64_t)dsq_weight_data_bytes(f, n, k, g) + (zeros ? 2 * sc : sc);
+}
+
+static bool want_int4(const dsq_plan_opts_t *o)
+{
+    return o->quantize && strcmp(o->quantize, "int4") == 0;
+}
+
+/* k of a GPTQ linear: its g_idx [k] (a sibling of the qweight, looked for
+ * next to it first: writers keep a module's tensors together, HF sorts
+ * them by name), or 0 when the table has none. */
+static int64_t gptq_k(const dsq_tensor_t *const *tv, int n_t, int i)
+{
+    const char *q = tv[i]->name;
+    size_t bl = strlen(q) - strlen(".qweight");
+    for (int pass = 0; pass < 2; pass++) {
+        int lo = pass ? 0 : (i > 4 ? i - 4 : 0), hi = pass ? n_t : (i + 5 < n_t ? i + 5 : n_t);
+        for (int j = lo; j < hi; j++) {
+            const char *nm = tv[j]->name;
+            if (strncmp(nm, q, bl) == 0 && strcmp(nm + bl, ".g_idx") == 0)
+                return tv[j]->ne[0];
+        }
+    }
+    return 0;
+}
+
+/* One tensor of the table. gptq_k_: k of a GPTQ qweight (0 unknown). A
+ * GPTQ qweight is [k*bits/32][n]: 8-bit ([k/4][n], per-channel, the
+ * deepseek-moe recipe's INT8 classes) repacks to DSQ_WFMT_INT8
+ * (engine/model/quant.c dsq_quant_from_gptq_tensors), 4-bit to INT4 with zeros;
+ * without a g_idx the width is taken to be 4. */
+static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts_t *o,
+                       const dsq_model_config_t *c, int64_t gptq_k_)
+{
+    int cls = classify(t->name);
+    int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    int64_t bytes = 0;
+    const char *dot = strrchr(t->name, '.');
+    int g = o->group_size > 0 ? o->group_size : 32;
+    if (dot && (!strcmp(dot, ".qzeros") || !strcmp(dot, ".scales") || !strcmp(dot, ".g_idx")))
+        return;                                 /* counted with .qweight */
+    if (dot && !strcmp(dot, ".qweight")) {
+        int64_t n, k;
+        if (c->ckpt_quant == DSQ_CKPT_QUANT_AWQ) {   /* [k][n/8] int32 */
+            n = t->ne[0] * 8;
+            k = t->ne[1];
+        } else if (gptq_k_ > 0 && t->ne[1] * 4 == gptq_k_) {   /* GPTQ 8-bit [k/4][n] */
+            n = t->ne[0];
+            k = gptq_k_;
+            bytes = lin_bytes(DSQ_WFMT_INT8, n, k, 0, false);
+            p->n_params += n * k;
+            p->class_bytes[cls] += bytes;
+            return;
+        } else {                                     /* GPTQ [k/8][n] */
+            n = t->ne[0];
+            k = t->ne[1] * 8;
+        }
+        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, c->ckpt_group_size, true);
+        p->n_params += n * k;
+        p->class_bytes[cls] += bytes;
+        return;
+    }
+    p->n_params += ne;
+    if (t->n_dims == 1 || t->ne[1] == 1) {
+        bytes = ne * 4;                         /* norms and biases -> fp32 */
+        p->class_bytes[cls] += bytes;
+        return;
+    }
+    int64_t k = t->ne[0], n = ne / k;
+    /* the MoE router stays in the file's precision (model_deepseek2.c) */
+    bool linear = cls != DSQ_PLAN_EMBED && cls != DSQ_PLAN_OUTPUT &&
+                  !strstr(t->name, "ffn_gate_inp");
+    switch (t->type) {
+    case DSQ_TYPE_Q4_0:
+        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, 32, false);
+        break;
+    case DSQ_TYPE_Q4_1:
+    case DSQ_TYPE_Q4_K:
+        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, 32, true);
+        break;
+    default:
+        if (linear && want_int4(o)) {
+            bytes = lin_bytes(DSQ_WFMT_INT4, n, k, g, true);
+        } else if (t->type == DSQ_TYPE_Q8_0) {
+            bytes = lin_bytes(DSQ_WFMT_Q8_0, n, k, 32, false);
+        } else if (t->type == DSQ_TYPE_F32) {
+            bytes = lin_bytes(DSQ_WFMT_F32, n, k, 0, false);
+        } else {
+            bytes = lin_bytes(DSQ_WFMT_F16, n, k, 0, false);
+        }
+    }
+    p->class_bytes[cls] += bytes;
+}
+
+/* blk.N.attn_kv_b.weight or .qweight: one layer's whole kv_b_proj. */
+static bool is_kv_b(const char *name)
+{
+    const char *p = strstr(name, ".attn_kv_b.");
+    return p && (!strcmp(p, ".attn_kv_b.weight") || !strcmp(p, ".attn_kv_b.qweight"));
+}
+
+/* One layer's absorbed MLA copies (model_deepseek2.c load_absorbed): per
+ * head W_UK_h^T [kv_lora_rank, qk_nope] (a transpose of kv_b_proj rows;
+ * W_UV_h is a view), F32, or RTN INT4 (group_size, with zeros) with
+ * quantize. */
+static void add_mla_absorbed(dsq_plan_t *p, const dsq_model_config_t *c,
+                             const dsq_plan_opts_t *o)
+{
+    int g = o->group_size > 0 ? o->group_size : 32;
+    dsq_wformat_t f = want_int4(o) ? DSQ_WFMT_INT4 : DSQ_WFMT_F32;
+    p->class_bytes[DSQ_PLAN_MLA_ABSORBED] +=
+        c->n_head * lin_bytes(f, c->kv_lora_rank, c->qk_nope_head_dim, g, want_int4(o));
+}
+
+/* Config-only: one linear weight [n, k] of class cls. */
+static void add_shape(dsq_plan_t *p, int cls, int64_t n, int64_t k, const dsq_plan_opts_t *o)
+{
+    int g = o->group_size > 0 ? o->group_size : 32;
+    bool linear = cls != DSQ_PLAN_EMBED && cls != DSQ_PLAN_OUTPUT;
+    p->n_params += n * k;
+    if (k == 1) {
+        p->class_bytes[cls] += n * 4;
+        return;
+    }
+    p->class_bytes[cls] += linear && want_int4(o) ? lin_bytes(DSQ_WFMT_INT4, n, k, g, true)
+                                                  : lin_bytes(DSQ_WFMT_F16, n, k, 0, false);
+}
+
+static void shapes_from_config(dsq_plan_t *p, const dsq_model_config_t *c,
+                               const dsq_plan_opts_t *o)
+{
+    int64_t d = c->n_embd, V = c->n_vocab, L = c->n_layer;
+    add_shape(p, DSQ_PLAN_EMBED, V, d, o);
+    if (!c->tie_word_embeddings)
+        add_shape(p, DSQ_PLAN_OUTPUT, V, d, o);
+    add_shape(p, DSQ_PLAN_NORM, d, 1, o);
+    for (int64_t l = 0; l < L; l++) {
+        add_shape(p, DSQ_PLAN_NORM, d, 1, o);
+        add_shape(p, DSQ_PLAN_NORM, d, 1, o);
+        if (c->arch == DSQ_ARCH_DEEPSEEK2) {
+            int64_t nh = c->n_head, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+            if (c->q_lora_rank > 0) {
+                add_shape(p, DSQ_PLAN_ATTN, c->q_lora_rank, d, o);
+                add_shape(p, DSQ_PLAN_NORM, c->q_lora_rank, 1, o);
+                add_shape(p, DSQ_PLAN_ATTN, nh * qk, c->q_lora_rank, o);
+            } else {
+                add_shape(p, DSQ_PLAN_ATTN, nh * qk, d, o);
+            }
+            add_shape(p, DSQ_PLAN_ATTN, c->kv_lora_rank + c->qk_rope_head_dim, d, o);
+            add_shape(p, DSQ_PLAN_NORM, c->kv_lora_rank, 1, o);
+            add_shape(p, DSQ_PLAN_ATTN, nh * (c->qk_nope_head_dim + c->v_head_dim),
+                      c->kv_lora_rank, o);
+            add_mla_absorbed(p, c, o);     /* a config.json dir holds kv_b_proj */
+            add_shape(p, DSQ_PLAN_ATTN, d, nh * c->v_head_dim, o);
+            bool moe = c->n_routed_experts > 0 && l >= c->first_k_dense_replace &&
+                       (c->moe_layer_freq <= 1 || l % c->moe_layer_freq == 0);
+            if (moe) {
+                int64_t f = c->moe_intermediate_size, E = c->n_routed_experts;
+                p->n_params += E * d;          /* router, kept in fp32 */
+                p->class_bytes[DSQ_PLAN_EXPERTS] += E * d * 4;
+                for (int64_t e = 0; e < E; e++) {
+                    add_shape(p, DSQ_PLAN_EXPERTS, f, d, o);
+                    add_shape(p, DSQ_PLAN_EXPERTS, f, d, o);
+                    add_shape(p, DSQ_PLAN_EXPERTS, d, f, o);
+                }
+                if (c->n_shared_experts > 0) {
+                    int64_t fs = f * c->n_shared_experts;
+                    add_shape(p, DSQ_PLAN_FFN, fs, d, o);
+                    add_shape(p, DSQ_PLAN_FFN, fs, d, o);
+                    add_shape(p, DSQ_PLAN_FFN, d, fs, o);
+                }
+                continue;
+            }
+        } else {
+            int64_t qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+            add_shape(p, DSQ_PLAN_ATTN, qd, d, o);
+            add_shape(p, DSQ_PLAN_ATTN, kvd, d, o);
+            add_shape(p, DSQ_PLAN_ATTN, kvd, d, o);
+            add_shape(p, DSQ_PLAN_ATTN, d, qd, o);
+            if (c->attn_qkv_bias) {
+                add_shape(p, DSQ_PLAN_NORM, qd, 1, o);
+                add_shape(p, DSQ_PLAN_NORM, kvd, 1, o);
+                add_shape(p, DSQ_PLAN_NORM, kvd, 1, o);
+            }
+        }
+        add_shape(p, DSQ_PLAN_FFN, c->n_ff, d, o);
+        add_shape(p, DSQ_PLAN_FFN, c->n_ff, d, o);
+        add_shape(p, DSQ_PLAN_FFN, d, c->n_ff, o);
+    }
+}
+
+int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *tensors,
+                     int n_tensors, const dsq_plan_opts_t *o, dsq_plan_t *out,
+                     char *err, size_t err_len)
+{
+    memset(out, 0, sizeof(*out));
+    if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_vocab <= 0 || c->n_head <= 0) {
+        snprintf(err, err_len, "plan: the config lacks layer/embedding/vocab/head sizes");
+        return DSQ_EINVAL;
+    }
+    if (o->quantize && strcmp(o->quantize, "int4") && strcmp(o->quantize, "none")) {
+        snprintf(err, err_len, "plan: --quantize must be int4 or none");
+        return DSQ_EINVAL;
+    }
+    out->block_size = o->block_size > 0 ? o->block_size : 16;
+    int64_t ctx = c->n_ctx_train > 0 ? c->n_ctx_train : 2048;
+    out->max_model_len = o->max_model_len > 0 ? o->max_model_len : (int)ctx;
+    if (n_tensors > 0) {
+        for (int i = 0; i < n_tensors; i++) {
+            const char *dot = strrchr(tensors[i]->name, '.');
+            int64_t gk = c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ && dot &&
+                         !strcmp(dot, ".qweight") ? gptq_k(tensors, n_tensors, i) : 0;
+            add_tensor(out, tensors[i], o, c, gk);
+            if (c->arch == DSQ_ARCH_DEEPSEEK2 && is_kv_b(tensors[i]->name))
+                add_mla_absorbed(out, c, o);
+        }
+    } else {
+        out->weights_from_config = true;
+        shapes_from_config(out, c, o);
+    }
+    for (int i = 0; i < DSQ_PLAN_N_CLASSES; i++)
+        out->weight_bytes += out->class_bytes[i];
+    out->coarse_estimate_bytes = (int64_t)(1.25 * (double)out->n_params / 2.0);
+    out->kv_bytes_per_token = dsq_plan_kv_bytes_per_token(c, o->kv_dtype);
+    out->block_bytes = out->kv_bytes_per_token * out->block_size;
+
+    int64_t T = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : 2048;
+    int64_t S = o->max_num_seqs > 0 ? o->max_num_seqs : 256;
+    int64_t d = c->n_embd, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+    int64_t ff = c->n_ff > c->moe_intermediate_size ? c->n_ff : c->moe_intermediate_size;
+    int64_t rows = S < T ? S : T;
+    out->workspace_bytes = 4 * T * (d + (d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff + d) +
+                           4 * rows * c->n_vocab + 17 * c->n_vocab;
+    out->overhead_bytes = 0;   /* CPU backend: no runtime pools */
+    out->budget_bytes = o->budget_bytes > 0 ? o->budget_bytes : dsq_plan_default_budget();
+    if (o->kv_cache_bytes > 0)
+        out->kv_budget_bytes = o->kv_cache_bytes;
+    else
+        out->kv_budget_bytes = out->budget_bytes - out->weight_bytes - out->workspace_bytes -
+                               out->overhead_bytes;
+    if (o->kv_cache_bytes <= 0) {
+        /* CPU default, as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE = 4
+         * GiB): never more than 4 GiB, and never more than every sequence
+         * at max_model_len could use. */
+        int64_t cap = (int64_t)4 << 30;
+        int64_t need = S * (int64_t)out->max_model_len * out->kv_bytes_per_token;
+        if (need > 0 && need < cap)
+            cap = need;
+        if (out->kv_budget_bytes > cap)
+            out->kv_budget_bytes = cap;
+    }
+    if (out->kv_budget_bytes < 0)
+        out->kv_budget_bytes = 0;
+    out->num_blocks = out->block_bytes > 0 ? out->kv_budget_bytes / out->block_bytes : 0;
+    out->max_tokens = out->num_blocks * out->block_size;
+    out->max_concurrent_seqs = (double)out->max_tokens / out->max_model_len;
+    if (o->kv_cache_bytes <= 0 &&
+        out->weight_bytes + out->workspace_bytes > out->budget_bytes) {
+        snprintf(err, err_len, "plan: weights (%lld bytes) and workspace (%lld bytes) exceed "
+                 "the memory budget (%lld bytes)", (long long)out->weight_bytes,
+                 (long long)out->workspace_bytes, (long long)out->budget_bytes);
+        return DSQ_ERANGE;
+    }
+    return DSQ_OK;
+}
+
+static const char *const class_names[DSQ_PLAN_N_CLASSES] = {
+    "embedding", "attention", "ffn", "experts", "output", "norms_biases", "mla_absorbed"};
+
+static char *fmt_bytes(char *buf, size_t n, int64_t b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(buf, n, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
+{
+    size_t cap = 4096;
+    char *s = malloc(cap), b1[32], b2[32];
+    if (!s)
+        return NULL;
+    int n = 0;
+    n += snprintf(s + n, cap - (size_t)n, "memory plan: %s (%s), weights %s\n",
+                  c->name[0] ? c->name : "model", dsq_arch_name(c->arch),
+                  p->weights_from_config ? "estimated from config.json shapes" :
+                  "exact from the tensor table");
+    for (int i = 0; i < DSQ_PLAN_N_CLASSES; i++)
+        if (p->class_bytes[i])
+            n += snprintf(s + n, cap - (size_t)n, "  weights %-13s %14lld bytes  %s\n",
+                          class_names[i], (long long)p->class_bytes[i],
+                          fmt_bytes(b1, sizeof(b1), p->class_bytes[i]));
+    char b3[32], b4[32];
+    n += snprintf(s + n, cap - (size_t)n,
+                  "  weights total         %14lld bytes  %s\n"
+                  "  coarse 1.25*params/2  %14lld bytes  %s (params %lld; exact/coarse %.3f)\n"
+                  "  workspace             %14lld bytes  %s\n"
+                  "  budget                %14lld bytes  %s\n",
+                  (long long)p->weight_bytes, fmt_bytes(b1, sizeof(b1), p->weight_bytes),
+                  (long long)p->coarse_estimate_bytes,
+                  fmt_bytes(b2, sizeof(b2), p->coarse_estimate_bytes), (long long)p->n_params,
+                  p->coarse_estimate_bytes ? (double)p->weight_bytes / (double)p->coarse_estimate_bytes : 0,
+                  (long long)p->workspace_bytes, fmt_bytes(b3, sizeof(b3), p->workspace_bytes),
+                  (long long)p->budget_bytes, fmt_bytes(b4, sizeof(b4), p->budget_bytes));
+    n += snprintf(s + n, cap - (size_t)n,
+                  "  KV budget             %14lld bytes  %s\n"
+                  "  KV bytes per token    %14lld\n"
+                  "  block bytes           %14lld (%d tokens)\n"
+                  "  KV blocks             %14lld\n"
+                  "  KV tokens             %14lld\n"
+                  "  max_model_len         %14d\n"
+                  "  concurrent sequences at max_model_len: %.2f\n",
+                  (long long)p->kv_budget_bytes, fmt_bytes(b1, sizeof(b1), p->kv_budget_bytes),
+                  (long long)p->kv_bytes_per_token, (long long)p->block_bytes, p->block_size,
+                  (long long)p->num_blocks, (long long)p->max_tokens, p->max_model_len,
+                  p->max_concurrent_seqs);
+    return s;
+}
+
+char *dsq_plan_format_json(const dsq_plan_t *p, const dsq_model_config_t *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddStringToObject(o, "architecture", dsq_arch_name(c->arch));
+    cJSON_AddBoolToObject(o, "weights_from_config", p->weights_from_config);
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)p->weight_bytes);
+    cJSON *w = cJSON_AddObjectToObject(o, "weights_by_class");
+    for (int i = 0; w && i < DSQ_PLAN_N_CLASSES; i++)
+        cJSON_AddNumberToObject(w, class_names[i], (double)p->class_bytes[i]);
+    cJSON_AddNumberToObject(o, "n_params", (double)p->n_params);
+    cJSON_AddNumberToObject(o, "coarse_estimate_bytes", (double)p->coarse_estimate_bytes);
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)p->kv_bytes_per_token);
+    cJSON_AddNumberToObject(o, "block_size", p->block_size);
+    cJSON_AddNumberToObject(o, "block_bytes", (double)p->block_bytes);
+    cJSON_AddNumberToObject(o, "workspace_bytes", (double)p->workspace_bytes);
+    cJSON_AddNumberToObject(o, "overhead_bytes", (double)p->overhead_bytes);
+    cJSON_AddNumberToObject(o, "budget_bytes", (double)p->budget_bytes);
+    cJSON_AddNumberToObject(o, "kv_budget_bytes", (double)p->kv_budget_bytes);
+    cJSON_AddNumberToObject(o, "num_blocks", (double)p->num_blocks);
+    cJSON_AddNumberToObject(o, "max_tokens", (double)p->max_tokens);
+    cJSON_AddNumberToObject(o, "max_model_len", p->max_model_len);
+    cJSON_AddNumberToObject(o, "max_concurrent_seqs", p->max_concurrent_seqs);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}

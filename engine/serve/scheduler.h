@@ -1,0 +1,145 @@
+/* Iteration-level (continuous) batching scheduler (Yu et al., Orca, OSDI
+ * 2022; vLLM's block-based admission, Kwon et al. 2023).
+ *
+ * Each step: keep every running sequence (decodes and unfinished prefill
+ * chunks, oldest first), then admit waiting sequences first come, first
+ * served, chunking long prompts (chunked prefill), until
+ * max_num_batched_tokens, max_num_seqs or the free-block budget is reached.
+ * When blocks run out, the most recently admitted sequence is preempted by
+ * recompute: its blocks are freed and it goes back to the front of the
+ * waiting queue with its tokens (prompt + generated so far). Admission stops
+ * at the first waiting sequence that does not fit, so the oldest waiting one
+ * is never overtaken (no starvation).
+ *
+ * Latency (both optional, see dsq_sched_opts_t): while any running sequence
+ * decodes, the step's prefill tokens are capped separately
+ * (max_prefill_tokens_with_decode), and admission waits while every running
+ * sequence is a decode within admission_defer_steps of its end.
+ *
+ * Prefix caching (when the KV cache has it on, see kv_cache.h): a waiting
+ * sequence that holds no blocks (new, or preempted) is admitted with the
+ * longest chain of cached full blocks matching its tokens, at most
+ * (n_tokens - 1) / block_size blocks so the last token is always computed
+ * (its logits are needed); those tokens count as computed and only the rest
+ * is prefilled. Blocks are cached as they fill (dsq_sched_commit), during
+ * prefill and decode. Evictable cached blocks count as free in the block
+ * budget, except the ones the admitted sequence itself reuses.
+ *
+ * Engine-thread only; not thread-safe.
+ */
+#ifndef DSQ_SCHEDULER_H
+#define DSQ_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kv/kv_cache.h"
+
+typedef enum dsq_seq_state {
+    DSQ_SEQ_WAITING = 0,
+    DSQ_SEQ_RUNNING,
+    DSQ_SEQ_DETACHED,     /* not owned by the scheduler */
+} dsq_seq_state_t;
+
+/* One sequence: a request's choice. Owned by the engine; the scheduler holds
+ * pointers while the sequence is waiting or running. */
+typedef struct dsq_seq {
+    void *owner;              /* the request (opaque to the scheduler)          */
+    int index;                /* choice index                                   */
+    uint64_t order;           /* arrival order; lower = older                   */
+    int32_t *tokens;          /* prompt followed by generated tokens            */
+    int n_tokens, cap_tokens;
+    int n_prompt;
+    int n_computed;           /* tokens whose KV is in the cache                */
+    dsq_block_table_t bt;
+    dsq_seq_state_t state;
+    int n_preempted;
+    bool no_prefix_cache;     /* never reuse cached blocks for this sequence
+                                 (prompt logprobs need every position's
+                                 logits); its full blocks are still cached */
+    int n_cached_prompt;      /* prompt tokens whose KV came from the prefix
+                                 cache at the first admission (0 when off);
+                                 a multiple of block_size, < n_prompt       */
+    int n_max_tokens;         /* itl: n_tokens at which the sequence ends at the
+                                 latest (prompt + max_tokens); 0 = unknown  */
+    bool prompt_logits;       /* attack2: every prompt position needs its
+                                 logits (prompt logprobs): its prompt chunks
+                                 count against max_prompt_logit_rows      */
+    int sched_tokens;         /* tokens scheduled in the current step           */
+    int sched_row;            /* first batch row of this sequence in the step   */
+} dsq_seq_t;
+
+typedef struct dsq_sched dsq_sched_t;
+
+/* Limits of one step. */
+typedef struct dsq_sched_opts {
+    int max_num_seqs;             /* running sequences                      */
+    int max_num_batched_tokens;   /* tokens per step                        */
+    /* itl: prefill tokens per step (running chunks + admissions together)
+     * while at least one running sequence decodes; decode rows are not
+     * counted and always run. 0 or >= max_num_batched_tokens: no separate
+     * cap. Bounds the inter-token latency of running streams by the time
+     * of a (decodes + this many prefill tokens) step, at some cost in time
+     * to first token when prompts queue behind running decodes. */
+    int max_prefill_tokens_with_decode;
+    /* itl: drain-aligned admission. When every running sequence is
+     * decoding and each will end (n_max_tokens) within this many steps,
+     * waiting sequences are not admitted until they have ended, so their
+     * prefill runs in a step without decodes instead of stalling streams
+     * that are about to finish. Costs the waiting ones at most this many
+     * decode steps of time to first token; keeps closed-loop clients (a
+     * new request right after each answer) in one wave instead of
+     * splitting into groups that stall each other every request. 0: off. */
+    int admission_defer_steps;
+    /* attack2: prompt tokens per step of sequences with prompt_logits
+     * (each one costs a logits row of n_vocab floats, so this bounds the
+     * step's logits buffer: 2048 rows of a 100k vocabulary are 800 MB).
+     * Other sequences still fill the rest of the step. 0: no cap. */
+    int max_prompt_logit_rows;
+} dsq_sched_opts_t;
+
+/* The plan of one step: the scheduled sequences and the ragged batch. All
+ * arrays are owned by the scheduler and valid until the next step. */
+typedef struct dsq_sched_out {
+    int n_seqs;
+    dsq_seq_t **seqs;             /* [n_seqs]                                */
+    int n_tokens;
+    int32_t *tokens, *pos, *row_seq, *slot;   /* [n_tokens]                  */
+    int32_t *block_tables;        /* [n_seqs][max_blocks]                    */
+    int max_blocks;
+    int n_logits;
+    int32_t *logit_rows;          /* rows whose sequence is fully computed   */
+    dsq_seq_t **logit_seqs;       /* [n_logits] the sequence of each row     */
+    int n_preempted;              /* preemptions in this step                */
+} dsq_sched_out_t;
+
+dsq_sched_t *dsq_sched_create(dsq_kv_cache_t *kv, const dsq_sched_opts_t *o);
+void dsq_sched_destroy(dsq_sched_t *s);    /* does not free sequences */
+
+/* Append seq to the waiting queue (tail). Returns 0 or DSQ_ENOMEM. */
+int dsq_sched_add(dsq_sched_t *s, dsq_seq_t *seq);
+/* Add a sequence that already holds KV (a fork) directly to the running
+ * set. Returns 0 or DSQ_ENOMEM. */
+int dsq_sched_add_running(dsq_sched_t *s, dsq_seq_t *seq);
+/* Remove seq from whichever queue holds it and free its KV blocks. */
+void dsq_sched_remove(dsq_sched_t *s, dsq_seq_t *seq);
+
+/* Plan the next step. Returns 0 (out->n_tokens may be 0 when nothing can
+ * run) or DSQ_ENOMEM. */
+int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out);
+/* After the forward pass: mark the scheduled tokens as computed. */
+void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out);
+
+int dsq_sched_n_waiting(const dsq_sched_t *s);
+int dsq_sched_n_running(const dsq_sched_t *s);
+int64_t dsq_sched_n_preemptions(const dsq_sched_t *s);
+/* Prefix cache counters, in tokens, over every admission (preempted
+ * sequences again at re-admission), as vLLM V1's prefix_cache_queries and
+ * prefix_cache_hits: *queries += the sequence's n_tokens, *hits += the
+ * tokens reused. Both stay 0 while prefix caching is off. */
+void dsq_sched_prefix_stats(const dsq_sched_t *s, int64_t *queries, int64_t *hits);
+/* Check KV invariants against the tables of all queued sequences (plus
+ * extra tables the caller holds). */
+bool dsq_sched_check(const dsq_sched_t *s);
+
+#endif
