@@ -134,6 +134,26 @@ int dsq_cpu_force_isa(const char *name);
  * Returns 0, DSQ_EINVAL (bad shape/format/act/NULL) or DSQ_ENOMEM. */
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
 
+/* dsq_cpu_matmul with fp16 activations: x [m][k] and y [m][n] IEEE binary16
+ * (uint16 bits). x is widened to fp32, the product is the DSQ_ACT_F32 path
+ * whatever w->act says (exact dequantisation, fp32 accumulation) and y is
+ * rounded to nearest even. The reference of dsq_cuda_matmul_f16; not a
+ * fast path. Returns 0, DSQ_EINVAL or DSQ_ENOMEM. */
+int dsq_cpu_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
+
+/* dst[i][0..width) = src[rows[i]][0..width) for i < m (the rows of a step
+ * whose logits are wanted). src has n_src rows; dst must not overlap src.
+ * Returns 0, DSQ_EINVAL or DSQ_ERANGE (a row outside [0, n_src)). */
+int dsq_cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t m,
+                        int64_t width, int64_t n_src);
+
+/* dst[t][j] = src[t][perm[j]] for t < m, j < k: the input of a GPTQ
+ * act-order weight, whose k order is permuted so that groups are
+ * contiguous (engine/model/quant.h). dst != src. Returns 0, DSQ_EINVAL or
+ * DSQ_ERANGE (perm[j] outside [0, k)). */
+int dsq_cpu_gather_cols(float *dst, const float *src, const int32_t *perm, int64_t m,
+                        int64_t k);
+
 /* out[m][k] = row ids[i] of the embedding matrix emb (any format, n = vocab
  * rows, k = n_embd), dequantised to fp32. Returns DSQ_ERANGE for an id
  * outside [0, n). */
@@ -393,20 +413,49 @@ int dsq_cpu_moe_group(int32_t *offsets, int32_t *rows, float *row_weights,
                       const int32_t *ids, const float *weights, int64_t m,
                       int top_k, int n_experts);
 
-/* ------------------------------------------------- CUDA twins (my ops)
+/* ------------------------------------------------------------ CUDA twins
  *
  * Same arguments and meaning as the dsq_cpu_* op of the same name, but every
- * array is device memory (dsq_kv_layer_t and dsq_rope_t themselves are host
- * structs; the kv layer's k/v/scale/zero pointers are device memory). They
- * run on the default stream, asynchronously: a return of 0 means the launch
- * succeeded. Returns DSQ_EINVAL for bad shapes (as the CPU op; also
- * rot_dim > 512 for rope, head_dim > 1024 for kv_write/attention, m > 65535
- * for attention) and
- * DSQ_ECUDA when a launch fails. Index arrays (pos, slot, row_seq, row_pos,
- * block_tables) live on the device and are not validated on the host:
- * kv_write skips a slot outside the cache and attention writes zeros for a
- * row whose position or blocks are out of range, instead of DSQ_ERANGE.
+ * array is device memory (dsq_weight_t, dsq_kv_layer_t and dsq_rope_t
+ * themselves are host structs whose array pointers are device memory). They
+ * run asynchronously on the calling thread's stream (dsq_cuda_set_stream):
+ * a return of 0 means the launch succeeded. Returns DSQ_EINVAL for bad
+ * shapes (as the CPU op; also rot_dim > 512 for rope, head_dim > 1024 for
+ * kv_write/attention, m > 65535 for attention) and DSQ_ECUDA when a launch
+ * fails (the CUDA reason is logged: "cuda op=... error=..."). Index arrays
+ * (ids, pos, slot, rows, perm, row_seq, row_pos, block_tables) live on the
+ * device and are not validated on the host: embed, gather_rows and
+ * gather_cols give zeros for an index out of range, kv_write skips a slot
+ * outside the cache, and attention writes zeros for a row whose position or
+ * blocks are out of range, instead of DSQ_ERANGE.
+ *
+ * Products (dsq_cuda_matmul, _f16) dequantise weights by the kernels.h
+ * formulas and multiply fp32 (or fp16) activations with fp32 accumulation:
+ * they match dsq_cpu_matmul with DSQ_ACT_F32 up to summation order, and
+ * ignore w->act. m <= 16 takes the decode kernel (each weight byte read
+ * once for all m rows), larger m the prefill (tiled) kernel.
+ *
+ * dsq_cuda_attention is a decode kernel (one block per row and head, any
+ * rows); dsq_cuda_attention_prefill computes the same op but shares each
+ * K/V tile among 16 consecutive (row, head) queries of one KV head, which
+ * pays off for runs of rows of one sequence (prefill chunks) and for GQA
+ * groups. Both are twins of dsq_cpu_attention.
  * Only built when meson's cuda feature is enabled. */
+
+/* A CUDA stream (a cudaStream_t), opaque to C code. */
+typedef struct dsq_cuda_stream dsq_cuda_stream_t;
+/* Stream of the calling thread's launches (NULL: the legacy default
+ * stream, the initial value of every thread). */
+void dsq_cuda_set_stream(dsq_cuda_stream_t *s);
+dsq_cuda_stream_t *dsq_cuda_get_stream(void);
+
+int dsq_cuda_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
+int dsq_cuda_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
+int dsq_cuda_embed(float *out, const dsq_weight_t *emb, const int32_t *ids, int64_t m);
+int dsq_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t m,
+                         int64_t width, int64_t n_src);
+int dsq_cuda_gather_cols(float *dst, const float *src, const int32_t *perm, int64_t m,
+                         int64_t k);
 int dsq_cuda_rmsnorm(float *y, const float *x, const float *w, int64_t m,
                      int64_t n, float eps);
 int dsq_cuda_rope(float *x, int64_t m, int n_heads, int head_dim,
@@ -421,5 +470,9 @@ int dsq_cuda_attention(float *out, const float *q, int64_t m, int n_heads,
                        const dsq_kv_layer_t *kv, const int32_t *row_seq,
                        const int32_t *row_pos, const int32_t *block_tables,
                        int max_blocks, float scale);
+int dsq_cuda_attention_prefill(float *out, const float *q, int64_t m, int n_heads,
+                               const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                               const int32_t *row_pos, const int32_t *block_tables,
+                               int max_blocks, float scale);
 
 #endif

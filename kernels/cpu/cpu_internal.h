@@ -10,6 +10,7 @@
 #ifndef DSQ_CPU_INTERNAL_H
 #define DSQ_CPU_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -81,6 +82,29 @@ static inline float dsq__h2f(uint16_t h)
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+/* IEEE binary32 -> binary16, round to nearest even, overflow to inf. */
+static inline uint16_t dsq__f2h(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint16_t h;
+    if (ax >= 0x7f800000u) {                 /* inf or NaN (kept quiet)   */
+        h = (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    } else if (ax >= 0x477ff000u) {          /* >= 65520 rounds to inf    */
+        h = (uint16_t)(sign | 0x7c00u);
+    } else if (ax < 0x38800000u) {           /* below 2^-14: subnormal    */
+        float a;
+        memcpy(&a, &ax, 4);
+        h = (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
+    } else {
+        uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
+        h = (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+    }
+    return h;
 }
 
 static inline float dsq__bf2f(uint16_t h)

@@ -23,33 +23,10 @@ int dsq_kv_n_groups(int head_dim)
     return (head_dim > 0 && head_dim % 64 == 0) ? head_dim / 64 : 1;
 }
 
-/* IEEE binary32 -> binary16, round to nearest even, overflow to inf. */
-static uint16_t f2h(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    uint16_t h;
-    if (ax >= 0x7f800000u) {                 /* inf or NaN (kept quiet)   */
-        h = (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-    } else if (ax >= 0x477ff000u) {          /* >= 65520 rounds to inf    */
-        h = (uint16_t)(sign | 0x7c00u);
-    } else if (ax < 0x38800000u) {           /* below 2^-14: subnormal    */
-        float a;
-        memcpy(&a, &ax, 4);
-        h = (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
-    } else {
-        uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
-        h = (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-    }
-    return h;
-}
-
 static void f2h_row_scalar(uint16_t *dst, const float *src, int n)
 {
     for (int i = 0; i < n; i++)
-        dst[i] = f2h(src[i]);
+        dst[i] = dsq__f2h(src[i]);
 }
 
 #ifdef KV_X86
@@ -63,7 +40,7 @@ static void f2h_row_f16c(uint16_t *dst, const float *src, int n)
         _mm_storeu_si128((__m128i *)(void *)(dst + i), h);
     }
     for (; i < n; i++)
-        dst[i] = f2h(src[i]);
+        dst[i] = dsq__f2h(src[i]);
 }
 #endif
 
@@ -81,7 +58,7 @@ static void quant_group(int8_t *q, uint16_t *s_out, uint16_t *z_out,
         s = amax / 1000.0f;
     if (s > 65504.0f)
         s = 65504.0f;
-    uint16_t sh = f2h(s);
+    uint16_t sh = dsq__f2h(s);
     float sf = dsq__h2f(sh);
     if (!(sf > 0.0f)) {                     /* all zero, or s underflows  */
         *s_out = 0;
@@ -89,7 +66,7 @@ static void quant_group(int8_t *q, uint16_t *s_out, uint16_t *z_out,
         memset(q, 0, (size_t)n);
         return;
     }
-    uint16_t zh = f2h(-(lo + hi) / (2.0f * sf));
+    uint16_t zh = dsq__f2h(-(lo + hi) / (2.0f * sf));
     float zf = dsq__h2f(zh);
     float inv = 1.0f / sf;
     for (int i = 0; i < n; i++) {

@@ -392,3 +392,33 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     free(buf);
     return DSQ_OK;
 }
+
+/* fp16 activations in and out (the twin of dsq_cuda_matmul_f16): x is
+ * widened to fp32, multiplied on the fp32-activation path (weights
+ * dequantised exactly, whatever w->act says) and y rounded to fp16
+ * (nearest even). A reference for tests, not a fast path. */
+int dsq_cpu_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w)
+{
+    int rc = check_weight(w);
+    if (rc != DSQ_OK || !y || !x || m < 0)
+        return rc != DSQ_OK ? rc : DSQ_EINVAL;
+    if (m == 0)
+        return DSQ_OK;
+    float *xf = malloc((size_t)(m * w->k) * sizeof(*xf));
+    float *yf = malloc((size_t)(m * w->n) * sizeof(*yf));
+    if (!xf || !yf) {
+        rc = DSQ_ENOMEM;
+        goto undo;
+    }
+    for (int64_t i = 0; i < m * w->k; i++)
+        xf[i] = dsq__h2f(x[i]);
+    dsq_weight_t wf = *w;
+    wf.act = DSQ_ACT_F32;
+    rc = dsq_cpu_matmul(yf, xf, m, &wf);
+    for (int64_t i = 0; rc == DSQ_OK && i < m * w->n; i++)
+        y[i] = dsq__f2h(yf[i]);
+undo:
+    free(xf);
+    free(yf);
+    return rc;
+}

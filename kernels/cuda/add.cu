@@ -1,10 +1,6 @@
 // CUDA twin of kernels/cpu/add.c: y += x, grid-stride elementwise.
-#include <cuda_runtime.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 static __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
@@ -20,6 +16,6 @@ extern "C" int dsq_cuda_add(float *y, const float *x, int64_t n)
     if (n == 0)
         return DSQ_OK;
     int64_t blocks = (n + 255) / 256;
-    add_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256>>>(y, x, n);
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    add_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, dsq__cuda_stream()>>>(y, x, n);
+    return dsq__cuda_launched("add");
 }

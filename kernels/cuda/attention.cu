@@ -9,14 +9,9 @@
 // decode (one query per row) but correct for any row positions, so prefill
 // rows work too. Rows whose position or blocks are out of range produce
 // zeros (device-side index arrays cannot be validated by the host).
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <math.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 32          // head_dim <= 1024
@@ -126,30 +121,257 @@ static __global__ void attention_kernel(float *out, const float *q, int n_heads,
     }
 }
 
-extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
-                                  int n_heads, const dsq_kv_layer_t *kv,
-                                  const int32_t *row_seq, const int32_t *row_pos,
-                                  const int32_t *block_tables, int max_blocks,
-                                  float scale)
+// Host-side checks shared by both launchers (the CPU op's, less the index
+// arrays, which live on the device).
+static int attention_check(float *out, const float *q, int64_t m, int n_heads,
+                           const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                           const int32_t *row_pos, const int32_t *block_tables,
+                           int max_blocks)
 {
     if (!out || !q || !kv || !row_seq || !row_pos || !block_tables || m < 0 ||
         n_heads < 1 || kv->n_kv_heads < 1 || n_heads % kv->n_kv_heads ||
         kv->head_dim < 1 || kv->head_dim > 32 * ATT_MAX_PER_LANE ||
-        kv->block_size < 1 || max_blocks < 1 || !kv->k || !kv->v ||
-        m > 65535)
+        kv->block_size < 1 || max_blocks < 1 || !kv->k || !kv->v)
         return DSQ_EINVAL;
     if (kv->dtype == DSQ_KV_INT8 &&
         (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
         return DSQ_EINVAL;
     if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
         return DSQ_EINVAL;
-    if (m == 0)
-        return DSQ_OK;
+    return DSQ_OK;
+}
+
+extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
+                                  int n_heads, const dsq_kv_layer_t *kv,
+                                  const int32_t *row_seq, const int32_t *row_pos,
+                                  const int32_t *block_tables, int max_blocks,
+                                  float scale)
+{
+    int rc = attention_check(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                             max_blocks);
+    if (rc || m == 0)
+        return rc;
+    if (m > 65535)
+        return DSQ_EINVAL;
     const int D = kv->head_dim;
     const size_t shmem = sizeof(float) * ((size_t)D * (1 + ATT_WARPS) + 2 * ATT_WARPS);
     dim3 grid((unsigned)n_heads, (unsigned)m);
-    attention_kernel<<<grid, 32 * ATT_WARPS, shmem>>>(
+    attention_kernel<<<grid, 32 * ATT_WARPS, shmem, dsq__cuda_stream()>>>(
         out, q, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale,
         dsq_kv_n_groups(D));
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    return dsq__cuda_launched("attention");
+}
+
+// ---------------------------------------------------------------- prefill
+//
+// dsq_cuda_attention_prefill: the same op for rows that come in runs of one
+// sequence (prefill chunks). A block takes 16 consecutive (row, head) query
+// pairs of one KV head -- several rows of a run and the heads of a GQA
+// group -- and walks the sequence's keys in tiles of TK positions: each
+// K/V tile is dequantised into shared memory once and serves all 16
+// queries (scores in shared memory, online softmax per query, output
+// accumulators in registers: thread t owns query t % 16 and dims
+// t / 16 + 8 i). Rows of a tile that belong to different sequences are
+// handled one sequence after another, so any batch is correct; only runs
+// make it fast. head_dim <= 256; wider heads take the decode kernel.
+
+#define PF_Q 16
+#define PF_THREADS 128
+
+template <int ND, int TK>
+static __global__ void __launch_bounds__(PF_THREADS)
+attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
+                         dsq_kv_layer_t kv, const int32_t *row_seq,
+                         const int32_t *row_pos, const int32_t *block_tables,
+                         int max_blocks, float scale, int n_groups)
+{
+    extern __shared__ float sh[];     // Q[16][D] | K[TK][D] | V[TK][D] | S[16][TK]
+    __shared__ int q_row[PF_Q], q_head[PF_Q], q_seq[PF_Q], q_pos[PF_Q];
+    __shared__ int q_state[PF_Q];     // 0 pending, 1 active now, 2 done, 3 none
+    __shared__ float q_corr[PF_Q], q_m[PF_Q], q_l[PF_Q];
+    __shared__ int cur_seq, cur_last, tile_bad;
+    const int D = kv.head_dim, bs = kv.block_size, G = n_heads / kv.n_kv_heads;
+    const int kh = blockIdx.y, tid = threadIdx.x;
+    const int gs = D / n_groups;
+    float *Qs = sh, *Ks = Qs + PF_Q * D, *Vs = Ks + TK * D, *S = Vs + TK * D;
+    const int64_t slots = (int64_t)max_blocks * bs;
+
+    if (tid < PF_Q) {
+        const int64_t f = (int64_t)blockIdx.x * PF_Q + tid;   // row * G + head in group
+        int st = 3;
+        if (f < m * G) {
+            const int64_t i = f / G;
+            q_row[tid] = (int)i;
+            q_head[tid] = kh * G + (int)(f % G);
+            q_seq[tid] = row_seq[i];
+            q_pos[tid] = row_pos[i];
+            st = q_seq[tid] >= 0 && q_pos[tid] >= 0 && q_pos[tid] < slots ? 0 : 4;
+        }
+        q_state[tid] = st;
+    }
+    __syncthreads();
+    for (int e = tid; e < PF_Q * D; e += PF_THREADS) {
+        const int qi = e / D, d = e % D;
+        Qs[e] = q_state[qi] <= 2
+                    ? q[((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + d]
+                    : 0.0f;
+    }
+    // queries of out-of-range rows get zeros now
+    for (int e = tid; e < PF_Q * D; e += PF_THREADS) {
+        const int qi = e / D;
+        if (q_state[qi] == 4)
+            out[((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + e % D] = 0.0f;
+    }
+    const int my_q = tid % PF_Q, my_d0 = tid / PF_Q;
+    for (;;) {
+        __syncthreads();
+        if (tid == 0) {
+            cur_seq = -1;
+            for (int i = 0; i < PF_Q; i++)
+                if (q_state[i] == 0) {
+                    cur_seq = q_seq[i];
+                    break;
+                }
+            cur_last = -1;
+            for (int i = 0; i < PF_Q; i++)
+                if (q_state[i] == 0 && q_seq[i] == cur_seq) {
+                    q_state[i] = 1;
+                    cur_last = q_pos[i] > cur_last ? q_pos[i] : cur_last;
+                }
+            tile_bad = 0;
+        }
+        if (tid < PF_Q) {
+            q_m[tid] = -INFINITY;
+            q_l[tid] = 0.0f;
+        }
+        __syncthreads();
+        if (cur_seq < 0)
+            break;
+        const int32_t *bt = block_tables + (int64_t)cur_seq * max_blocks;
+        float acc[ND];
+#pragma unroll
+        for (int r = 0; r < ND; r++)
+            acc[r] = 0.0f;
+        for (int p0 = 0; p0 <= cur_last; p0 += TK) {
+            // K/V tile, dequantised
+            for (int e = tid; e < TK * D; e += PF_THREADS) {
+                const int tk = e / D, d = e % D, p = p0 + tk;
+                float kf = 0.0f, vf = 0.0f;
+                if (p <= cur_last) {
+                    const int32_t b = bt[p / bs];
+                    if (b < 0 || b >= kv.n_blocks) {
+                        tile_bad = 1;
+                    } else {
+                        const int64_t t = (int64_t)b * bs + p % bs;
+                        kf = kv_load(kv, kv.k, kv.k_scale, kv.k_zero, t, kh, d, n_groups, gs);
+                        vf = kv_load(kv, kv.v, kv.v_scale, kv.v_zero, t, kh, d, n_groups, gs);
+                    }
+                }
+                Ks[e] = kf;
+                Vs[e] = vf;
+            }
+            __syncthreads();
+            // scores S[q][tk], causal per query
+            for (int e = tid; e < PF_Q * TK; e += PF_THREADS) {
+                const int qi = e / TK, tk = e % TK, p = p0 + tk;
+                float s = -INFINITY;
+                if (q_state[qi] == 1 && p <= q_pos[qi]) {
+                    float a = 0.0f;
+                    for (int d = 0; d < D; d++)
+                        a += Qs[qi * D + d] * Ks[tk * D + d];
+                    s = a * scale;
+                }
+                S[e] = s;
+            }
+            __syncthreads();
+            // online softmax: running max and sum per query
+            if (tid < PF_Q) {
+                float mx = q_m[tid];
+                for (int tk = 0; tk < TK; tk++)
+                    mx = fmaxf(mx, S[tid * TK + tk]);
+                float corr = 1.0f, sum = 0.0f;
+                if (mx != -INFINITY) {
+                    corr = expf(q_m[tid] - mx);    // 0 when q_m == -inf
+                    for (int tk = 0; tk < TK; tk++) {
+                        const float s = S[tid * TK + tk];
+                        const float pw = s == -INFINITY ? 0.0f : expf(s - mx);
+                        S[tid * TK + tk] = pw;
+                        sum += pw;
+                    }
+                    q_m[tid] = mx;
+                    q_l[tid] = q_l[tid] * corr + sum;
+                } else {
+                    for (int tk = 0; tk < TK; tk++)
+                        S[tid * TK + tk] = 0.0f;
+                }
+                q_corr[tid] = corr;
+            }
+            __syncthreads();
+            if (q_state[my_q] == 1) {
+                const float corr = q_corr[my_q];
+#pragma unroll
+                for (int r = 0; r < ND; r++) {
+                    const int d = my_d0 + 8 * r;
+                    if (d < D) {
+                        float o = acc[r] * corr;
+                        for (int tk = 0; tk < TK; tk++)
+                            o += S[my_q * TK + tk] * Vs[tk * D + d];
+                        acc[r] = o;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (q_state[my_q] == 1) {
+            const float L = q_l[my_q];
+            float *o = out + ((int64_t)q_row[my_q] * n_heads + q_head[my_q]) * D;
+#pragma unroll
+            for (int r = 0; r < ND; r++) {
+                const int d = my_d0 + 8 * r;
+                if (d < D)
+                    o[d] = tile_bad ? 0.0f : acc[r] / L;
+            }
+        }
+        __syncthreads();
+        if (tid < PF_Q && q_state[tid] == 1)
+            q_state[tid] = 2;
+    }
+}
+
+template <int ND, int TK>
+static void launch_prefill(float *out, const float *q, int64_t m, int n_heads,
+                           const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                           const int32_t *row_pos, const int32_t *block_tables,
+                           int max_blocks, float scale)
+{
+    const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
+    const size_t shmem = sizeof(float) * ((size_t)PF_Q * D + 2 * (size_t)TK * D + PF_Q * TK);
+    dim3 grid((unsigned)((m * G + PF_Q - 1) / PF_Q), (unsigned)kv->n_kv_heads);
+    attention_prefill_kernel<ND, TK><<<grid, PF_THREADS, shmem, dsq__cuda_stream()>>>(
+        out, q, m, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale,
+        dsq_kv_n_groups(D));
+}
+
+extern "C" int dsq_cuda_attention_prefill(float *out, const float *q, int64_t m,
+                                          int n_heads, const dsq_kv_layer_t *kv,
+                                          const int32_t *row_seq, const int32_t *row_pos,
+                                          const int32_t *block_tables, int max_blocks,
+                                          float scale)
+{
+    int rc = attention_check(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                             max_blocks);
+    if (rc || m == 0)
+        return rc;
+    const int D = kv->head_dim;
+    const int64_t G = n_heads / kv->n_kv_heads;
+    if (D > 256 || (m * G + PF_Q - 1) / PF_Q > 0x7fffffffLL)
+        return dsq_cuda_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                                  max_blocks, scale);
+    if (D <= 128)
+        launch_prefill<16, 16>(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                               max_blocks, scale);
+    else
+        launch_prefill<32, 8>(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                              max_blocks, scale);
+    return dsq__cuda_launched("attention_prefill");
 }

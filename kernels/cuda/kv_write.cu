@@ -4,14 +4,9 @@
 // s and z with the CPU's exact float operations (no FMA contraction, IEEE
 // division), so both backends store the same bytes. Slots outside the cache
 // are skipped (the host cannot see device slots; see kernels.h).
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <math.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 static __global__ void kv_f16_kernel(uint16_t *kc, uint16_t *vc, const float *k,
                                      const float *v, const int32_t *slot,
@@ -114,15 +109,15 @@ extern "C" int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k,
     const int row = kv->n_kv_heads * kv->head_dim;
     if (kv->dtype == DSQ_KV_F16) {
         int64_t blocks = (m * row + 255) / 256;
-        kv_f16_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256>>>(
+        kv_f16_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, dsq__cuda_stream()>>>(
             (uint16_t *)kv->k, (uint16_t *)kv->v, k, v, slot, m, row, n_slots);
     } else {
         const int n_groups = dsq_kv_n_groups(kv->head_dim);
         const int64_t warps = m * kv->n_kv_heads * n_groups;
         if ((warps + 3) / 4 > 0x7fffffff)
             return DSQ_EINVAL;
-        kv_int8_kernel<<<(unsigned)((warps + 3) / 4), 128>>>(*kv, k, v, slot, m,
+        kv_int8_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, dsq__cuda_stream()>>>(*kv, k, v, slot, m,
                                                             n_groups, n_slots);
     }
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    return dsq__cuda_launched("kv_write");
 }

@@ -1,12 +1,8 @@
 // CUDA twin of kernels/cpu/rmsnorm.c: one thread block per row, fp32 sum of
 // squares reduced through warp shuffles and shared memory, eps inside the
 // square root (Zhang & Sennrich 2019).
-#include <cuda_runtime.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 static __device__ float block_sum(float v, float *red)
 {
@@ -49,6 +45,6 @@ extern "C" int dsq_cuda_rmsnorm(float *y, const float *x, const float *w,
         return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
-    rmsnorm_kernel<<<(unsigned)m, 256>>>(y, x, w, n, eps);
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    rmsnorm_kernel<<<(unsigned)m, 256, 0, dsq__cuda_stream()>>>(y, x, w, n, eps);
+    return dsq__cuda_launched("rmsnorm");
 }

@@ -3,14 +3,10 @@
 // YaRN mix) and travels as a kernel parameter; angles are formed in fp64
 // like on the CPU, so large positions keep their precision. One thread per
 // (row, head, pair).
-#include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 #define ROPE_MAX_HALF 256
 
@@ -54,7 +50,7 @@ extern "C" int dsq_cuda_rope(float *x, int64_t m, int n_heads, int head_dim,
     const float mscale = p->attn_factor != 0.0f ? p->attn_factor : 1.0f;
     const int64_t total = m * n_heads * half;
     int64_t blocks = (total + 127) / 128;
-    rope_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 128>>>(
+    rope_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 128, 0, dsq__cuda_stream()>>>(
         x, total, n_heads, head_dim, half, p->neox, mscale, pos, tab);
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    return dsq__cuda_launched("rope");
 }

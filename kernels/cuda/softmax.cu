@@ -1,13 +1,9 @@
 // CUDA twin of kernels/cpu/softmax.c: one thread block per row; block max,
 // then block sum of exp(x - max), then scale. A fully masked row (all -inf)
 // becomes zeros, as on the CPU.
-#include <cuda_runtime.h>
 #include <math.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 template <bool IS_MAX>
 static __device__ float block_reduce(float v, float *red)
@@ -65,6 +61,6 @@ extern "C" int dsq_cuda_softmax(float *x, int64_t m, int64_t n)
         return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
-    softmax_kernel<<<(unsigned)m, 256>>>(x, n);
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    softmax_kernel<<<(unsigned)m, 256, 0, dsq__cuda_stream()>>>(x, n);
+    return dsq__cuda_launched("softmax");
 }

@@ -1,11 +1,7 @@
 // CUDA twin of kernels/cpu/swiglu.c: out = silu(gate) * up, grid-stride
 // elementwise; same overflow-safe form g / (1 + exp(-g)).
-#include <cuda_runtime.h>
 
-extern "C" {
-#include "engine/common/error.h"
-#include "kernels/kernels.h"
-}
+#include "cuda_internal.cuh"
 
 static __global__ void swiglu_kernel(float *out, const float *gate,
                                      const float *up, int64_t n)
@@ -26,6 +22,6 @@ extern "C" int dsq_cuda_swiglu(float *out, const float *gate, const float *up,
     if (total == 0)
         return DSQ_OK;
     int64_t blocks = (total + 255) / 256;
-    swiglu_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256>>>(out, gate, up, total);
-    return cudaGetLastError() == cudaSuccess ? DSQ_OK : DSQ_ECUDA;
+    swiglu_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, dsq__cuda_stream()>>>(out, gate, up, total);
+    return dsq__cuda_launched("swiglu");
 }

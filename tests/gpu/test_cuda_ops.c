@@ -1,72 +1,16 @@
 /* GPU check for kernels/cuda/{rmsnorm,rope,swiglu,add,softmax,kv_write,
- * attention}.cu: each CUDA op against its CPU twin (the reference) on random
+ * attention}.cu (attention: the decode and the prefill kernel): each CUDA op against its CPU twin (the reference) on random
  * inputs with a fixed seed. Device outputs are poisoned (0xFF bytes = NaN)
  * before each launch so an element the kernel forgets to write fails.
  * Prints the max abs difference of every comparison.
  *
  * Without a CUDA device the whole test is skipped (TAP "1..0 # SKIP"),
  * unless DSQ_REQUIRE_GPU=1, which turns that into a failure (tests/gpu/run
- * sets it on GPU machines). */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include <cuda_runtime_api.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+ * and the simulator runs of scripts/test set it). */
+#include "gpu_common.h"
 
 #include "engine/common/error.h"
 #include "kernels/kernels.h"
-
-static uint64_t rng = 0x13198a2e03707344ull;
-static double urand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-static float frand(float a) { return (float)((urand() * 2.0 - 1.0) * a); }
-
-static void *dev_dup(const void *h, size_t bytes)
-{
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, bytes ? bytes : 1), cudaSuccess);
-    if (bytes)
-        assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-static void *dev_poison(size_t bytes)
-{
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, bytes), cudaSuccess);
-    assert_int_equal(cudaMemset(d, 0xff, bytes), cudaSuccess);
-    return d;
-}
-static void dev_get(void *h, const void *d, size_t bytes)
-{
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    assert_int_equal(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-static double max_diff(const float *a, const float *b, int64_t n)
-{
-    double e = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (isnan(d))
-            return INFINITY;
-        e = d > e ? d : e;
-    }
-    return e;
-}
-static void report(const char *what, double err, double tol)
-{
-    printf("# %-34s max_abs_diff=%.3e tol=%.1e\n", what, err, tol);
-    assert_true(err <= tol);
-}
 
 static void test_rmsnorm(void **state)
 {
@@ -300,6 +244,50 @@ static void kv_case(const acase_t *c)
              c->dt == DSQ_KV_F16 ? "f16" : "int8", bs, G, D);
     report(what, max_diff(o, og, (int64_t)M * qrow), 2e-5);
 
+    /* the prefill kernel on the same rows: its 16-query tiles straddle
+     * sequences (a run of 17 rows among single rows). Heads wider than 256
+     * take the decode kernel (the launch just checked), which the simulator
+     * would spend minutes on again. */
+    if (D > 256) {
+        printf("# attention_prefill D=%d > 256: the decode kernel, checked above\n", D);
+        goto prefill_done;
+    }
+    assert_int_equal(cudaMemset(dout, 0xff, sizeof(*o) * M * qrow), cudaSuccess);
+    assert_int_equal(dsq_cuda_attention_prefill(dout, dq, M, n_heads, &dk, drs, drp, dbt,
+                                                max_blocks, scale), DSQ_OK);
+    dev_get(og, dout, sizeof(*og) * M * qrow);
+    snprintf(what, sizeof(what), "attention_prefill mixed %s bs=%d G=%d D=%d",
+             c->dt == DSQ_KV_F16 ? "f16" : "int8", bs, G, D);
+    report(what, max_diff(o, og, (int64_t)M * qrow), 2e-5);
+
+    /* one whole sequence as a prefill chunk: causal over 70 rows */
+    {
+        const int P = len[3];
+        int32_t *ps = malloc(sizeof(*ps) * P), *pp = malloc(sizeof(*pp) * P);
+        for (int i = 0; i < P; i++) {
+            ps[i] = 3;
+            pp[i] = i;
+        }
+        float *q2 = malloc(sizeof(*q2) * P * qrow);
+        float *o2 = malloc(sizeof(*o2) * P * qrow), *o2g = malloc(sizeof(*o2g) * P * qrow);
+        for (int64_t i = 0; i < (int64_t)P * qrow; i++)
+            q2[i] = frand(1.0f);
+        float *dq2 = dev_dup(q2, sizeof(*q2) * P * qrow);
+        float *do2 = dev_poison(sizeof(*o2) * P * qrow);
+        int32_t *dps = dev_dup(ps, sizeof(*ps) * P), *dpp = dev_dup(pp, sizeof(*pp) * P);
+        assert_int_equal(dsq_cpu_attention(o2, q2, P, n_heads, &hk, ps, pp, bt, max_blocks,
+                                           scale), DSQ_OK);
+        assert_int_equal(dsq_cuda_attention_prefill(do2, dq2, P, n_heads, &dk, dps, dpp,
+                                                    dbt, max_blocks, scale), DSQ_OK);
+        dev_get(o2g, do2, sizeof(*o2g) * P * qrow);
+        snprintf(what, sizeof(what), "attention_prefill chunk %s bs=%d G=%d D=%d",
+                 c->dt == DSQ_KV_F16 ? "f16" : "int8", bs, G, D);
+        report(what, max_diff(o2, o2g, (int64_t)P * qrow), 2e-5);
+        cudaFree(dq2); cudaFree(do2); cudaFree(dps); cudaFree(dpp);
+        free(ps); free(pp); free(q2); free(o2); free(o2g);
+    }
+prefill_done:
+
     cudaFree(dq); cudaFree(dout); cudaFree(drs); cudaFree(drp); cudaFree(dbt);
     cudaFree(dK); cudaFree(dV); cudaFree(dslot);
     cudaFree(dk.k); cudaFree(dk.v);
@@ -327,16 +315,9 @@ static void test_kv_attention(void **state)
 
 int main(void)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        const char *req = getenv("DSQ_REQUIRE_GPU");
-        if (req && strcmp(req, "1") == 0) {
-            printf("1..1\nnot ok 1 - no CUDA device but DSQ_REQUIRE_GPU=1\n");
-            return 1;
-        }
-        printf("1..0 # SKIP no CUDA device\n");
-        return 0;
-    }
+    int skip = gpu_skip_code();
+    if (skip >= 0)
+        return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),

@@ -1,0 +1,261 @@
+// CUDA twin of kernels/cpu/matmul.c: y[m][n] = x[m][k] . W^T (+ bias) for
+// every dsq_wformat_t, fp32 accumulation, activations fp32 (dsq_cuda_matmul)
+// or fp16 (dsq_cuda_matmul_f16). Weights are dequantised by the formulas of
+// kernels.h in registers, so results equal the CPU op with DSQ_ACT_F32 up
+// to fp32 summation order.
+//
+// Decode (m <= 16): one warp per output feature, all m activation rows at
+// once (MT accumulators in registers), so each weight byte is read once.
+// INT4: each lane takes whole 32-weight chunks, one 16-byte load (the
+// native layout's chunk) dequantised into 32 registers with the group's
+// scale and zero point, then FMA'd with each row's 32 activations (16-byte
+// loads when k allows). Other formats: lanes stride over k one element at a
+// time (coalesced), dequantising each.
+//
+// Prefill (m > 16): 64x64 output tiles, k in steps of 32, x and the
+// dequantised weight tile staged in shared memory, 4x4 outputs per thread.
+// A portable kernel (any sm); tensor-core (mma.sync/wgmma) and cuBLAS
+// paths for sm_80+ are not written yet.
+#include "cuda_internal.cuh"
+
+static __device__ __forceinline__ float to_f(float v) { return v; }
+static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+static __device__ __forceinline__ void from_f(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void from_f(__half *p, float v) { *p = __float2half_rn(v); }
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// sum_j wv[j] * xr[j] over the nj (<= 32) valid activations of a chunk.
+static __device__ __forceinline__ float chunk_dot(const float *wv, const float *xr,
+                                                  int nj, bool vec)
+{
+    float a = 0.0f;
+    if (nj == 32 && vec) {
+        const float4 *x4 = (const float4 *)xr;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = __ldg(x4 + i);
+            a += wv[4 * i] * v.x + wv[4 * i + 1] * v.y + wv[4 * i + 2] * v.z +
+                 wv[4 * i + 3] * v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if (j < nj)
+                a += wv[j] * xr[j];
+    }
+    return a;
+}
+static __device__ __forceinline__ float chunk_dot(const float *wv, const __half *xr,
+                                                  int nj, bool vec)
+{
+    float a = 0.0f;
+    if (nj == 32 && vec) {
+        const uint4 *x4 = (const uint4 *)xr;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 v = __ldg(x4 + i);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const float2 f = __half22float2(*(const __half2 *)&u[h]);
+                a += wv[8 * i + 2 * h] * f.x + wv[8 * i + 2 * h + 1] * f.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if (j < nj)
+                a += wv[j] * __half2float(xr[j]);
+    }
+    return a;
+}
+
+template <int MT, typename TA>
+static __global__ void __launch_bounds__(128)
+gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t n = (int64_t)blockIdx.x * 4 + warp;
+    if (n >= w.n)
+        return;
+    const int64_t k = w.k, nb = (k + 31) / 32, gs = w.group_size,
+                  groups = (k + gs - 1) / gs;
+    const uint4 *row = (const uint4 *)((const uint8_t *)w.data + n * nb * 16);
+    const int mode = w.zp_mode;
+    float acc[MT];
+#pragma unroll
+    for (int r = 0; r < MT; r++)
+        acc[r] = 0.0f;
+    for (int64_t c = lane; c < nb; c += 32) {
+        const uint4 q4 = __ldg(row + c);
+        const int64_t g = n * groups + (c * 32) / gs;
+        const float s = dsq__h2f(w.scales[g]);
+        const float z = mode == DSQ_ZP_SYM ? 0.0f : dsq__h2f(w.zeros[g]);
+        const uint32_t word[4] = {q4.x, q4.y, q4.z, q4.w};
+        float wv[32];
+#pragma unroll
+        for (int b = 0; b < 16; b++) {
+            const uint32_t byte = (word[b / 4] >> (8 * (b % 4))) & 0xffu;
+            wv[b] = dsq__int4_value((int)(byte & 15u), s, z, mode);
+            wv[b + 16] = dsq__int4_value((int)(byte >> 4), s, z, mode);
+        }
+        const int64_t j0 = c * 32;
+        const int nj = k - j0 < 32 ? (int)(k - j0) : 32;
+#pragma unroll
+        for (int r = 0; r < MT; r++)
+            if (r < m)
+                acc[r] += chunk_dot(wv, x + r * k + j0, nj, vec);
+    }
+    const float bias = w.bias ? w.bias[n] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < MT; r++) {
+        const float v = warp_sum(acc[r]);
+        if (r < m && lane == 0)
+            from_f(y + r * w.n + n, v + bias);
+    }
+}
+
+template <int MT, typename TA>
+static __global__ void __launch_bounds__(128)
+gemv_generic_kernel(TA *y, const TA *x, int m, dsq_weight_t w)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t n = (int64_t)blockIdx.x * 4 + warp;
+    if (n >= w.n)
+        return;
+    const int64_t k = w.k;
+    float acc[MT];
+#pragma unroll
+    for (int r = 0; r < MT; r++)
+        acc[r] = 0.0f;
+    for (int64_t j = lane; j < k; j += 32) {
+        const float wv = dsq__weight_at(w, n, j);
+#pragma unroll
+        for (int r = 0; r < MT; r++)
+            if (r < m)
+                acc[r] += wv * to_f(x[r * k + j]);
+    }
+    const float bias = w.bias ? w.bias[n] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < MT; r++) {
+        const float v = warp_sum(acc[r]);
+        if (r < m && lane == 0)
+            from_f(y + r * w.n + n, v + bias);
+    }
+}
+
+#define GM_TILE 64
+#define GM_K 32
+
+template <typename TA>
+static __global__ void __launch_bounds__(256)
+gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
+{
+    __shared__ float xs[GM_K][GM_TILE + 4];   // [kk][row]
+    __shared__ float ws[GM_K][GM_TILE + 4];   // [kk][output]
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int64_t row0 = (int64_t)blockIdx.y * GM_TILE, col0 = (int64_t)blockIdx.x * GM_TILE;
+    const int64_t k = w.k, n = w.n;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += GM_K) {
+#pragma unroll
+        for (int i = 0; i < GM_TILE * GM_K / 256; i++) {
+            const int e = threadIdx.x + 256 * i, r = e / GM_K, kk = e % GM_K;
+            const int64_t gr = row0 + r, gk = k0 + kk;
+            xs[kk][r] = gr < m && gk < k ? to_f(x[gr * k + gk]) : 0.0f;
+            const int64_t gc = col0 + r;
+            ws[kk][r] = gc < n && gk < k ? dsq__weight_at(w, gc, gk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GM_K; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i] = xs[kk][ty * 4 + i];
+                b[i] = ws[kk][tx * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t gr = row0 + ty * 4 + i;
+        if (gr >= m)
+            continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t gc = col0 + tx * 4 + j;
+            if (gc < n)
+                from_f(y + gr * n + gc, acc[i][j] + (w.bias ? w.bias[gc] : 0.0f));
+        }
+    }
+}
+
+template <int MT, typename TA>
+static void launch_gemv(TA *y, const TA *x, int m, const dsq_weight_t *w)
+{
+    const unsigned grid = (unsigned)((w->n + 3) / 4);
+    cudaStream_t st = dsq__cuda_stream();
+    if (w->format == DSQ_WFMT_INT4) {
+        const int align = sizeof(TA) == 4 ? 4 : 8;
+        const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
+        gemv_int4_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
+    } else {
+        gemv_generic_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w);
+    }
+}
+
+template <typename TA>
+static int matmul(TA *y, const TA *x, int64_t m, const dsq_weight_t *w, const char *op)
+{
+    if (!y || !x || m < 0 || !dsq__cuda_weight_ok(w) || w->n > 0x7fffffffLL * 4 ||
+        m > 65535LL * GM_TILE)
+        return DSQ_EINVAL;
+    if (m == 0)
+        return DSQ_OK;
+    const int mi = (int)m;
+    if (m <= 1)
+        launch_gemv<1>(y, x, mi, w);
+    else if (m <= 2)
+        launch_gemv<2>(y, x, mi, w);
+    else if (m <= 4)
+        launch_gemv<4>(y, x, mi, w);
+    else if (m <= 8)
+        launch_gemv<8>(y, x, mi, w);
+    else if (m <= 16)
+        launch_gemv<16>(y, x, mi, w);
+    else {
+        dim3 grid((unsigned)((w->n + GM_TILE - 1) / GM_TILE),
+                  (unsigned)((m + GM_TILE - 1) / GM_TILE));
+        gemm_kernel<TA><<<grid, 256, 0, dsq__cuda_stream()>>>(y, x, m, *w);
+    }
+    return dsq__cuda_launched(op);
+}
+
+extern "C" int dsq_cuda_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
+{
+    return matmul<float>(y, x, m, w, "matmul");
+}
+
+extern "C" int dsq_cuda_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m,
+                                   const dsq_weight_t *w)
+{
+    return matmul<__half>((__half *)y, (const __half *)x, m, w, "matmul_f16");
+}

@@ -1,0 +1,410 @@
+/* GPU check for kernels/cuda/{matmul,embed,gather}.cu: each CUDA op against
+ * its CPU twin on random inputs (fixed seed), device outputs poisoned
+ * before each launch.
+ *
+ * Products: every weight format (F32, F16, BF16, Q8_0, INT8 per channel,
+ * INT4 with each zero-point mode SYM/INT/MIN and group 32/64/128), k with a
+ * partial last group and a partial last 32-chunk (whose padding nibbles
+ * hold garbage the kernels must ignore), m = 1, 5, 16 (the decode kernel)
+ * and 37 (the prefill kernel), n not a multiple of the tiles, with and
+ * without bias; fp32 and fp16 activations. The reference is dsq_cpu_matmul
+ * with DSQ_ACT_F32 (weights dequantised exactly, fp32 dot products), so
+ * the only difference is fp32 summation order: the tolerance per output is
+ * 1e-5 * sum_j |w_ij x_j| (+1e-6), and for fp16 outputs one fp16 rounding
+ * step (2^-10 |y|) on top. Prints the max abs difference of each case and
+ * the largest ratio to its tolerance. */
+#include "gpu_common.h"
+
+#include "engine/common/error.h"
+#include "kernels/kernels.h"
+
+/* fp16 bits of a random value: sign, exponent in [e_lo, e_hi], mantissa */
+static uint16_t rand_h(int e_lo, int e_hi, bool sign)
+{
+    int e = e_lo + (int)(urand() * (e_hi - e_lo + 1));
+    uint16_t s = sign && urand() < 0.5 ? 0x8000u : 0;
+    return (uint16_t)(s | (e << 10) | (uint16_t)(urand() * 1024));
+}
+/* fp16 bits of a small non-negative integer (exact below 2048) */
+static uint16_t int_h(int v)
+{
+    if (v == 0)
+        return 0;
+    int e = 0;
+    while ((2 << e) <= v)
+        e++;
+    return (uint16_t)(((e + 15) << 10) | ((v - (1 << e)) << (10 - e)));
+}
+
+typedef struct hw {
+    dsq_weight_t w;        /* host arrays */
+    dsq_weight_t dw;       /* device copy */
+} hw_t;
+
+static void make_weight(hw_t *h, dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int64_t n,
+                        int64_t k, bool bias)
+{
+    dsq_weight_t *w = &h->w;
+    memset(h, 0, sizeof(*h));
+    w->format = f;
+    w->n = n;
+    w->k = k;
+    w->act = DSQ_ACT_F32;
+    size_t db = dsq_weight_data_bytes(f, n, k, gs);
+    uint8_t *data = malloc(db);
+    uint16_t *scales = NULL, *zeros = NULL;
+    switch (f) {
+    case DSQ_WFMT_F32:
+        for (size_t i = 0; i < db / 4; i++)
+            ((float *)data)[i] = frand(1.0f);
+        break;
+    case DSQ_WFMT_F16:
+        for (size_t i = 0; i < db / 2; i++)
+            ((uint16_t *)data)[i] = rand_h(11, 15, true);
+        break;
+    case DSQ_WFMT_BF16:
+        for (size_t i = 0; i < db / 2; i++)
+            ((uint16_t *)data)[i] = (uint16_t)((urand() < 0.5 ? 0x8000u : 0) |
+                                               ((120 + (int)(urand() * 8)) << 7) |
+                                               (uint16_t)(urand() * 128));
+        break;
+    case DSQ_WFMT_Q8_0:
+        w->group_size = 32;
+        for (size_t b = 0; b < db / 34; b++) {
+            uint16_t d = rand_h(8, 11, false);
+            memcpy(data + 34 * b, &d, 2);
+            for (int j = 0; j < 32; j++)
+                data[34 * b + 2 + j] = (uint8_t)(int)(urand() * 256);
+        }
+        break;
+    case DSQ_WFMT_INT8:
+        for (size_t i = 0; i < db; i++)
+            data[i] = (uint8_t)(int)(urand() * 256);
+        scales = malloc(sizeof(*scales) * n);
+        for (int64_t i = 0; i < n; i++)
+            scales[i] = rand_h(8, 11, false);
+        break;
+    case DSQ_WFMT_INT4: {
+        w->group_size = gs;
+        w->zp_mode = zp;
+        for (size_t i = 0; i < db; i++)
+            data[i] = (uint8_t)(int)(urand() * 256);   /* padding nibbles: garbage */
+        const int64_t groups = (k + gs - 1) / gs;
+        scales = malloc(sizeof(*scales) * n * groups);
+        for (int64_t i = 0; i < n * groups; i++)
+            scales[i] = rand_h(8, 11, false);
+        if (zp != DSQ_ZP_SYM) {
+            zeros = malloc(sizeof(*zeros) * n * groups);
+            for (int64_t i = 0; i < n * groups; i++)
+                zeros[i] = zp == DSQ_ZP_INT ? int_h((int)(urand() * 16))
+                                            : rand_h(10, 14, true);
+        }
+        break;
+    }
+    }
+    w->data = data;
+    w->scales = scales;
+    w->zeros = zeros;
+    if (bias) {
+        float *b = malloc(sizeof(*b) * n);
+        for (int64_t i = 0; i < n; i++)
+            b[i] = frand(0.5f);
+        w->bias = b;
+    }
+    h->dw = *w;
+    h->dw.data = dev_dup(data, db);
+    size_t sb = dsq_weight_scale_bytes(f, n, k, gs);
+    h->dw.scales = scales ? dev_dup(scales, sb) : NULL;
+    h->dw.zeros = zeros ? dev_dup(zeros, sb) : NULL;
+    h->dw.bias = w->bias ? dev_dup(w->bias, sizeof(float) * n) : NULL;
+}
+
+static void free_weight(hw_t *h)
+{
+    free((void *)h->w.data);
+    free((void *)h->w.scales);
+    free((void *)h->w.zeros);
+    free((void *)h->w.bias);
+    cudaFree((void *)h->dw.data);
+    cudaFree((void *)h->dw.scales);
+    cudaFree((void *)h->dw.zeros);
+    cudaFree((void *)h->dw.bias);
+}
+
+/* per-output tolerance 1e-5 * sum_j |w_ij x_j| + 1e-6 (+ fp16 step) */
+static void tolerances(const dsq_weight_t *w, const float *x, int64_t m, const float *y,
+                       bool f16_out, double *tol)
+{
+    float *row = malloc(sizeof(*row) * w->k);
+    for (int64_t o = 0; o < w->n; o++) {
+        assert_int_equal(dsq_weight_dequant_row(w, o, row), DSQ_OK);
+        for (int64_t i = 0; i < m; i++) {
+            double b = 0;
+            for (int64_t j = 0; j < w->k; j++)
+                b += fabs((double)row[j] * x[i * w->k + j]);
+            double t = 1e-5 * b + 1e-6;
+            if (f16_out)
+                t += fabs((double)y[i * w->n + o]) * (1.0 / 1024.0);
+            tol[i * w->n + o] = t;
+        }
+    }
+    free(row);
+}
+
+static const char *fmt_name(const dsq_weight_t *w)
+{
+    static const char *f[] = {"f32", "f16", "bf16", "q8_0", "int4", "int8"};
+    static const char *z[] = {"sym", "int", "min"};
+    static char buf[32];
+    if (w->format == DSQ_WFMT_INT4)
+        snprintf(buf, sizeof(buf), "int4 %s g%d", z[w->zp_mode], w->group_size);
+    else
+        snprintf(buf, sizeof(buf), "%s", f[w->format]);
+    return buf;
+}
+
+static void check_close(const char *what, const float *want, const float *got,
+                        const double *tol, int64_t n)
+{
+    double err = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)want[i] - got[i]);
+        if (isnan(d) || isnan(got[i])) {
+            err = INFINITY;
+            worst = INFINITY;
+            break;
+        }
+        err = d > err ? d : err;
+        worst = d / tol[i] > worst ? d / tol[i] : worst;
+    }
+    printf("# %-44s max_abs_diff=%.3e max_diff/tol=%.3f\n", what, err, worst);
+    assert_true(worst <= 1.0);
+}
+
+static void matmul_case(const hw_t *h, int64_t m)
+{
+    const dsq_weight_t *w = &h->w;
+    const int64_t n = w->n, k = w->k;
+    float *x = malloc(sizeof(*x) * m * k), *y = malloc(sizeof(*y) * m * n);
+    float *yg = malloc(sizeof(*yg) * m * n);
+    double *tol = malloc(sizeof(*tol) * m * n);
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = frand(1.0f);
+    float *dx = dev_dup(x, sizeof(*x) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
+    assert_int_equal(dsq_cpu_matmul(y, x, m, w), DSQ_OK);
+    assert_int_equal(dsq_cuda_matmul(dy, dx, m, &h->dw), DSQ_OK);
+    dev_get(yg, dy, sizeof(*yg) * m * n);
+    tolerances(w, x, m, y, false, tol);
+    char what[96];
+    snprintf(what, sizeof(what), "matmul %s m=%lld n=%lld k=%lld%s", fmt_name(w),
+             (long long)m, (long long)n, (long long)k, w->bias ? " bias" : "");
+    check_close(what, y, yg, tol, m * n);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(x); free(y); free(yg); free(tol);
+}
+
+/* fp16 activations: inputs are fp16 values, outputs rounded to fp16 */
+static void matmul_f16_case(const hw_t *h, int64_t m)
+{
+    const dsq_weight_t *w = &h->w;
+    const int64_t n = w->n, k = w->k;
+    uint16_t *xh = malloc(sizeof(*xh) * m * k);
+    uint16_t *yh = malloc(sizeof(*yh) * m * n), *ygh = malloc(sizeof(*ygh) * m * n);
+    float *xf = malloc(sizeof(*xf) * m * k), *yf = malloc(sizeof(*yf) * m * n);
+    float *ygf = malloc(sizeof(*ygf) * m * n);
+    double *tol = malloc(sizeof(*tol) * m * n);
+    for (int64_t i = 0; i < m * k; i++)
+        xh[i] = rand_h(10, 15, true);
+    uint16_t *dx = dev_dup(xh, sizeof(*xh) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
+    assert_int_equal(dsq_cpu_matmul_f16(yh, xh, m, w), DSQ_OK);
+    assert_int_equal(dsq_cuda_matmul_f16(dy, dx, m, &h->dw), DSQ_OK);
+    dev_get(ygh, dy, sizeof(*ygh) * m * n);
+    /* widen both through the CPU's exact fp16 -> fp32 of an fp32 weight */
+    dsq_weight_t id = {.format = DSQ_WFMT_F16, .n = 1, .k = 1, .act = DSQ_ACT_F32};
+    for (int64_t i = 0; i < m * k; i++) {
+        id.data = &xh[i];
+        assert_int_equal(dsq_weight_dequant_row(&id, 0, &xf[i]), DSQ_OK);
+    }
+    for (int64_t i = 0; i < m * n; i++) {
+        id.data = &yh[i];
+        assert_int_equal(dsq_weight_dequant_row(&id, 0, &yf[i]), DSQ_OK);
+        id.data = &ygh[i];
+        assert_int_equal(dsq_weight_dequant_row(&id, 0, &ygf[i]), DSQ_OK);
+    }
+    tolerances(w, xf, m, yf, true, tol);
+    char what[96];
+    snprintf(what, sizeof(what), "matmul_f16 %s m=%lld n=%lld k=%lld", fmt_name(w),
+             (long long)m, (long long)n, (long long)k);
+    check_close(what, yf, ygf, tol, m * n);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(xh); free(yh); free(ygh); free(xf); free(yf); free(ygf); free(tol);
+}
+
+static void test_matmul_int4(void **state)
+{
+    (void)state;
+    const dsq_zp_mode_t zps[3] = {DSQ_ZP_SYM, DSQ_ZP_INT, DSQ_ZP_MIN};
+    const int gss[3] = {32, 64, 128};
+    /* m = 16 (a full decode tile) for one zero-point mode only: the
+     * simulator's time goes with m */
+    const int64_t ks[2] = {256, 203}, ms[4] = {1, 5, 37, 16};
+    for (int z = 0; z < 3; z++)
+        for (int g = 0; g < 3; g++)
+            for (int kk = 0; kk < 2; kk++) {
+                hw_t h;
+                make_weight(&h, DSQ_WFMT_INT4, zps[z], gss[g], 67, ks[kk], (z + g) % 2);
+                for (int mm = 0; mm < (zps[z] == DSQ_ZP_INT ? 4 : 3); mm++)
+                    matmul_case(&h, ms[mm]);
+                free_weight(&h);
+            }
+}
+
+static void test_matmul_other(void **state)
+{
+    (void)state;
+    const dsq_wformat_t fs[5] = {DSQ_WFMT_F32, DSQ_WFMT_F16, DSQ_WFMT_BF16, DSQ_WFMT_Q8_0,
+                                 DSQ_WFMT_INT8};
+    const int64_t ks[2] = {256, 203}, ms[3] = {1, 5, 37};
+    for (int f = 0; f < 5; f++)
+        for (int kk = 0; kk < 2; kk++) {
+            if (fs[f] == DSQ_WFMT_Q8_0 && ks[kk] % 32)
+                continue;
+            hw_t h;
+            make_weight(&h, fs[f], DSQ_ZP_SYM, 0, 70, ks[kk], kk == 0);
+            for (int mm = 0; mm < 3; mm++)
+                matmul_case(&h, ms[mm]);
+            free_weight(&h);
+        }
+}
+
+static void test_matmul_f16act(void **state)
+{
+    (void)state;
+    hw_t h;
+    make_weight(&h, DSQ_WFMT_INT4, DSQ_ZP_INT, 64, 67, 256, true);
+    matmul_f16_case(&h, 1);
+    matmul_f16_case(&h, 16);
+    matmul_f16_case(&h, 37);
+    free_weight(&h);
+    make_weight(&h, DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 40, 203, false);
+    matmul_f16_case(&h, 3);
+    free_weight(&h);
+    make_weight(&h, DSQ_WFMT_Q8_0, DSQ_ZP_SYM, 0, 33, 128, false);
+    matmul_f16_case(&h, 2);
+    free_weight(&h);
+}
+
+static void test_embed(void **state)
+{
+    (void)state;
+    const dsq_wformat_t fs[6] = {DSQ_WFMT_F32, DSQ_WFMT_F16, DSQ_WFMT_BF16, DSQ_WFMT_Q8_0,
+                                 DSQ_WFMT_INT8, DSQ_WFMT_INT4};
+    enum { M = 7, V = 50 };
+    const int32_t ids[M] = {0, 49, 3, 3, 17, 48, 1};
+    for (int f = 0; f < 6; f++) {
+        const int64_t k = fs[f] == DSQ_WFMT_Q8_0 ? 96 : 75;
+        hw_t h;
+        make_weight(&h, fs[f], DSQ_ZP_MIN, 32, V, k, false);
+        float *o = malloc(sizeof(*o) * M * k), *og = malloc(sizeof(*og) * M * k);
+        int32_t *dids = dev_dup(ids, sizeof(ids));
+        float *dout = dev_poison(sizeof(*o) * M * k);
+        assert_int_equal(dsq_cpu_embed(o, &h.w, ids, M), DSQ_OK);
+        assert_int_equal(dsq_cuda_embed(dout, &h.dw, dids, M), DSQ_OK);
+        dev_get(og, dout, sizeof(*og) * M * k);
+        char what[64];
+        snprintf(what, sizeof(what), "embed %s k=%lld", fmt_name(&h.w), (long long)k);
+        report(what, max_diff(o, og, M * k), 0.0);
+        /* an id outside the vocabulary: the CPU op refuses, CUDA writes 0 */
+        const int32_t bad[2] = {5, V};
+        assert_int_equal(dsq_cpu_embed(o, &h.w, bad, 2), DSQ_ERANGE);
+        cudaFree(dids);
+        dids = dev_dup(bad, sizeof(bad));
+        assert_int_equal(dsq_cuda_embed(dout, &h.dw, dids, 2), DSQ_OK);
+        dev_get(og, dout, sizeof(*og) * 2 * k);
+        for (int64_t j = 0; j < k; j++)
+            assert_true(og[k + j] == 0.0f);
+        cudaFree(dids);
+        cudaFree(dout);
+        free(o); free(og);
+        free_weight(&h);
+    }
+}
+
+static void test_gather(void **state)
+{
+    (void)state;
+    enum { R = 9, W = 130, M = 5 };
+    float *src = malloc(sizeof(*src) * R * W);
+    for (int i = 0; i < R * W; i++)
+        src[i] = frand(4.0f);
+    const int32_t rows[M] = {8, 0, 3, 3, 7};
+    float *o = malloc(sizeof(*o) * R * W), *og = malloc(sizeof(*og) * R * W);
+    float *dsrc = dev_dup(src, sizeof(*src) * R * W), *dout = dev_poison(sizeof(*o) * R * W);
+    int32_t *drows = dev_dup(rows, sizeof(rows));
+    assert_int_equal(dsq_cpu_gather_rows(o, src, rows, M, W, R), DSQ_OK);
+    assert_int_equal(dsq_cuda_gather_rows(dout, dsrc, drows, M, W, R), DSQ_OK);
+    dev_get(og, dout, sizeof(*og) * M * W);
+    report("gather_rows", max_diff(o, og, M * W), 0.0);
+    /* columns through a random permutation of W */
+    int32_t perm[W];
+    for (int j = 0; j < W; j++)
+        perm[j] = j;
+    for (int j = W - 1; j > 0; j--) {
+        int r = (int)(urand() * (j + 1));
+        int32_t t = perm[j];
+        perm[j] = perm[r];
+        perm[r] = t;
+    }
+    int32_t *dperm = dev_dup(perm, sizeof(perm));
+    assert_int_equal(cudaMemset(dout, 0xff, sizeof(*o) * R * W), cudaSuccess);
+    assert_int_equal(dsq_cpu_gather_cols(o, src, perm, R, W), DSQ_OK);
+    assert_int_equal(dsq_cuda_gather_cols(dout, dsrc, dperm, R, W), DSQ_OK);
+    dev_get(og, dout, sizeof(*og) * R * W);
+    report("gather_cols", max_diff(o, og, R * W), 0.0);
+    cudaFree(dsrc); cudaFree(dout); cudaFree(drows); cudaFree(dperm);
+    free(src); free(o); free(og);
+}
+
+/* Launchers refuse what the CPU ops refuse, before touching the device. */
+static void test_matmul_errors(void **state)
+{
+    (void)state;
+    hw_t h;
+    make_weight(&h, DSQ_WFMT_INT4, DSQ_ZP_INT, 32, 8, 64, false);
+    float *dx = dev_poison(sizeof(float) * 64), *dy = dev_poison(sizeof(float) * 8);
+    dsq_weight_t bad = h.dw;
+    bad.group_size = 48;
+    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
+    bad = h.dw;
+    bad.zeros = NULL;
+    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
+    bad = h.dw;
+    bad.format = DSQ_WFMT_Q8_0;
+    bad.k = 40;
+    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(NULL, dx, 1, &h.dw), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, dx, -1, &h.dw), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, dx, 0, &h.dw), DSQ_OK);
+    assert_int_equal(dsq_cuda_embed(dy, &h.dw, NULL, 1), DSQ_EINVAL);
+    cudaFree(dx);
+    cudaFree(dy);
+    free_weight(&h);
+}
+
+int main(void)
+{
+    int skip = gpu_skip_code();
+    if (skip >= 0)
+        return skip;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_int4),
+        cmocka_unit_test(test_matmul_other),
+        cmocka_unit_test(test_matmul_f16act),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gather),
+        cmocka_unit_test(test_matmul_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
