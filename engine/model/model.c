@@ -15,7 +15,14 @@
  * graph gathers the activation rows at run time (T*k copies, negligible
  * next to the matmul), once per distinct (input, permutation) pair: q/k/v
  * and gate/up of a GPTQ checkpoint normally share one permutation (the same
- * input, hence the same Hessian order), which load_linear deduplicates. */
+ * input, hence the same Hessian order), which load_linear deduplicates.
+ *
+ * Backend (engine/backend/backend.h): every op goes through the model's
+ * backend, and the workspace lives in its memory. Weights load into host
+ * memory as above; on a device backend (not host memory) they are then
+ * copied to the device once (upload_weights), and each step uploads the
+ * batch's index arrays and downloads only the logits. On the CPU backend
+ * host pointers are used as they are, so nothing is copied. */
 #include "model.h"
 
 #include <math.h>
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend/backend.h"
 #include "engine/common/error.h"
 #include "kernels.h"
 #include "engine/common/log.h"
@@ -39,6 +47,7 @@ typedef struct layer_weights {
 
 struct dsq_model {
     dsq_model_config_t cfg;
+    dsq_backend_t *be;       /* not owned: opts->backend or dsq_backend_cpu() */
     dsq_weight_t tok_embd, output;
     const float *output_norm;
     layer_weights_t *layers;
@@ -66,7 +75,20 @@ struct dsq_model {
     void *tap_user;
 
     dsq_ds2_t *ds2;          /* ds2: DeepSeek-V2/V3 graph, NULL for llama/qwen2 */
+
+    /* device backends only: backend memory the model allocated (weights,
+     * vectors, permutations; freed at destroy) and the step's uploaded
+     * index arrays (dix: tokens | pos | row_seq | slot | logit_rows |
+     * block_tables, resized as needed) and logits */
+    void **dev_owned;
+    int n_dev_owned, cap_dev_owned;
+    int32_t *dix, *hix;      /* hix: host staging of dix */
+    size_t dix_bytes;
+    float *dlogits;
+    size_t dlogits_bytes;
 };
+
+static int upload_weights(dsq_model_t *m);
 
 void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
 {
@@ -74,9 +96,11 @@ void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
     m->tap_user = user;
 }
 
-/* Hand one linear input site to the tap, if any. */
+/* Hand one linear input site to the tap, if any (host memory only: a
+ * device backend's activations are not visible to the tap). */
 #define TAP(site, ptr, kk) \
-    do { if (m->tap) m->tap(m->tap_user, (int)l, site, ptr, T, kk); } while (0)
+    do { if (m->tap && dsq_backend_is_host(m->be)) \
+            m->tap(m->tap_user, (int)l, site, ptr, T, kk); } while (0)
 
 const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
 size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
@@ -316,6 +340,7 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
         return NULL;
     }
 
+    dsq_backend_t *be = opts && opts->backend ? opts->backend : dsq_backend_cpu();
     /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
     if (c->arch == DSQ_ARCH_DEEPSEEK2) {
         m = calloc(1, sizeof(*m));
@@ -324,6 +349,7 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
             return NULL;
         }
         m->cfg = *c;
+        m->be = be;
         m->ds2 = dsq__ds2_create(m, f, opts, err, err_len);
         if (!m->ds2) {
             dsq_model_destroy(m);
@@ -350,6 +376,7 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     if (!m)
         goto oom;
     m->cfg = *c;
+    m->be = be;
     m->layers = calloc((size_t)c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         goto oom;
@@ -402,6 +429,14 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     }
     setup_rope(m);
     m->attn_scale = 1.0f / sqrtf((float)hd);
+    if (!dsq_backend_is_host(m->be)) {
+        rc = upload_weights(m);
+        if (rc) {
+            snprintf(err, err_len, "model: copying the weights to the %s backend failed "
+                     "(%s)", dsq_backend_name(m->be), dsq_strerror(rc));
+            goto fail;
+        }
+    }
     return m;
 oom:
     snprintf(err, err_len, "model: out of memory");
@@ -423,7 +458,13 @@ void dsq_model_destroy(dsq_model_t *m)
     free(m->layers);
     float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-        free(ws[i]);
+        dsq_backend_free(m->be, ws[i]);
+    for (int i = 0; i < m->n_dev_owned; i++)
+        dsq_backend_free(m->be, m->dev_owned[i]);
+    free(m->dev_owned);
+    dsq_backend_free(m->be, m->dix);
+    free(m->hix);
+    dsq_backend_free(m->be, m->dlogits);
     free(m);
 }
 
@@ -445,31 +486,222 @@ static int ensure_ws(dsq_model_t *m, int n_tokens)
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         if (bufs[i].n == 0)
             continue;                /* xp without act-order weights */
-        float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
-        if (!p)
+        /* contents need not survive: a step rewrites its workspace */
+        dsq_backend_free(m->be, *bufs[i].p);
+        *bufs[i].p = dsq_backend_alloc(m->be, bufs[i].n * sizeof(float));
+        if (!*bufs[i].p) {
+            m->ws_tokens = 0;
             return DSQ_ENOMEM;
-        *bufs[i].p = p;
+        }
     }
     m->ws_tokens = n_tokens;
     return DSQ_OK;
 }
 
-/* The input a linear layer expects: x itself, or (GPTQ act-order) its rows
- * gathered through perm into m->xp, reused while (x, perm) is unchanged;
- * the forward pass sets m->xp_src = NULL whenever an input is rewritten. */
-static const float *lin_in(dsq_model_t *m, const float *x, int T, int64_t k,
-                           const int32_t *perm)
+/* y = W·x for a linear layer whose input is x itself, or (GPTQ act-order)
+ * x's columns gathered through perm into m->xp, reused while (x, perm) is
+ * unchanged; the forward pass sets m->xp_src = NULL whenever an input is
+ * rewritten. */
+static int linear(dsq_model_t *m, float *y, const float *x, int T, int64_t k,
+                  const int32_t *perm, const dsq_weight_t *w)
 {
-    if (!perm)
-        return x;
-    if (m->xp_src != x || m->xp_perm != perm) {
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t j = 0; j < k; j++)
-                m->xp[t * k + j] = x[t * k + perm[j]];
+    if (perm && (m->xp_src != x || m->xp_perm != perm)) {
+        int rc = dsq_backend_gather_cols(m->be, m->xp, x, perm, T, k);
+        if (rc)
+            return rc;
         m->xp_src = x;
         m->xp_perm = perm;
     }
-    return m->xp;
+    return dsq_backend_matmul(m->be, y, perm ? m->xp : x, T, w);
+}
+
+/* ---- device backends: weights uploaded once, index arrays per step ---- */
+
+static int dev_keep(dsq_model_t *m, const void *p)
+{
+    if (!p)
+        return DSQ_OK;
+    if (m->n_dev_owned == m->cap_dev_owned) {
+        int cap = m->cap_dev_owned ? 2 * m->cap_dev_owned : 256;
+        void **o = realloc(m->dev_owned, (size_t)cap * sizeof(*o));
+        if (!o)
+            return DSQ_ENOMEM;
+        m->dev_owned = o;
+        m->cap_dev_owned = cap;
+    }
+    m->dev_owned[m->n_dev_owned++] = (void *)p;
+    return DSQ_OK;
+}
+
+static int up_weight(dsq_model_t *m, dsq_weight_t *w)
+{
+    dsq_weight_t d;
+    int rc = dsq_backend_weight_upload(m->be, w, &d, NULL);
+    if (rc)
+        return rc;
+    const void *parts[4] = {d.data, d.scales, d.zeros, d.bias};
+    for (int i = 0; i < 4 && !rc; i++)
+        rc = dev_keep(m, parts[i]);
+    if (rc) {
+        dsq_backend_weight_free(m->be, &d);
+        return rc;
+    }
+    *w = d;
+    return DSQ_OK;
+}
+
+static int up_array(dsq_model_t *m, const void **p, size_t bytes)
+{
+    if (!*p)
+        return DSQ_OK;
+    void *d = dsq_backend_alloc(m->be, bytes);
+    if (!d)
+        return DSQ_ENOMEM;
+    int rc = dsq_backend_upload(m->be, d, *p, bytes);
+    if (!rc)
+        rc = dev_keep(m, d);
+    if (rc) {
+        dsq_backend_free(m->be, d);
+        return rc;
+    }
+    *p = d;
+    return DSQ_OK;
+}
+
+/* Permutations are shared between weights (keep_perm): upload each once. */
+static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t **seen_host,
+                   const int32_t **seen_dev, int *n_seen)
+{
+    if (!*p)
+        return DSQ_OK;
+    for (int i = 0; i < *n_seen; i++)
+        if (seen_host[i] == *p) {
+            *p = seen_dev[i];
+            return DSQ_OK;
+        }
+    const int32_t *h = *p;
+    int rc = up_array(m, (const void **)p, (size_t)k * sizeof(int32_t));
+    if (!rc && *n_seen < 16) {
+        seen_host[*n_seen] = h;
+        seen_dev[(*n_seen)++] = *p;
+    }
+    return rc;
+}
+
+/* Copy every weight, norm vector and permutation into backend memory and
+ * point the model at the copies (the host ones stay owned by m). */
+static int upload_weights(dsq_model_t *m)
+{
+    const dsq_model_config_t *c = &m->cfg;
+    const int64_t d = c->n_embd, q_dim = c->n_head * c->head_dim;
+    const bool tied = m->output.data == m->tok_embd.data;
+    int rc = up_weight(m, &m->tok_embd);
+    if (!rc && tied)
+        m->output = m->tok_embd;
+    else if (!rc)
+        rc = up_weight(m, &m->output);
+    if (!rc)
+        rc = up_array(m, (const void **)&m->output_norm, (size_t)d * sizeof(float));
+    const int32_t *seen_h[16], *seen_d[16];
+    int n_seen = 0;
+    for (int64_t l = 0; l < c->n_layer && !rc; l++) {
+        layer_weights_t *L = &m->layers[l];
+        dsq_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                              &L->w_down};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]) && !rc; i++)
+            rc = up_weight(m, ws[i]);
+        if (!rc)
+            rc = up_array(m, (const void **)&L->attn_norm, (size_t)d * sizeof(float));
+        if (!rc)
+            rc = up_array(m, (const void **)&L->ffn_norm, (size_t)d * sizeof(float));
+        struct { const int32_t **p; int64_t k; } perms[] = {
+            {&L->perm_q, d}, {&L->perm_k, d}, {&L->perm_v, d}, {&L->perm_o, q_dim},
+            {&L->perm_gate, d}, {&L->perm_up, d}, {&L->perm_down, c->n_ff},
+        };
+        for (size_t i = 0; i < sizeof(perms) / sizeof(perms[0]) && !rc; i++)
+            rc = up_perm(m, perms[i].p, perms[i].k, seen_h, seen_d, &n_seen);
+    }
+    return rc;
+}
+
+/* Device backends cannot validate index arrays on the device (kernels.h,
+ * "CUDA twins"), so the host checks what the CPU ops would: token ids in
+ * the vocabulary, slots in the cache, attended blocks in the cache. */
+static int check_batch(const dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b)
+{
+    const int64_t n_slots = kl->n_blocks * kl->block_size;
+    for (int i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.n_vocab)
+            return DSQ_ERANGE;
+        if (b->slot[i] < 0 || b->slot[i] >= n_slots)
+            return DSQ_ERANGE;
+        if (b->pos[i] >= (int64_t)b->max_blocks * kl->block_size)
+            return DSQ_ERANGE;
+        const int32_t *bt = b->block_tables + (int64_t)b->row_seq[i] * b->max_blocks;
+        for (int j = 0; j <= b->pos[i] / kl->block_size; j++)
+            if (bt[j] < 0 || bt[j] >= kl->n_blocks)
+                return DSQ_ERANGE;
+    }
+    return DSQ_OK;
+}
+
+/* The step's index arrays in backend memory (on a host backend, b's own). */
+typedef struct dev_batch {
+    const int32_t *tokens, *pos, *row_seq, *slot, *logit_rows, *block_tables;
+} dev_batch_t;
+
+static int upload_batch(dsq_model_t *m, const dsq_batch_t *b, dev_batch_t *d)
+{
+    *d = (dev_batch_t){b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows,
+                       b->block_tables};
+    if (dsq_backend_is_host(m->be))
+        return DSQ_OK;
+    const size_t T = (size_t)b->n_tokens, nl = (size_t)b->n_logits,
+                 nbt = (size_t)b->n_seqs * (size_t)b->max_blocks;
+    const size_t n = 4 * T + nl + nbt, bytes = n * sizeof(int32_t);
+    if (bytes > m->dix_bytes) {
+        int32_t *h = realloc(m->hix, bytes);
+        if (!h)
+            return DSQ_ENOMEM;
+        m->hix = h;
+        dsq_backend_free(m->be, m->dix);
+        m->dix = dsq_backend_alloc(m->be, bytes);
+        m->dix_bytes = m->dix ? bytes : 0;
+        if (!m->dix)
+            return DSQ_ENOMEM;
+    }
+    /* packed on the host, one copy per step */
+    const int32_t *src[6] = {b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows,
+                             b->block_tables};
+    const size_t len[6] = {T, T, T, T, nl, nbt};
+    const int32_t **dst[6] = {&d->tokens, &d->pos, &d->row_seq, &d->slot, &d->logit_rows,
+                              &d->block_tables};
+    size_t off = 0;
+    for (int i = 0; i < 6; i++) {
+        if (len[i])
+            memcpy(m->hix + off, src[i], len[i] * sizeof(int32_t));
+        *dst[i] = m->dix + off;
+        off += len[i];
+    }
+    return dsq_backend_upload(m->be, m->dix, m->hix, bytes);
+}
+
+/* Output head on a device backend: logits into backend memory, then to
+ * the caller's host buffer. */
+static int device_logits(dsq_model_t *m, float *logits, int n_logits)
+{
+    const size_t bytes = (size_t)n_logits * (size_t)m->cfg.n_vocab * sizeof(float);
+    if (bytes > m->dlogits_bytes) {
+        dsq_backend_free(m->be, m->dlogits);
+        m->dlogits = dsq_backend_alloc(m->be, bytes);
+        m->dlogits_bytes = m->dlogits ? bytes : 0;
+        if (!m->dlogits)
+            return DSQ_ENOMEM;
+    }
+    int rc = dsq_backend_matmul(m->be, m->dlogits, m->lg, n_logits, &m->output);
+    if (!rc)
+        rc = dsq_backend_download(m->be, logits, m->dlogits, bytes);
+    return rc;
 }
 
 int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
@@ -494,50 +726,61 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     int64_t d = c->n_embd, hd = c->head_dim, nh = c->n_head, nkv = c->n_head_kv;
     int64_t ff = c->n_ff;
     float eps = (float)c->rms_eps;
+    dsq_backend_t *be = m->be;
+    const bool host = dsq_backend_is_host(be);
+    dev_batch_t db;
+    if (!host && c->n_layer > 0)
+        rc = check_batch(m, dsq_kv_layer(kv, 0), b);
+    if (!rc)
+        rc = upload_batch(m, b, &db);
+    if (rc)
+        return rc;
 
-    rc = dsq_cpu_embed(m->x, &m->tok_embd, b->tokens, T);
+    rc = dsq_backend_embed(be, m->x, &m->tok_embd, db.tokens, T);
     if (rc)
         return rc;
     for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++) {
         const layer_weights_t *L = &m->layers[l];
         const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
-        rc = dsq_cpu_rmsnorm(m->h, m->x, L->attn_norm, T, d, eps);
+        rc = dsq_backend_rmsnorm(be, m->h, m->x, L->attn_norm, T, d, eps);
         m->xp_src = NULL;
         if (!rc) TAP("attn_q", m->h, d);
-        if (!rc) rc = dsq_cpu_matmul(m->q, lin_in(m, m->h, T, d, L->perm_q), T, &L->wq);
-        if (!rc) rc = dsq_cpu_matmul(m->k, lin_in(m, m->h, T, d, L->perm_k), T, &L->wk);
-        if (!rc) rc = dsq_cpu_matmul(m->v, lin_in(m, m->h, T, d, L->perm_v), T, &L->wv);
-        if (!rc) rc = dsq_cpu_rope(m->q, T, (int)nh, (int)hd, b->pos, &m->rope);
-        if (!rc) rc = dsq_cpu_rope(m->k, T, (int)nkv, (int)hd, b->pos, &m->rope);
-        if (!rc) rc = dsq_cpu_kv_write(kl, m->k, m->v, b->slot, T);
-        if (!rc) rc = dsq_cpu_attention(m->att, m->q, T, (int)nh, kl, b->row_seq, b->pos,
-                                        b->block_tables, b->max_blocks, m->attn_scale);
+        if (!rc) rc = linear(m, m->q, m->h, T, d, L->perm_q, &L->wq);
+        if (!rc) rc = linear(m, m->k, m->h, T, d, L->perm_k, &L->wk);
+        if (!rc) rc = linear(m, m->v, m->h, T, d, L->perm_v, &L->wv);
+        if (!rc) rc = dsq_backend_rope(be, m->q, T, (int)nh, (int)hd, db.pos, &m->rope);
+        if (!rc) rc = dsq_backend_rope(be, m->k, T, (int)nkv, (int)hd, db.pos, &m->rope);
+        if (!rc) rc = dsq_backend_kv_write(be, kl, m->k, m->v, db.slot, T);
+        if (!rc) rc = dsq_backend_attention(be, m->att, m->q, T, (int)nh, kl, db.row_seq,
+                                            db.pos, db.block_tables, b->max_blocks,
+                                            m->attn_scale, b->row_seq);
         m->xp_src = NULL;
         if (!rc) TAP("attn_output", m->att, nh * hd);
-        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->att, T, nh * hd, L->perm_o), T,
-                                     &L->wo);
-        if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
-        if (!rc) rc = dsq_cpu_rmsnorm(m->h, m->x, L->ffn_norm, T, d, eps);
+        if (!rc) rc = linear(m, m->h, m->att, T, nh * hd, L->perm_o, &L->wo);
+        if (!rc) rc = dsq_backend_add(be, m->x, m->h, T * d);
+        if (!rc) rc = dsq_backend_rmsnorm(be, m->h, m->x, L->ffn_norm, T, d, eps);
         m->xp_src = NULL;
         if (!rc) TAP("ffn_gate", m->h, d);
-        if (!rc) rc = dsq_cpu_matmul(m->g, lin_in(m, m->h, T, d, L->perm_gate), T,
-                                     &L->w_gate);
-        if (!rc) rc = dsq_cpu_matmul(m->u, lin_in(m, m->h, T, d, L->perm_up), T, &L->w_up);
-        if (!rc) rc = dsq_cpu_swiglu(m->g, m->g, m->u, T, ff);
+        if (!rc) rc = linear(m, m->g, m->h, T, d, L->perm_gate, &L->w_gate);
+        if (!rc) rc = linear(m, m->u, m->h, T, d, L->perm_up, &L->w_up);
+        if (!rc) rc = dsq_backend_swiglu(be, m->g, m->g, m->u, T, ff);
         m->xp_src = NULL;
         if (!rc) TAP("ffn_down", m->g, ff);
-        if (!rc) rc = dsq_cpu_matmul(m->h, lin_in(m, m->g, T, ff, L->perm_down), T,
-                                     &L->w_down);
-        if (!rc) rc = dsq_cpu_add(m->x, m->h, T * d);
+        if (!rc) rc = linear(m, m->h, m->g, T, ff, L->perm_down, &L->w_down);
+        if (!rc) rc = dsq_backend_add(be, m->x, m->h, T * d);
     }
-    if (rc || b->n_logits == 0)
-        return rc;
-    for (int i = 0; i < b->n_logits; i++)
-        memcpy(m->lg + (size_t)i * d, m->x + (size_t)b->logit_rows[i] * d,
-               (size_t)d * sizeof(float));
-    rc = dsq_cpu_rmsnorm(m->lg, m->lg, m->output_norm, b->n_logits, d, eps);
+    if (!rc && b->n_logits > 0) {
+        rc = dsq_backend_gather_rows(be, m->lg, m->x, db.logit_rows, b->n_logits, d, T);
+        if (!rc) rc = dsq_backend_rmsnorm(be, m->lg, m->lg, m->output_norm, b->n_logits,
+                                          d, eps);
+        if (!rc && host)
+            rc = dsq_backend_matmul(be, logits, m->lg, b->n_logits, &m->output);
+        else if (!rc)
+            rc = device_logits(m, logits, b->n_logits);
+    }
+    /* one synchronisation point per step: queued work done, async errors seen */
     if (!rc)
-        rc = dsq_cpu_matmul(logits, m->lg, b->n_logits, &m->output);
+        rc = dsq_backend_sync(be);
     return rc;
 }
 
@@ -557,6 +800,8 @@ int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *n
 {
     return load_vec(m, f, name, n, required, out, err, err_len);
 }
+
+dsq_backend_t *dsq__model_backend(const dsq_model_t *m) { return m->be; }
 
 int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes)
 {

@@ -10,7 +10,9 @@
  * padding): each token row carries its sequence (block table row) and
  * position; logits are computed only for the rows that ask for them.
  * Not thread-safe: one engine thread owns a model (the CPU ops parallelise
- * internally).
+ * internally). Ops run on the model's backend (engine/backend/backend.h);
+ * a forward call ends with the backend's synchronisation point, so its
+ * logits are in host memory when it returns.
  */
 #ifndef DSQ_MODEL_H
 #define DSQ_MODEL_H
@@ -19,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend/backend.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/loader/loader.h"
 #include "engine/io/model_config.h"
@@ -34,6 +37,13 @@ typedef struct dsq_model_opts {
                                   (kernels.h): DSQ_ACT_INT8 (0, default) or
                                   DSQ_ACT_F32 (fp32 activations, exact up to
                                   fp32 rounding, slower)                     */
+    dsq_backend_t *backend;    /* where weights live and ops run; not owned,
+                                  must outlive the model. NULL: the CPU
+                                  backend (dsq_backend_cpu). A device backend
+                                  gets a copy of every weight at create; the
+                                  KV cache passed to forward must then be in
+                                  its memory too. deepseek2 needs a host
+                                  backend (for now).                         */
 } dsq_model_opts_t;
 
 /* Build the model from an open model file (which must outlive the model:
@@ -93,7 +103,8 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
  *   "attn_output" (input of o_proj), "ffn_gate" (input of gate/up, after
  *   ffn_norm), "ffn_down" (input of down_proj, after SwiGLU);
  *   x: [n_tokens][k] fp32 row-major, read-only, valid only during the call.
- * fn NULL removes the tap. No effect on the forward result. */
+ * fn NULL removes the tap. No effect on the forward result. Host backends
+ * only: on a device backend the tap is never called. */
 typedef void (*dsq_model_tap_fn)(void *user, int layer, const char *site,
                                  const float *x, int n_tokens, int64_t k);
 void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user);

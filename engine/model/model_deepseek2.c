@@ -12,7 +12,7 @@
  * cache made with dsq_model_kv_shape). Decode rows use the absorbed form:
  * W_UK (the k_nope rows of kv_b_proj) is folded into the query (q_lat_h =
  * W_UK_h^T q_nope_h), attention runs over the cached vectors
- * (dsq_cpu_mla_attention) and W_UV (the v rows of kv_b_proj) is applied to
+ * (dsq_backend_mla_attention) and W_UV (the v rows of kv_b_proj) is applied to
  * each head's attended latent, so the latent is never expanded per head.
  * W_UV_h [dv, kvl] is a row view of kv_b_proj; W_UK_h^T [kvl, dn] is built
  * once at load from kv_b_proj (dequantised, transposed, then RTN INT4 again
@@ -21,7 +21,7 @@
  * sequence with many rows in one step (prefill) may instead expand its
  * context's latents once to per-head k_nope / v with kv_b_proj (not in
  * split GGUFs: those always run absorbed) and run plain attention
- * (dsq_cpu_mla_attention_dense), which costs fewer multiply-adds beyond
+ * (dsq_backend_mla_attention_dense), which costs fewer multiply-adds beyond
  * ~170 rows at V2-Lite's shapes (rule at use_expanded;
  * DSQ_MLA_PREFILL=absorbed|expanded forces one). Softmax scale:
  * 1/sqrt(qk_nope + qk_rope) times yarn_mscale(factor, mscale_all_dim)^2
@@ -30,9 +30,9 @@
  *
  * MoE. Layers l >= first_k_dense_replace with l % moe_layer_freq == 0 are
  * MoE: the fp32 router (kept in the file's precision, never quantised)
- * scores experts (dsq_cpu_moe_route: softmax/sigmoid, greedy /
+ * scores experts (dsq_backend_moe_route: softmax/sigmoid, greedy /
  * group-limited / noaux_tc, norm_topk_prob, routed_scaling_factor), the
- * (token, expert) pairs are grouped by expert (dsq_cpu_moe_group), and each
+ * (token, expert) pairs are grouped by expert (dsq_backend_moe_group), and each
  * expert with tokens runs once over its gathered rows, so its weights are
  * read once per step. Shared experts are one SwiGLU MLP over every token.
  */
@@ -72,6 +72,7 @@ typedef enum ds2_prefill {
 
 struct dsq_ds2 {
     dsq_model_t *m;
+    dsq_backend_t *be;       /* the model's; a host backend (see create) */
     ds2_prefill_t prefill_mode;
     bool split_kv_b;               /* GGUF attn_k_b/attn_v_b: no kv_b, absorbed only */
     dsq_model_config_t c;
@@ -364,7 +365,15 @@ dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
         return NULL;
     }
     g->m = m;
+    g->be = dsq__model_backend(m);
     g->c = *c;
+    if (!dsq_backend_is_host(g->be)) {
+        /* the graph moves activations with host loops between ops */
+        snprintf(err, err_len, "model: the deepseek2 graph runs on the CPU backend only "
+                 "(not yet on %s)", dsq_backend_name(g->be));
+        free(g);
+        return NULL;
+    }
     const char *pm = getenv("DSQ_MLA_PREFILL");
     g->prefill_mode = !pm ? DS2_PREFILL_AUTO :
                       strcmp(pm, "absorbed") == 0 ? DS2_PREFILL_ABSORBED :
@@ -525,10 +534,10 @@ static int ensure_ws(dsq_ds2_t *g, int n_tokens)
 static int mlp(dsq_ds2_t *g, float *out, const float *in, int64_t T,
                const dsq_weight_t *wg, const dsq_weight_t *wu, const dsq_weight_t *wd)
 {
-    int rc = dsq_cpu_matmul(g->g, in, T, wg);
-    if (!rc) rc = dsq_cpu_matmul(g->u, in, T, wu);
-    if (!rc) rc = dsq_cpu_swiglu(g->g, g->g, g->u, T, wg->n);
-    if (!rc) rc = dsq_cpu_matmul(out, g->g, T, wd);
+    int rc = dsq_backend_matmul(g->be, g->g, in, T, wg);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->u, in, T, wu);
+    if (!rc) rc = dsq_backend_swiglu(g->be, g->g, g->g, g->u, T, wg->n);
+    if (!rc) rc = dsq_backend_matmul(g->be, out, g->g, T, wd);
     return rc;
 }
 
@@ -549,7 +558,7 @@ static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
         for (int64_t j = 0; j < nA; j++)
             memcpy(g->tin + j * dn, g->q + (A[j] * H + hh) * qw, (size_t)dn * sizeof(float));
         if (dn > 0)
-            rc = dsq_cpu_matmul(g->tout, g->tin, nA, &L->wuk[hh]);
+            rc = dsq_backend_matmul(g->be, g->tout, g->tin, nA, &L->wuk[hh]);
         else
             memset(g->tout, 0, (size_t)(nA * kvl) * sizeof(float));
         for (int64_t j = 0; j < nA && !rc; j++) {
@@ -558,14 +567,14 @@ static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
             memcpy(qa + kvl, g->q + (A[j] * H + hh) * qw + dn, (size_t)dr * sizeof(float));
         }
     }
-    if (!rc) rc = dsq_cpu_mla_attention(g->olat, g->qabs, nA, (int)H, (int)kvl, kl, rs_c,
+    if (!rc) rc = dsq_backend_mla_attention(g->be, g->olat, g->qabs, nA, (int)H, (int)kvl, kl, rs_c,
                                         pos_c, b->block_tables, b->max_blocks,
                                         g->attn_scale);
     for (int64_t hh = 0; hh < H && !rc; hh++) {
         for (int64_t j = 0; j < nA; j++)
             memcpy(g->tin + j * kvl, g->olat + (j * H + hh) * kvl,
                    (size_t)kvl * sizeof(float));
-        rc = dsq_cpu_matmul(g->tout, g->tin, nA, &L->wuv[hh]);
+        rc = dsq_backend_matmul(g->be, g->tout, g->tin, nA, &L->wuv[hh]);
         for (int64_t j = 0; j < nA && !rc; j++)
             memcpy(g->att + (A[j] * H + hh) * dv, g->tout + j * dv, (size_t)dv * sizeof(float));
     }
@@ -599,21 +608,21 @@ static int attend_expanded(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
     const int32_t *bt = b->block_tables + (int64_t)seq * b->max_blocks;
     for (int64_t t = 0; t < ctx; t++)
         slot[t] = (int32_t)(bt[t / bs] * bs + t % bs);
-    rc = dsq_cpu_mla_kv_read(kl, slot, ctx, lat);
+    rc = dsq_backend_mla_kv_read(g->be, kl, slot, ctx, lat);
     if (rc)
         goto undo;
     for (int64_t t = 0; t < ctx; t++) {
         memcpy(latc + t * kvl, lat + t * D, (size_t)kvl * sizeof(float));
         memcpy(kpe + t * dr, lat + t * D + kvl, (size_t)dr * sizeof(float));
     }
-    rc = dsq_cpu_matmul(kvx, latc, ctx, &L->wkv_b);
+    rc = dsq_backend_matmul(g->be, kvx, latc, ctx, &L->wkv_b);
     if (rc)
         goto undo;
     for (int64_t j = 0; j < n; j++) {
         pos[j] = b->pos[E[j]];
         memcpy(qc + j * H * qw, g->q + E[j] * H * qw, (size_t)(H * qw) * sizeof(float));
     }
-    rc = dsq_cpu_mla_attention_dense(oc, qc, n, (int)H, pos, kvx, kpe, ctx, (int)dn,
+    rc = dsq_backend_mla_attention_dense(g->be, oc, qc, n, (int)H, pos, kvx, kpe, ctx, (int)dn,
                                      (int)dr, (int)dv, g->attn_scale);
     for (int64_t j = 0; j < n && !rc; j++)
         memcpy(g->att + E[j] * H * dv, oc + j * H * dv, (size_t)(H * dv) * sizeof(float));
@@ -654,26 +663,26 @@ static int attention(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_layer_t *k
     const float eps = (float)g->c.rms_eps;
     int rc;
     if (g->ql > 0) {
-        rc = dsq_cpu_matmul(g->qa, g->h, T, &L->wq_a);
-        if (!rc) rc = dsq_cpu_rmsnorm(g->qa, g->qa, L->q_a_norm, T, g->ql, eps);
-        if (!rc) rc = dsq_cpu_matmul(g->q, g->qa, T, &L->wq_b);
+        rc = dsq_backend_matmul(g->be, g->qa, g->h, T, &L->wq_a);
+        if (!rc) rc = dsq_backend_rmsnorm(g->be, g->qa, g->qa, L->q_a_norm, T, g->ql, eps);
+        if (!rc) rc = dsq_backend_matmul(g->be, g->q, g->qa, T, &L->wq_b);
     } else {
-        rc = dsq_cpu_matmul(g->q, g->h, T, &L->wq);
+        rc = dsq_backend_matmul(g->be, g->q, g->h, T, &L->wq);
     }
-    if (!rc) rc = dsq_cpu_matmul(g->ckv, g->h, T, &L->wkv_a);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->ckv, g->h, T, &L->wkv_a);
     if (rc)
         return rc;
     /* latent: RMSNorm of the first kvl values; k_pe, q_pe: RoPE */
     for (int64_t t = 0; t < T && !rc; t++) {
         float *row = g->ckv + t * D;
-        rc = dsq_cpu_rmsnorm(row, row, L->kv_a_norm, 1, kvl, eps);
+        rc = dsq_backend_rmsnorm(g->be, row, row, L->kv_a_norm, 1, kvl, eps);
         memcpy(g->kpe + t * dr, row + kvl, (size_t)dr * sizeof(float));
         for (int64_t hh = 0; hh < H; hh++)
             memcpy(g->qpe + (t * H + hh) * dr, g->q + (t * H + hh) * qw + dn,
                    (size_t)dr * sizeof(float));
     }
-    if (!rc) rc = dsq_cpu_rope(g->kpe, T, 1, (int)dr, b->pos, &g->rope);
-    if (!rc) rc = dsq_cpu_rope(g->qpe, T, (int)H, (int)dr, b->pos, &g->rope);
+    if (!rc) rc = dsq_backend_rope(g->be, g->kpe, T, 1, (int)dr, b->pos, &g->rope);
+    if (!rc) rc = dsq_backend_rope(g->be, g->qpe, T, (int)H, (int)dr, b->pos, &g->rope);
     if (rc)
         return rc;
     for (int64_t t = 0; t < T; t++) {
@@ -682,7 +691,7 @@ static int attention(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_layer_t *k
             memcpy(g->q + (t * H + hh) * qw + dn, g->qpe + (t * H + hh) * dr,
                    (size_t)dr * sizeof(float));
     }
-    rc = dsq_cpu_mla_kv_write(kl, g->ckv, b->slot, T);
+    rc = dsq_backend_mla_kv_write(g->be, kl, g->ckv, b->slot, T);
     if (rc)
         return rc;
     /* split rows: sequences with many rows here (prefill) may run expanded */
@@ -729,13 +738,13 @@ static int moe(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
         rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
     else
         memset(g->y, 0, (size_t)(T * d) * sizeof(float));
-    if (!rc) rc = dsq_cpu_matmul(g->rlog, g->h, T, &L->router);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->rlog, g->h, T, &L->router);
     if (rc)
         return rc;
     dsq_moe_route_t r = g->route;
     r.bias = L->router_bias;
-    rc = dsq_cpu_moe_route(g->ids, g->wts, g->rlog, T, &r);
-    if (!rc) rc = dsq_cpu_moe_group(g->offsets, g->rows, g->roww, g->ids, g->wts, T,
+    rc = dsq_backend_moe_route(g->be, g->ids, g->wts, g->rlog, T, &r);
+    if (!rc) rc = dsq_backend_moe_group(g->be, g->offsets, g->rows, g->roww, g->ids, g->wts, T,
                                     (int)K, (int)g->n_exp);
     for (int64_t e = 0; e < g->n_exp && !rc; e++) {
         const int32_t o0 = g->offsets[e], n = g->offsets[e + 1] - o0;
@@ -775,30 +784,30 @@ int dsq__ds2_forward(dsq_ds2_t *g, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     const int64_t d = g->d;
     const float eps = (float)c->rms_eps;
 
-    rc = dsq_cpu_embed(g->x, &g->tok_embd, b->tokens, T);
+    rc = dsq_backend_embed(g->be, g->x, &g->tok_embd, b->tokens, T);
     for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++) {
         const ds2_layer_t *L = &g->layers[l];
         const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
         if (kl->n_kv_heads != 1 || kl->head_dim != g->D)
             return DSQ_EINVAL;     /* cache not made with dsq_model_kv_shape */
-        rc = dsq_cpu_rmsnorm(g->h, g->x, L->attn_norm, T, d, eps);
+        rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->attn_norm, T, d, eps);
         if (!rc) rc = attention(g, L, kl, b);
-        if (!rc) rc = dsq_cpu_matmul(g->o, g->att, T, &L->wo);
-        if (!rc) rc = dsq_cpu_add(g->x, g->o, T * d);
-        if (!rc) rc = dsq_cpu_rmsnorm(g->h, g->x, L->ffn_norm, T, d, eps);
+        if (!rc) rc = dsq_backend_matmul(g->be, g->o, g->att, T, &L->wo);
+        if (!rc) rc = dsq_backend_add(g->be, g->x, g->o, T * d);
+        if (!rc) rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->ffn_norm, T, d, eps);
         if (!rc && L->moe)
             rc = moe(g, L, T);
         else if (!rc)
             rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
-        if (!rc) rc = dsq_cpu_add(g->x, g->y, T * d);
+        if (!rc) rc = dsq_backend_add(g->be, g->x, g->y, T * d);
     }
     if (rc || b->n_logits == 0)
         return rc;
     for (int i = 0; i < b->n_logits; i++)
         memcpy(g->lg + (size_t)i * d, g->x + (size_t)b->logit_rows[i] * d,
                (size_t)d * sizeof(float));
-    rc = dsq_cpu_rmsnorm(g->lg, g->lg, g->output_norm, b->n_logits, d, eps);
+    rc = dsq_backend_rmsnorm(g->be, g->lg, g->lg, g->output_norm, b->n_logits, d, eps);
     if (!rc)
-        rc = dsq_cpu_matmul(logits, g->lg, b->n_logits, &g->output);
+        rc = dsq_backend_matmul(g->be, logits, g->lg, b->n_logits, &g->output);
     return rc;
 }

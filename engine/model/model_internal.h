@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend/backend.h"
 #include "kernels.h"
 #include "model.h"
 
@@ -34,6 +35,9 @@ int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *n
  * bytes, counted in both owned and weight bytes). On DSQ_ENOMEM p is
  * freed. p == NULL is a no-op. */
 int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes);
+
+/* The backend m runs on (opts->backend, else dsq_backend_cpu()). */
+dsq_backend_t *dsq__model_backend(const dsq_model_t *m);
 
 /* The DeepSeek-V2/V3 graph (engine/model/model_deepseek2.c). create loads every
  * weight through the helpers above; NULL + err on failure. */

@@ -1,0 +1,181 @@
+/* The backend layer: where the model graphs' memory lives and who runs
+ * their ops.
+ *
+ * A backend owns a device (the host CPU, or one CUDA GPU), its memory and
+ * one in-order queue of work (a CUDA stream; the CPU backend runs each op
+ * before returning). The model graphs (engine/model/) allocate their
+ * activation workspace, weights and index arrays through it and call only
+ * the ops below; the ops are the kernels of kernels/kernels.h behind an op
+ * table, so the graph never names a CPU or CUDA function.
+ *
+ * Memory: "backend memory" below is what dsq_backend_alloc returns. On a
+ * host backend (dsq_backend_is_host: the CPU backend) it is ordinary host
+ * memory and host pointers (mmapped weights, caller arrays) may be passed
+ * to the ops directly; on the CUDA backend it is device memory, and host
+ * data must go through dsq_backend_upload first.
+ *
+ * Ordering and errors: ops are queued in call order. A return of 0 means
+ * the op was accepted (CPU: done); an error that only shows when the queue
+ * runs (a CUDA kernel fault) is returned by the next dsq_backend_sync.
+ * dsq_backend_download waits for the queue. The engine calls
+ * dsq_backend_sync once per step (the model's forward pass ends with it).
+ *
+ * Threads: one backend is used by one thread at a time (the engine
+ * thread); dsq_backend_cpu's singleton may be shared because the CPU ops
+ * are reentrant per call, but its threadpool runs one op at a time.
+ *
+ * Ops differ from their kernels.h twins only where the device forces it:
+ * the CUDA backend reads index arrays (ids, positions, slots, block tables)
+ * in device memory without host validation (kernels.h, "CUDA twins"), so
+ * the graphs validate indices on the host before uploading them; and CUDA
+ * products always use fp32 activations (dsq_weight_t.act is a CPU choice),
+ * so CUDA results match the CPU backend's DSQ_ACT_F32 path up to fp32
+ * summation order.
+ */
+#ifndef DSQ_BACKEND_H
+#define DSQ_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+typedef struct dsq_backend dsq_backend_t;
+
+typedef enum dsq_backend_kind {
+    DSQ_BACKEND_CPU = 0,
+    DSQ_BACKEND_CUDA = 1,
+} dsq_backend_kind_t;
+
+/* Create a backend of the given kind. CUDA: device 0 of the process, a
+ * stream of its own; fails with a one-line reason in err (no CUDA build,
+ * no device, out of memory) and NULL. CPU: a new handle on the shared CPU
+ * ops (the same as dsq_backend_cpu, but owned by the caller).
+ * Destroy with dsq_backend_destroy. */
+dsq_backend_t *dsq_backend_create(dsq_backend_kind_t kind, char *err, size_t err_len);
+/* Frees the backend's own state. Memory allocated from it must be freed
+ * first (dsq_backend_allocated_bytes tells what is left). NULL: no-op.
+ * The dsq_backend_cpu singleton is never destroyed (no-op). */
+void dsq_backend_destroy(dsq_backend_t *be);
+
+/* The process-wide CPU backend (never NULL, never destroyed). */
+dsq_backend_t *dsq_backend_cpu(void);
+
+dsq_backend_kind_t dsq_backend_kind(const dsq_backend_t *be);
+/* "cpu" or "cuda" (static string). */
+const char *dsq_backend_name(const dsq_backend_t *be);
+/* True when backend memory is host memory (host pointers are valid op
+ * arguments and the graph may read results without a download). */
+bool dsq_backend_is_host(const dsq_backend_t *be);
+/* Device description for logs: "cpu avx512 2 threads" or "NVIDIA H200
+ * sm_90 141 GiB"; written into buf (always NUL-terminated). */
+void dsq_backend_describe(const dsq_backend_t *be, char *buf, size_t len);
+
+/* ------------------------------------------------------------- memory */
+
+/* bytes of backend memory, 256-byte aligned, contents undefined; NULL when
+ * out of memory (or bytes == 0). */
+void *dsq_backend_alloc(dsq_backend_t *be, size_t bytes);
+/* Free what dsq_backend_alloc returned (NULL: no-op). The CUDA backend
+ * waits for queued work first, so a buffer is never freed under a kernel. */
+void dsq_backend_free(dsq_backend_t *be, void *p);
+/* Bytes currently allocated through this backend, and the peak since
+ * creation (what the memory planner's prediction is checked against). */
+size_t dsq_backend_allocated_bytes(const dsq_backend_t *be);
+size_t dsq_backend_peak_bytes(const dsq_backend_t *be);
+
+/* Copies of bytes bytes: host -> backend memory (queued after earlier
+ * work; returns once it is done, so src may be reused), backend -> host
+ * (waits for queued work, so dst holds the result), backend -> backend
+ * (queued). memset fills backend memory with
+ * the byte value (queued). Returns 0, DSQ_EINVAL (NULL with bytes > 0) or
+ * DSQ_ECUDA (the copy failed; the reason is logged). */
+int dsq_backend_upload(dsq_backend_t *be, void *dst, const void *src, size_t bytes);
+int dsq_backend_download(dsq_backend_t *be, void *dst, const void *src, size_t bytes);
+int dsq_backend_copy(dsq_backend_t *be, void *dst, const void *src, size_t bytes);
+int dsq_backend_memset(dsq_backend_t *be, void *dst, int value, size_t bytes);
+/* Wait until every queued op has run. Returns 0 or the first asynchronous
+ * error (DSQ_ECUDA, logged with the CUDA error string). */
+int dsq_backend_sync(dsq_backend_t *be);
+
+/* A weight in backend memory. Host backend: *out = *w (a view; nothing is
+ * allocated or copied). CUDA: data, scales, zeros and bias are copied into
+ * device memory (exactly dsq_weight_data_bytes / dsq_weight_scale_bytes and
+ * n floats of bias), and *out points at them. *bytes (may be NULL)
+ * receives the bytes allocated. Free with dsq_backend_weight_free.
+ * Returns 0, DSQ_EINVAL (bad weight), DSQ_ENOMEM or DSQ_ECUDA. */
+int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
+                              dsq_weight_t *out, size_t *bytes);
+/* Free what dsq_backend_weight_upload allocated for w (host backend:
+ * nothing) and zero *w. NULL: no-op. */
+void dsq_backend_weight_free(dsq_backend_t *be, dsq_weight_t *w);
+
+/* ---------------------------------------------------------------- ops
+ *
+ * Arguments and results as the dsq_cpu_* op of the same name in
+ * kernels/kernels.h, with every array in backend memory (dsq_weight_t,
+ * dsq_kv_layer_t, dsq_rope_t and dsq_moe_route_t are host structs whose
+ * array pointers are backend memory). Return 0 or a DSQ_E* code:
+ * DSQ_EINVAL for bad shapes, DSQ_EUNSUPPORTED when the backend lacks the
+ * op or the format (the CUDA backend has no DeepSeek-V2 MLA/MoE ops yet),
+ * DSQ_ECUDA when a launch fails. */
+
+int dsq_backend_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
+                       const dsq_weight_t *w);
+int dsq_backend_embed(dsq_backend_t *be, float *out, const dsq_weight_t *emb,
+                      const int32_t *ids, int64_t m);
+int dsq_backend_rmsnorm(dsq_backend_t *be, float *y, const float *x, const float *w,
+                        int64_t m, int64_t n, float eps);
+int dsq_backend_rope(dsq_backend_t *be, float *x, int64_t m, int n_heads, int head_dim,
+                     const int32_t *pos, const dsq_rope_t *p);
+int dsq_backend_swiglu(dsq_backend_t *be, float *out, const float *gate,
+                       const float *up, int64_t m, int64_t n);
+int dsq_backend_add(dsq_backend_t *be, float *y, const float *x, int64_t n);
+int dsq_backend_softmax(dsq_backend_t *be, float *x, int64_t m, int64_t n);
+/* dst[i][0..width) = src[rows[i]][0..width), i < m, src of n_src rows;
+ * rows in backend memory (kernels.h dsq_cpu_gather_rows). */
+int dsq_backend_gather_rows(dsq_backend_t *be, float *dst, const float *src,
+                            const int32_t *rows, int64_t m, int64_t width,
+                            int64_t n_src);
+/* dst[t][j] = src[t][perm[j]], t < m, j < k (GPTQ act-order inputs;
+ * kernels.h dsq_cpu_gather_cols). */
+int dsq_backend_gather_cols(dsq_backend_t *be, float *dst, const float *src,
+                            const int32_t *perm, int64_t m, int64_t k);
+int dsq_backend_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const float *k,
+                         const float *v, const int32_t *slot, int64_t m);
+/* Paged attention over m rows (kernels.h dsq_cpu_attention).
+ * row_seq_host: the same m values as row_seq, in host memory, or NULL. The
+ * CUDA backend uses it to send runs of rows of one sequence (prefill
+ * chunks) to its prefill kernel, which shares each K/V load among the
+ * run's rows and a GQA group's heads, and single rows (decodes) to its
+ * decode kernel; without it every row takes the decode kernel. The result
+ * does not depend on it. */
+int dsq_backend_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
+                          int n_heads, const dsq_kv_layer_t *kv,
+                          const int32_t *row_seq, const int32_t *row_pos,
+                          const int32_t *block_tables, int max_blocks, float scale,
+                          const int32_t *row_seq_host);
+
+/* DeepSeek-V2 MLA and MoE (kernels.h). CPU backend only for now. */
+int dsq_backend_mla_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
+                              int n_heads, int kv_lora_rank, const dsq_kv_layer_t *kv,
+                              const int32_t *row_seq, const int32_t *row_pos,
+                              const int32_t *block_tables, int max_blocks,
+                              float scale);
+int dsq_backend_mla_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv,
+                             const float *latent, const int32_t *slot, int64_t m);
+int dsq_backend_mla_kv_read(dsq_backend_t *be, const dsq_kv_layer_t *kv,
+                            const int32_t *slot, int64_t m, float *out);
+int dsq_backend_mla_attention_dense(dsq_backend_t *be, float *out, const float *q,
+                                    int64_t m, int n_heads, const int32_t *row_pos,
+                                    const float *kv, const float *k_pe, int64_t n_ctx,
+                                    int qk_nope_dim, int qk_rope_dim, int v_dim,
+                                    float scale);
+int dsq_backend_moe_route(dsq_backend_t *be, int32_t *ids, float *weights,
+                          const float *logits, int64_t m, const dsq_moe_route_t *p);
+int dsq_backend_moe_group(dsq_backend_t *be, int32_t *offsets, int32_t *rows,
+                          float *row_weights, const int32_t *ids, const float *weights,
+                          int64_t m, int top_k, int n_experts);
+
+#endif
