@@ -14,7 +14,10 @@ from conftest import MODEL_NAME, Daemon, model_path, sse_events
 
 def test_drain_on_sigterm():
     d = Daemon("--shutdown-timeout", "120")
-    body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 48, "temperature": 0,
+    # long enough to be still streaming 0.3 s after SIGTERM (48 tokens took
+    # ~0.25 s on a quiet box: the drain had ended and the listener was
+    # closed before /health was asked)
+    body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 400, "temperature": 0,
             "ignore_eos": True, "stream": True}
     result = {}
 
