@@ -421,8 +421,11 @@ int dsq_cpu_moe_group(int32_t *offsets, int32_t *rows, float *row_weights,
  * run asynchronously on the calling thread's stream (dsq_cuda_set_stream):
  * a return of 0 means the launch succeeded. Returns DSQ_EINVAL for bad
  * shapes (as the CPU op; also rot_dim > 512 for rope, head_dim > 1024 for
- * kv_write/attention, m > 65535 for attention) and DSQ_ECUDA when a launch
- * fails (the CUDA reason is logged: "cuda op=... error=..."). Index arrays
+ * kv_write/attention, m > 65535 for dsq_cuda_attention and for
+ * dsq_cuda_attention_prefill with head_dim > 256, m > 65535 * 64 for the
+ * products), DSQ_EUNSUPPORTED for a DSQ_KV_F32 cache (CUDA supports F16
+ * and INT8 KV) and DSQ_ECUDA when a launch fails (the CUDA reason is
+ * logged: "cuda op=... error=..."). Index arrays
  * (ids, pos, slot, rows, perm, row_seq, row_pos, block_tables) live on the
  * device and are not validated on the host: embed, gather_rows and
  * gather_cols give zeros for an index out of range, kv_write skips a slot
@@ -439,7 +442,8 @@ int dsq_cpu_moe_group(int32_t *offsets, int32_t *rows, float *row_weights,
  * rows); dsq_cuda_attention_prefill computes the same op but shares each
  * K/V tile among 16 consecutive (row, head) queries of one KV head, which
  * pays off for runs of rows of one sequence (prefill chunks) and for GQA
- * groups. Both are twins of dsq_cpu_attention.
+ * groups. Both are twins of dsq_cpu_attention; they may differ from each
+ * other in the last bits (fp32 summation order).
  * Only built when meson's cuda feature is enabled. */
 
 /* A CUDA stream (a cudaStream_t), opaque to C code. */

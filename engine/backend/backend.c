@@ -367,6 +367,20 @@ int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
         *bytes = 0;
     if (!w || !out || !w->data || w->n < 1 || w->k < 1)
         return DSQ_EINVAL;
+    switch (w->format) {
+    case DSQ_WFMT_F32: case DSQ_WFMT_F16: case DSQ_WFMT_BF16: case DSQ_WFMT_Q8_0:
+        break;
+    case DSQ_WFMT_INT8:
+        if (!w->scales)
+            return DSQ_EINVAL;
+        break;
+    case DSQ_WFMT_INT4:
+        if (!w->scales || (w->zp_mode != DSQ_ZP_SYM && !w->zeros))
+            return DSQ_EINVAL;
+        break;
+    default:
+        return DSQ_EINVAL;
+    }
     if (be->ops->is_host) {
         *out = *w;
         return DSQ_OK;

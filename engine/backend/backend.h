@@ -55,8 +55,11 @@ typedef enum dsq_backend_kind {
  * Destroy with dsq_backend_destroy. */
 dsq_backend_t *dsq_backend_create(dsq_backend_kind_t kind, char *err, size_t err_len);
 /* Frees the backend's own state. Memory allocated from it must be freed
- * first (dsq_backend_allocated_bytes tells what is left). NULL: no-op.
- * The dsq_backend_cpu singleton is never destroyed (no-op). */
+ * first (dsq_backend_allocated_bytes tells what is left; CUDA frees and
+ * logs leftovers). NULL: no-op. The dsq_backend_cpu singleton is never
+ * destroyed (no-op). CUDA: the calling thread's launch stream is reset if
+ * it was this backend's; other threads must not launch dsq_cuda_* ops on
+ * it afterwards (the backend's own ops set the stream each time). */
 void dsq_backend_destroy(dsq_backend_t *be);
 
 /* The process-wide CPU backend (never NULL, never destroyed). */
@@ -68,8 +71,9 @@ const char *dsq_backend_name(const dsq_backend_t *be);
 /* True when backend memory is host memory (host pointers are valid op
  * arguments and the graph may read results without a download). */
 bool dsq_backend_is_host(const dsq_backend_t *be);
-/* Device description for logs: "cpu avx512 2 threads" or "NVIDIA H200
- * sm_90 141 GiB"; written into buf (always NUL-terminated). */
+/* Device description for logs, key=value where it can be: "cpu avx512 2
+ * threads" or "cuda device=0 name=\"NVIDIA H200\" sm_90
+ * memory_bytes=150..."; written into buf (always NUL-terminated). */
 void dsq_backend_describe(const dsq_backend_t *be, char *buf, size_t len);
 
 /* ------------------------------------------------------------- memory */
@@ -104,7 +108,9 @@ int dsq_backend_sync(dsq_backend_t *be);
  * device memory (exactly dsq_weight_data_bytes / dsq_weight_scale_bytes and
  * n floats of bias), and *out points at them. *bytes (may be NULL)
  * receives the bytes allocated. Free with dsq_backend_weight_free.
- * Returns 0, DSQ_EINVAL (bad weight), DSQ_ENOMEM or DSQ_ECUDA. */
+ * Returns 0, DSQ_EINVAL (no data, n or k < 1, unknown format, or the
+ * scales / zeros its format needs missing: dsq_cpu_matmul's checks less
+ * Q8_0's k % 32), DSQ_ENOMEM or DSQ_ECUDA. */
 int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
                               dsq_weight_t *out, size_t *bytes);
 /* Free what dsq_backend_weight_upload allocated for w (host backend:
@@ -150,7 +156,7 @@ int dsq_backend_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const floa
  * chunks) to its prefill kernel, which shares each K/V load among the
  * run's rows and a GQA group's heads, and single rows (decodes) to its
  * decode kernel; without it every row takes the decode kernel. The result
- * does not depend on it. */
+ * does not depend on it beyond fp32 summation order. */
 int dsq_backend_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
                           int n_heads, const dsq_kv_layer_t *kv,
                           const int32_t *row_seq, const int32_t *row_pos,

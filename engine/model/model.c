@@ -84,6 +84,8 @@ struct dsq_model {
     int n_dev_owned, cap_dev_owned;
     int32_t *dix, *hix;      /* hix: host staging of dix */
     size_t dix_bytes;
+    int32_t *need;           /* check_batch: blocks each sequence attends */
+    size_t need_cap;
     float *dlogits;
     size_t dlogits_bytes;
 };
@@ -432,9 +434,13 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     if (!dsq_backend_is_host(m->be)) {
         rc = upload_weights(m);
         if (rc) {
-            snprintf(err, err_len, "model: copying the weights to the %s backend failed "
-                     "(%s)", dsq_backend_name(m->be), dsq_strerror(rc));
-            goto fail;
+            char desc[256];
+            dsq_backend_describe(m->be, desc, sizeof(desc));
+            snprintf(err, err_len, "model: copying %zu bytes of weights to the %s backend "
+                     "failed (%s; device: %s)", m->weight_bytes, dsq_backend_name(m->be),
+                     dsq_strerror(rc), desc);
+            dsq_model_destroy(m);
+            return NULL;
         }
     }
     return m;
@@ -464,6 +470,7 @@ void dsq_model_destroy(dsq_model_t *m)
     free(m->dev_owned);
     dsq_backend_free(m->be, m->dix);
     free(m->hix);
+    free(m->need);
     dsq_backend_free(m->be, m->dlogits);
     free(m);
 }
@@ -517,35 +524,43 @@ static int linear(dsq_model_t *m, float *y, const float *x, int T, int64_t k,
 
 /* ---- device backends: weights uploaded once, index arrays per step ---- */
 
-static int dev_keep(dsq_model_t *m, const void *p)
+/* Room for n more entries in m->dev_owned, so that recording the parts
+ * of one allocation cannot fail half-way (a half-recorded weight would be
+ * freed twice: once by its own undo, once at destroy). */
+static int dev_reserve(dsq_model_t *m, int n)
 {
-    if (!p)
+    if (m->n_dev_owned + n <= m->cap_dev_owned)
         return DSQ_OK;
-    if (m->n_dev_owned == m->cap_dev_owned) {
-        int cap = m->cap_dev_owned ? 2 * m->cap_dev_owned : 256;
-        void **o = realloc(m->dev_owned, (size_t)cap * sizeof(*o));
-        if (!o)
-            return DSQ_ENOMEM;
-        m->dev_owned = o;
-        m->cap_dev_owned = cap;
-    }
-    m->dev_owned[m->n_dev_owned++] = (void *)p;
+    int cap = m->cap_dev_owned ? 2 * m->cap_dev_owned : 256;
+    while (cap < m->n_dev_owned + n)
+        cap *= 2;
+    void **o = realloc(m->dev_owned, (size_t)cap * sizeof(*o));
+    if (!o)
+        return DSQ_ENOMEM;
+    m->dev_owned = o;
+    m->cap_dev_owned = cap;
     return DSQ_OK;
+}
+
+/* Record p (after dev_reserve). */
+static void dev_keep(dsq_model_t *m, const void *p)
+{
+    if (p)
+        m->dev_owned[m->n_dev_owned++] = (void *)p;
 }
 
 static int up_weight(dsq_model_t *m, dsq_weight_t *w)
 {
     dsq_weight_t d;
-    int rc = dsq_backend_weight_upload(m->be, w, &d, NULL);
+    int rc = dev_reserve(m, 4);
+    if (!rc)
+        rc = dsq_backend_weight_upload(m->be, w, &d, NULL);
     if (rc)
         return rc;
-    const void *parts[4] = {d.data, d.scales, d.zeros, d.bias};
-    for (int i = 0; i < 4 && !rc; i++)
-        rc = dev_keep(m, parts[i]);
-    if (rc) {
-        dsq_backend_weight_free(m->be, &d);
-        return rc;
-    }
+    dev_keep(m, d.data);
+    dev_keep(m, d.scales);
+    dev_keep(m, d.zeros);
+    dev_keep(m, d.bias);
     *w = d;
     return DSQ_OK;
 }
@@ -554,21 +569,23 @@ static int up_array(dsq_model_t *m, const void **p, size_t bytes)
 {
     if (!*p)
         return DSQ_OK;
-    void *d = dsq_backend_alloc(m->be, bytes);
+    int rc = dev_reserve(m, 1);
+    void *d = rc ? NULL : dsq_backend_alloc(m->be, bytes);
     if (!d)
         return DSQ_ENOMEM;
-    int rc = dsq_backend_upload(m->be, d, *p, bytes);
-    if (!rc)
-        rc = dev_keep(m, d);
+    rc = dsq_backend_upload(m->be, d, *p, bytes);
     if (rc) {
         dsq_backend_free(m->be, d);
         return rc;
     }
+    dev_keep(m, d);
     *p = d;
     return DSQ_OK;
 }
 
-/* Permutations are shared between weights (keep_perm): upload each once. */
+/* Permutations are shared between the weights of a layer (keep_perm):
+ * upload each once; seen_* (at most one entry per linear weight of the
+ * layer) map host copies to device ones. */
 static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t **seen_host,
                    const int32_t **seen_dev, int *n_seen)
 {
@@ -581,7 +598,7 @@ static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t *
         }
     const int32_t *h = *p;
     int rc = up_array(m, (const void **)p, (size_t)k * sizeof(int32_t));
-    if (!rc && *n_seen < 16) {
+    if (!rc && *n_seen < 7) {
         seen_host[*n_seen] = h;
         seen_dev[(*n_seen)++] = *p;
     }
@@ -602,10 +619,10 @@ static int upload_weights(dsq_model_t *m)
         rc = up_weight(m, &m->output);
     if (!rc)
         rc = up_array(m, (const void **)&m->output_norm, (size_t)d * sizeof(float));
-    const int32_t *seen_h[16], *seen_d[16];
-    int n_seen = 0;
     for (int64_t l = 0; l < c->n_layer && !rc; l++) {
         layer_weights_t *L = &m->layers[l];
+        const int32_t *seen_h[7], *seen_d[7];
+        int n_seen = 0;
         dsq_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
                               &L->w_down};
         for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]) && !rc; i++)
@@ -624,12 +641,30 @@ static int upload_weights(dsq_model_t *m)
     return rc;
 }
 
+/* The step's index arrays in backend memory (on a host backend, b's own)
+ * and the row stride of its block tables. */
+typedef struct dev_batch {
+    const int32_t *tokens, *pos, *row_seq, *slot, *logit_rows, *block_tables;
+    int max_blocks;
+} dev_batch_t;
+
 /* Device backends cannot validate index arrays on the device (kernels.h,
  * "CUDA twins"), so the host checks what the CPU ops would: token ids in
- * the vocabulary, slots in the cache, attended blocks in the cache. */
-static int check_batch(const dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b)
+ * the vocabulary, slots in the cache, and each sequence's attended blocks
+ * (the first need[s] = max over its rows of pos / block_size + 1) in the
+ * cache, once per sequence. Returns the widest need in *width. */
+static int check_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
+                       int *width)
 {
     const int64_t n_slots = kl->n_blocks * kl->block_size;
+    if ((size_t)b->n_seqs > m->need_cap) {
+        int32_t *p = realloc(m->need, (size_t)b->n_seqs * sizeof(*p));
+        if (!p)
+            return DSQ_ENOMEM;
+        m->need = p;
+        m->need_cap = (size_t)b->n_seqs;
+    }
+    memset(m->need, 0, (size_t)b->n_seqs * sizeof(*m->need));
     for (int i = 0; i < b->n_tokens; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.n_vocab)
             return DSQ_ERANGE;
@@ -637,27 +672,38 @@ static int check_batch(const dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq
             return DSQ_ERANGE;
         if (b->pos[i] >= (int64_t)b->max_blocks * kl->block_size)
             return DSQ_ERANGE;
-        const int32_t *bt = b->block_tables + (int64_t)b->row_seq[i] * b->max_blocks;
-        for (int j = 0; j <= b->pos[i] / kl->block_size; j++)
+        const int32_t n = b->pos[i] / kl->block_size + 1;
+        if (n > m->need[b->row_seq[i]])
+            m->need[b->row_seq[i]] = n;
+    }
+    *width = 1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks;
+        for (int j = 0; j < m->need[s]; j++)
             if (bt[j] < 0 || bt[j] >= kl->n_blocks)
                 return DSQ_ERANGE;
+        if (m->need[s] > *width)
+            *width = m->need[s];
     }
     return DSQ_OK;
 }
 
-/* The step's index arrays in backend memory (on a host backend, b's own). */
-typedef struct dev_batch {
-    const int32_t *tokens, *pos, *row_seq, *slot, *logit_rows, *block_tables;
-} dev_batch_t;
-
-static int upload_batch(dsq_model_t *m, const dsq_batch_t *b, dev_batch_t *d)
+/* On a device backend: check the batch, pack its arrays on the host (block
+ * tables cut to the widest row the step attends, not max_blocks) and send
+ * them in one upload. */
+static int upload_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
+                        dev_batch_t *d)
 {
     *d = (dev_batch_t){b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows,
-                       b->block_tables};
+                       b->block_tables, b->max_blocks};
     if (dsq_backend_is_host(m->be))
         return DSQ_OK;
+    int width = 0;
+    int rc = check_batch(m, kl, b, &width);
+    if (rc)
+        return rc;
     const size_t T = (size_t)b->n_tokens, nl = (size_t)b->n_logits,
-                 nbt = (size_t)b->n_seqs * (size_t)b->max_blocks;
+                 nbt = (size_t)b->n_seqs * (size_t)width;
     const size_t n = 4 * T + nl + nbt, bytes = n * sizeof(int32_t);
     if (bytes > m->dix_bytes) {
         int32_t *h = realloc(m->hix, bytes);
@@ -670,19 +716,21 @@ static int upload_batch(dsq_model_t *m, const dsq_batch_t *b, dev_batch_t *d)
         if (!m->dix)
             return DSQ_ENOMEM;
     }
-    /* packed on the host, one copy per step */
-    const int32_t *src[6] = {b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows,
-                             b->block_tables};
-    const size_t len[6] = {T, T, T, T, nl, nbt};
-    const int32_t **dst[6] = {&d->tokens, &d->pos, &d->row_seq, &d->slot, &d->logit_rows,
-                              &d->block_tables};
+    const int32_t *src[5] = {b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows};
+    const size_t len[5] = {T, T, T, T, nl};
+    const int32_t **dst[5] = {&d->tokens, &d->pos, &d->row_seq, &d->slot, &d->logit_rows};
     size_t off = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 5; i++) {
         if (len[i])
             memcpy(m->hix + off, src[i], len[i] * sizeof(int32_t));
         *dst[i] = m->dix + off;
         off += len[i];
     }
+    for (int s = 0; s < b->n_seqs; s++)
+        memcpy(m->hix + off + (size_t)s * width,
+               b->block_tables + (int64_t)s * b->max_blocks, (size_t)width * sizeof(int32_t));
+    d->block_tables = m->dix + off;
+    d->max_blocks = width;
     return dsq_backend_upload(m->be, m->dix, m->hix, bytes);
 }
 
@@ -729,10 +777,7 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     dsq_backend_t *be = m->be;
     const bool host = dsq_backend_is_host(be);
     dev_batch_t db;
-    if (!host && c->n_layer > 0)
-        rc = check_batch(m, dsq_kv_layer(kv, 0), b);
-    if (!rc)
-        rc = upload_batch(m, b, &db);
+    rc = upload_batch(m, dsq_kv_layer(kv, 0), b, &db);
     if (rc)
         return rc;
 
@@ -752,7 +797,7 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         if (!rc) rc = dsq_backend_rope(be, m->k, T, (int)nkv, (int)hd, db.pos, &m->rope);
         if (!rc) rc = dsq_backend_kv_write(be, kl, m->k, m->v, db.slot, T);
         if (!rc) rc = dsq_backend_attention(be, m->att, m->q, T, (int)nh, kl, db.row_seq,
-                                            db.pos, db.block_tables, b->max_blocks,
+                                            db.pos, db.block_tables, db.max_blocks,
                                             m->attn_scale, b->row_seq);
         m->xp_src = NULL;
         if (!rc) TAP("attn_output", m->att, nh * hd);

@@ -89,9 +89,12 @@ typedef struct dsq_batch {
     const int32_t *logit_rows;
 } dsq_batch_t;
 
-/* Run one step. logits: [n_logits][n_vocab] fp32, caller-owned.
+/* Run one step. logits: [n_logits][n_vocab] fp32, caller-owned (host).
  * Returns 0, DSQ_EINVAL (bad batch), DSQ_ERANGE (token id out of vocab,
- * slot out of the cache) or DSQ_ENOMEM. */
+ * slot or attended block out of the cache), DSQ_ENOMEM, and on a device
+ * backend DSQ_EUNSUPPORTED (an op or KV dtype the backend lacks, e.g. an
+ * F32 KV cache on CUDA) or DSQ_ECUDA (a launch or the step's
+ * synchronisation failed; the CUDA reason is logged). */
 int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
                       float *logits);
 

@@ -136,6 +136,8 @@ static int attention_check(float *out, const float *q, int64_t m, int n_heads,
     if (kv->dtype == DSQ_KV_INT8 &&
         (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
         return DSQ_EINVAL;
+    if (kv->dtype == DSQ_KV_F32)
+        return DSQ_EUNSUPPORTED;   /* well-formed, not on CUDA (kernels.h) */
     if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
         return DSQ_EINVAL;
     return DSQ_OK;
@@ -173,7 +175,10 @@ extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
 // accumulators in registers: thread t owns query t % 16 and dims
 // t / 16 + 8 i). Rows of a tile that belong to different sequences are
 // handled one sequence after another, so any batch is correct; only runs
-// make it fast. head_dim <= 256; wider heads take the decode kernel.
+// make it fast. As in the decode kernel, a row whose attended blocks
+// include one outside the cache gets zeros (rows of the same sequence at
+// lower positions are unaffected). head_dim <= 256; wider heads take the
+// decode kernel.
 
 #define PF_Q 16
 #define PF_THREADS 128
@@ -189,7 +194,7 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
     __shared__ int q_row[PF_Q], q_head[PF_Q], q_seq[PF_Q], q_pos[PF_Q];
     __shared__ int q_state[PF_Q];     // 0 pending, 1 active now, 2 done, 3 none
     __shared__ float q_corr[PF_Q], q_m[PF_Q], q_l[PF_Q];
-    __shared__ int cur_seq, cur_last, tile_bad;
+    __shared__ int cur_seq, cur_last, first_bad;   // first_bad: lowest bad position
     const int D = kv.head_dim, bs = kv.block_size, G = n_heads / kv.n_kv_heads;
     const int kh = blockIdx.y, tid = threadIdx.x;
     const int gs = D / n_groups;
@@ -238,7 +243,7 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
                     q_state[i] = 1;
                     cur_last = q_pos[i] > cur_last ? q_pos[i] : cur_last;
                 }
-            tile_bad = 0;
+            first_bad = 0x7fffffff;
         }
         if (tid < PF_Q) {
             q_m[tid] = -INFINITY;
@@ -260,7 +265,7 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
                 if (p <= cur_last) {
                     const int32_t b = bt[p / bs];
                     if (b < 0 || b >= kv.n_blocks) {
-                        tile_bad = 1;
+                        atomicMin(&first_bad, p);
                     } else {
                         const int64_t t = (int64_t)b * bs + p % bs;
                         kf = kv_load(kv, kv.k, kv.k_scale, kv.k_zero, t, kh, d, n_groups, gs);
@@ -329,7 +334,7 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
             for (int r = 0; r < ND; r++) {
                 const int d = my_d0 + 8 * r;
                 if (d < D)
-                    o[d] = tile_bad ? 0.0f : acc[r] / L;
+                    o[d] = q_pos[my_q] >= first_bad ? 0.0f : acc[r] / L;
             }
         }
         __syncthreads();

@@ -101,6 +101,8 @@ extern "C" int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k,
     if (kv->dtype == DSQ_KV_INT8 &&
         (!kv->k_scale || !kv->k_zero || !kv->v_scale || !kv->v_zero))
         return DSQ_EINVAL;
+    if (kv->dtype == DSQ_KV_F32)
+        return DSQ_EUNSUPPORTED;   /* well-formed, not on CUDA (kernels.h) */
     if (kv->dtype != DSQ_KV_F16 && kv->dtype != DSQ_KV_INT8)
         return DSQ_EINVAL;
     if (m == 0)

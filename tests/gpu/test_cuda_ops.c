@@ -313,6 +313,70 @@ static void test_kv_attention(void **state)
         kv_case(&cases[i]);
 }
 
+/* A row that attends an out-of-cache block gets zeros from both kernels,
+ * and only that row: 16 rows of one sequence at positions 0..15, block
+ * size 8, the second block missing (-1). Rows 0..7 equal the CPU op on
+ * those rows; rows 8..15 are zero (the CPU op refuses: DSQ_ERANGE). An
+ * F32 cache is refused as unsupported. */
+static void test_attention_bad_block(void **state)
+{
+    (void)state;
+    enum { BS = 8, D = 64, P = 16, NB = 3, MAXB = 2 };
+    const size_t n_el = (size_t)NB * BS * D;
+    dsq_kv_layer_t hk = {.dtype = DSQ_KV_F16, .block_size = BS, .n_kv_heads = 1,
+                         .head_dim = D, .n_blocks = NB};
+    hk.k = calloc(n_el, 2);
+    hk.v = calloc(n_el, 2);
+    float *kv = malloc(sizeof(*kv) * P * D);
+    for (int i = 0; i < P * D; i++)
+        kv[i] = frand(1.0f);
+    int32_t slot[BS];
+    for (int i = 0; i < BS; i++)
+        slot[i] = 2 * BS + i;                 /* block 2 holds positions 0..7 */
+    assert_int_equal(dsq_cpu_kv_write(&hk, kv, kv + BS * D, slot, BS), DSQ_OK);
+    const int32_t bt[MAXB] = {2, -1};
+    int32_t seq[P], pos[P];
+    for (int i = 0; i < P; i++) {
+        seq[i] = 0;
+        pos[i] = i;
+    }
+    float *q = malloc(sizeof(*q) * P * D), *o = malloc(sizeof(*o) * P * D);
+    float *og = malloc(sizeof(*og) * P * D);
+    for (int i = 0; i < P * D; i++)
+        q[i] = frand(1.0f);
+    const float scale = 0.125f;
+    assert_int_equal(dsq_cpu_attention(o, q, P, 1, &hk, seq, pos, bt, MAXB, scale),
+                     DSQ_ERANGE);
+    assert_int_equal(dsq_cpu_attention(o, q, BS, 1, &hk, seq, pos, bt, MAXB, scale),
+                     DSQ_OK);
+    memset(o + BS * D, 0, sizeof(*o) * BS * D);
+    dsq_kv_layer_t dk = hk;
+    dk.k = dev_dup(hk.k, n_el * 2);
+    dk.v = dev_dup(hk.v, n_el * 2);
+    float *dq = dev_dup(q, sizeof(*q) * P * D), *dout = dev_poison(sizeof(*o) * P * D);
+    int32_t *dseq = dev_dup(seq, sizeof(seq)), *dpos = dev_dup(pos, sizeof(pos));
+    int32_t *dbt = dev_dup(bt, sizeof(bt));
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(cudaMemset(dout, 0xff, sizeof(*o) * P * D), cudaSuccess);
+        int rc = k ? dsq_cuda_attention_prefill(dout, dq, P, 1, &dk, dseq, dpos, dbt, MAXB,
+                                                scale)
+                   : dsq_cuda_attention(dout, dq, P, 1, &dk, dseq, dpos, dbt, MAXB, scale);
+        assert_int_equal(rc, DSQ_OK);
+        dev_get(og, dout, sizeof(*og) * P * D);
+        report(k ? "attention_prefill, rows past a missing block = 0"
+                 : "attention, rows past a missing block = 0",
+               max_diff(o, og, P * D), 2e-5);
+    }
+    dsq_kv_layer_t f32 = dk;
+    f32.dtype = DSQ_KV_F32;
+    assert_int_equal(dsq_cuda_attention(dout, dq, P, 1, &f32, dseq, dpos, dbt, MAXB, scale),
+                     DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_cuda_kv_write(&f32, dq, dq, dseq, 1), DSQ_EUNSUPPORTED);
+    cudaFree(dk.k); cudaFree(dk.v); cudaFree(dq); cudaFree(dout);
+    cudaFree(dseq); cudaFree(dpos); cudaFree(dbt);
+    free(hk.k); free(hk.v); free(kv); free(q); free(o); free(og);
+}
+
 int main(void)
 {
     int skip = gpu_skip_code();
@@ -323,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_kv_attention),
+        cmocka_unit_test(test_attention_bad_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,6 +168,15 @@ static void test_ops_are_the_kernels(void **state)
     assert_int_equal(ids[2], 0);
     dsq_backend_weight_free(be, &v);
     assert_null(v.data);
+    /* a weight missing what its format needs is refused, not viewed */
+    dsq_weight_t badw = {.format = DSQ_WFMT_INT4, .n = 4, .k = 32, .group_size = 32,
+                        .zp_mode = DSQ_ZP_INT, .data = w32, .scales = (uint16_t *)w32};
+    assert_int_equal(dsq_backend_weight_upload(be, &badw, &v, NULL), DSQ_EINVAL);
+    badw.zp_mode = DSQ_ZP_SYM;
+    badw.scales = NULL;
+    assert_int_equal(dsq_backend_weight_upload(be, &badw, &v, NULL), DSQ_EINVAL);
+    badw.format = (dsq_wformat_t)42;
+    assert_int_equal(dsq_backend_weight_upload(be, &badw, &v, NULL), DSQ_EINVAL);
 }
 
 int main(void)
