@@ -3,7 +3,7 @@
  * NaN for floats, so an output the kernel forgets to write fails),
  * comparisons, the TAP report line, and the skip rule: without a CUDA
  * device a test prints "1..0 # SKIP" unless DSQ_REQUIRE_GPU=1 (set by
- * tests/gpu/run and under the simulator by scripts/test), which makes it
+ * the simulator runs of scripts/test, and on a GPU machine), which makes it
  * a failure. Every array the helpers return is owned by the caller. */
 #ifndef DSQ_GPU_COMMON_H
 #define DSQ_GPU_COMMON_H

@@ -5,8 +5,8 @@
  * Prints the max abs difference of every comparison.
  *
  * Without a CUDA device the whole test is skipped (TAP "1..0 # SKIP"),
- * unless DSQ_REQUIRE_GPU=1, which turns that into a failure (tests/gpu/run
- * and the simulator runs of scripts/test set it). */
+ * unless DSQ_REQUIRE_GPU=1, which turns that into a failure (the simulator
+ * runs of scripts/test set it; so should any run on a GPU machine). */
 #include "gpu_common.h"
 
 #include "engine/common/error.h"
