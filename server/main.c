@@ -106,6 +106,8 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->quant_group_size = o->group_size;
     eo->padding_model_path = o->padding_model;          /* pad */
     eo->activation_dtype = !strcmp(o->activation_dtype, "fp32") ? DSQ_ACT_F32 : DSQ_ACT_INT8;
+    eo->device = o->device;
+    eo->gpu_memory_utilization = o->gpu_memory_utilization;
 }
 
 /* Engine-thread heartbeat (dsq_engine_opts_t.heartbeat): pet systemd's
@@ -228,7 +230,7 @@ int main(int argc, char **argv)
     if (strcmp(o.device, "auto") && strcmp(o.device, "cpu") && !DSQ_HAVE_CUDA) {
         fprintf(stderr, "dsqd: --device %s: this build has no CUDA backend\n",
                 o.device);
-        rc = 2;
+        rc = 1;
         goto out;
     }
     if ((o.ssl_certfile != NULL) != (o.ssl_keyfile != NULL)) {

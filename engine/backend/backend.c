@@ -345,6 +345,12 @@ int dsq_backend_memset(dsq_backend_t *be, void *dst, int value, size_t bytes)
 
 int dsq_backend_sync(dsq_backend_t *be) { return be->ops->sync(be); }
 
+int dsq_backend_mem_info(dsq_backend_t *be, size_t *free_bytes, size_t *total_bytes)
+{
+    return be->ops->mem_info ? be->ops->mem_info(be, free_bytes, total_bytes)
+                             : DSQ_EUNSUPPORTED;
+}
+
 /* ------------------------------------------------------------- weights */
 
 static int upload_part(dsq_backend_t *be, const void *src, size_t bytes, void **out,

@@ -84,6 +84,11 @@ void *dsq_backend_alloc(dsq_backend_t *be, size_t bytes);
 /* Free what dsq_backend_alloc returned (NULL: no-op). The CUDA backend
  * waits for queued work first, so a buffer is never freed under a kernel. */
 void dsq_backend_free(dsq_backend_t *be, void *p);
+/* Device memory as the device reports it now (CUDA: cudaMemGetInfo, after
+ * this process's context is created, so the context is already counted as
+ * used). Returns 0, or DSQ_EUNSUPPORTED on a host backend (host memory is
+ * planned from the RAM size, engine/serve/planner.h). */
+int dsq_backend_mem_info(dsq_backend_t *be, size_t *free_bytes, size_t *total_bytes);
 /* Bytes currently allocated through this backend, and the peak since
  * creation (what the memory planner's prediction is checked against). */
 size_t dsq_backend_allocated_bytes(const dsq_backend_t *be);

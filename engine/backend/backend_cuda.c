@@ -148,6 +148,12 @@ static int cuda_sync(dsq_backend_t *be)
     return check(cudaStreamSynchronize(impl_of(be)->stream), "cudaStreamSynchronize");
 }
 
+static int cuda_mem_info(dsq_backend_t *be, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)be;
+    return check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
 static int cuda_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
                        const dsq_weight_t *w)
 {
@@ -269,6 +275,7 @@ static const dsq_backend_ops_t cuda_ops = {
     .copy = cuda_copy,
     .memset = cuda_memset,
     .sync = cuda_sync,
+    .mem_info = cuda_mem_info,
     .matmul = cuda_matmul,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,

@@ -26,6 +26,7 @@ typedef struct dsq_backend_ops {
     int (*copy)(dsq_backend_t *be, void *dst, const void *src, size_t bytes);
     int (*memset)(dsq_backend_t *be, void *dst, int value, size_t bytes);
     int (*sync)(dsq_backend_t *be);
+    int (*mem_info)(dsq_backend_t *be, size_t *free_bytes, size_t *total_bytes);
 
     int (*matmul)(dsq_backend_t *be, float *y, const float *x, int64_t m,
                   const dsq_weight_t *w);

@@ -2,7 +2,10 @@
  *
  * The free list is a stack of block ids; refcounts live in one int array.
  * Storage for every layer is one calloc'd region per K and V (and the INT8
- * scale/zero arrays), so untouched blocks cost no resident memory.
+ * scale/zero arrays), so untouched blocks cost no resident memory; or, for
+ * a device backend (dsq_kv_create_on), zero-filled backend memory, where
+ * copy-on-write queues its block copies on the backend. The block manager
+ * itself (free stack, refcounts, prefix cache) is always host memory.
  *
  * Prefix cache: per-block digest, cached flag and token copy; a chained
  * hash table (bucket heads + per-block next links, >= 2 buckets per block,
@@ -21,8 +24,11 @@
 #include <openssl/sha.h>
 
 #include "engine/common/error.h"
+#include "engine/common/log.h"
 
 struct dsq_kv_cache {
+    dsq_backend_t *be;       /* device storage's backend; NULL = host calloc */
+    size_t storage_bytes;
     int n_layers, n_kv_heads, head_dim, block_size, n_groups;
     bool has_v;              /* ds2: false for MLA (latent cache, K pool only) */
     int64_t n_blocks;
@@ -75,6 +81,39 @@ dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
                                  dsq_kv_dtype_t dtype, bool has_v, char *err,
                                  size_t err_len)
 {
+    return dsq_kv_create_on(NULL, n_layers, n_kv_heads, head_dim, block_size, n_blocks,
+                            dtype, has_v, err, err_len);
+}
+
+/* count elements of size bytes each: host calloc (pages committed when
+ * first written) or zero-filled backend memory */
+static void *storage_alloc(dsq_kv_cache_t *kv, size_t count, size_t size)
+{
+    if (!kv->be)
+        return calloc(count, size);
+    if (size && count > SIZE_MAX / size)
+        return NULL;
+    void *p = dsq_backend_alloc(kv->be, count * size);
+    if (p && dsq_backend_memset(kv->be, p, 0, count * size) != DSQ_OK) {
+        dsq_backend_free(kv->be, p);
+        p = NULL;
+    }
+    return p;
+}
+
+static void storage_free(dsq_kv_cache_t *kv, void *p)
+{
+    if (kv->be)
+        dsq_backend_free(kv->be, p);
+    else
+        free(p);
+}
+
+dsq_kv_cache_t *dsq_kv_create_on(dsq_backend_t *be, int n_layers, int n_kv_heads,
+                                 int head_dim, int block_size, int64_t n_blocks,
+                                 dsq_kv_dtype_t dtype, bool has_v, char *err,
+                                 size_t err_len)
+{
     dsq_kv_cache_t *kv = NULL;
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 ||
         n_blocks <= 0 || n_blocks > INT32_MAX) {
@@ -86,6 +125,7 @@ dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
     kv = calloc(1, sizeof(*kv));
     if (!kv)
         goto fail;
+    kv->be = be && !dsq_backend_is_host(be) ? be : NULL;
     kv->n_layers = n_layers;
     kv->n_kv_heads = n_kv_heads;
     kv->head_dim = head_dim;
@@ -111,17 +151,19 @@ dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
         L->n_kv_heads = n_kv_heads;
         L->head_dim = head_dim;
         L->n_blocks = n_blocks;
-        L->k = calloc(n_vals, elem);
-        L->v = has_v ? calloc(n_vals, elem) : NULL;
+        L->k = storage_alloc(kv, n_vals, elem);
+        L->v = has_v ? storage_alloc(kv, n_vals, elem) : NULL;
         if (!L->k || (has_v && !L->v))
             goto fail;
+        kv->storage_bytes += (has_v ? 2 : 1) * n_vals * elem;
         if (dtype == DSQ_KV_INT8) {
-            L->k_scale = calloc(n_sc, 2);
-            L->k_zero = calloc(n_sc, 2);
-            L->v_scale = has_v ? calloc(n_sc, 2) : NULL;
-            L->v_zero = has_v ? calloc(n_sc, 2) : NULL;
+            L->k_scale = storage_alloc(kv, n_sc, 2);
+            L->k_zero = storage_alloc(kv, n_sc, 2);
+            L->v_scale = has_v ? storage_alloc(kv, n_sc, 2) : NULL;
+            L->v_zero = has_v ? storage_alloc(kv, n_sc, 2) : NULL;
             if (!L->k_scale || !L->k_zero || (has_v && (!L->v_scale || !L->v_zero)))
                 goto fail;
+            kv->storage_bytes += (has_v ? 4 : 2) * n_sc * 2;
         }
     }
     /* Pop order: low ids first, so a fresh cache fills from the start. */
@@ -131,8 +173,9 @@ dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
     kv->lru_head = kv->lru_tail = -1;
     return kv;
 fail:
-    snprintf(err, err_len, "kv cache: out of memory for %lld blocks of %d tokens",
-             (long long)n_blocks, block_size);
+    snprintf(err, err_len, "kv cache: out of %s memory for %lld blocks of %d tokens",
+             kv && kv->be ? dsq_backend_name(kv->be) : "host", (long long)n_blocks,
+             block_size);
     dsq_kv_destroy(kv);
     return NULL;
 }
@@ -161,12 +204,9 @@ void dsq_kv_destroy(dsq_kv_cache_t *kv)
         return;
     for (int l = 0; kv->layers && l < kv->n_layers; l++) {
         dsq_kv_layer_t *L = &kv->layers[l];
-        free(L->k);
-        free(L->v);
-        free(L->k_scale);
-        free(L->k_zero);
-        free(L->v_scale);
-        free(L->v_zero);
+        void *arrs[6] = {L->k, L->v, L->k_scale, L->k_zero, L->v_scale, L->v_zero};
+        for (int a = 0; a < 6; a++)
+            storage_free(kv, arrs[a]);
     }
     free(kv->layers);
     free(kv->free_stack);
@@ -174,6 +214,8 @@ void dsq_kv_destroy(dsq_kv_cache_t *kv)
     pc_free(kv);
     free(kv);
 }
+
+size_t dsq_kv_storage_bytes(const dsq_kv_cache_t *kv) { return kv->storage_bytes; }
 
 const dsq_kv_layer_t *dsq_kv_layer(const dsq_kv_cache_t *kv, int layer)
 {
@@ -414,6 +456,16 @@ int dsq_kv_seq_reserve(dsq_kv_cache_t *kv, dsq_block_table_t *bt,
     return DSQ_OK;
 }
 
+/* dst <- src bytes: host memcpy, or a copy queued on the cache's backend */
+static void copy_bytes(dsq_kv_cache_t *kv, void *dst, const void *src, size_t n)
+{
+    if (!kv->be)
+        memcpy(dst, src, n);
+    else if (dsq_backend_copy(kv->be, dst, src, n) != DSQ_OK)
+        dsq_log(DSQ_LOG_ERROR, "event=kv_copy_failed bytes=%zu backend=%s", n,
+                dsq_backend_name(kv->be));
+}
+
 static void copy_block(dsq_kv_cache_t *kv, int32_t dst, int32_t src)
 {
     size_t per_block = (size_t)kv->block_size * (size_t)kv->n_kv_heads *
@@ -423,16 +475,16 @@ static void copy_block(dsq_kv_cache_t *kv, int32_t dst, int32_t src)
                 (size_t)kv->n_groups * 2;
     for (int l = 0; l < kv->n_layers; l++) {
         dsq_kv_layer_t *L = &kv->layers[l];
-        memcpy((char *)L->k + (size_t)dst * per_block * elem,
-               (char *)L->k + (size_t)src * per_block * elem, per_block * elem);
+        copy_bytes(kv, (char *)L->k + (size_t)dst * per_block * elem,
+                   (char *)L->k + (size_t)src * per_block * elem, per_block * elem);
         if (kv->has_v)
-            memcpy((char *)L->v + (size_t)dst * per_block * elem,
-                   (char *)L->v + (size_t)src * per_block * elem, per_block * elem);
+            copy_bytes(kv, (char *)L->v + (size_t)dst * per_block * elem,
+                       (char *)L->v + (size_t)src * per_block * elem, per_block * elem);
         if (kv->dtype == DSQ_KV_INT8) {
             uint16_t *arrs[4] = {L->k_scale, L->k_zero, L->v_scale, L->v_zero};
             for (int a = 0; a < (kv->has_v ? 4 : 2); a++)
-                memcpy((char *)arrs[a] + (size_t)dst * sc,
-                       (char *)arrs[a] + (size_t)src * sc, sc);
+                copy_bytes(kv, (char *)arrs[a] + (size_t)dst * sc,
+                           (char *)arrs[a] + (size_t)src * sc, sc);
         }
     }
 }

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend/backend.h"
 #include "kernels.h"
 
 typedef struct dsq_kv_cache dsq_kv_cache_t;
@@ -67,6 +68,19 @@ dsq_kv_cache_t *dsq_kv_create_ex(int n_layers, int n_kv_heads, int head_dim,
                                  int block_size, int64_t n_blocks,
                                  dsq_kv_dtype_t dtype, bool has_v, char *err,
                                  size_t err_len);
+/* As dsq_kv_create_ex, with every layer's storage in be's memory
+ * (engine/backend/backend.h), zero-filled: on the CUDA backend the cache
+ * lives on the device and copy-on-write copies blocks there. be NULL, or a
+ * host backend: the calloc'd host storage of dsq_kv_create_ex. be is not
+ * owned and must outlive the cache. Bytes allocated through be:
+ * dsq_kv_storage_bytes. */
+dsq_kv_cache_t *dsq_kv_create_on(dsq_backend_t *be, int n_layers, int n_kv_heads,
+                                 int head_dim, int block_size, int64_t n_blocks,
+                                 dsq_kv_dtype_t dtype, bool has_v, char *err,
+                                 size_t err_len);
+/* Bytes of KV storage (all layers: K, V and INT8 scales/zeros) the cache
+ * holds, wherever it lives. */
+size_t dsq_kv_storage_bytes(const dsq_kv_cache_t *kv);
 void dsq_kv_destroy(dsq_kv_cache_t *kv);   /* NULL is a no-op */
 
 const dsq_kv_layer_t *dsq_kv_layer(const dsq_kv_cache_t *kv, int layer);

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/backend/backend.h"
 #include "engine/common/error.h"
@@ -86,6 +87,11 @@ struct dsq_model {
     size_t dix_bytes;
     int32_t *need;           /* check_batch: blocks each sequence attends */
     size_t need_cap;
+    /* upload progress (upload_weights): bytes copied, of total, next
+     * percentage to log, start time */
+    size_t up_done, up_total;
+    int up_next_pct;
+    double up_t0;
     float *dlogits;
     size_t dlogits_bytes;
 };
@@ -549,14 +555,38 @@ static void dev_keep(dsq_model_t *m, const void *p)
         m->dev_owned[m->n_dev_owned++] = (void *)p;
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* bytes more are on the device: one log line per 10 % (and the last) */
+static void up_progress(dsq_model_t *m, size_t bytes)
+{
+    m->up_done += bytes;
+    int pct = m->up_total ? (int)(100.0 * (double)m->up_done / (double)m->up_total) : 100;
+    if (pct > 100)
+        pct = 100;
+    if (pct < m->up_next_pct)
+        return;
+    double dt = mono_s() - m->up_t0;
+    dsq_log(DSQ_LOG_INFO, "event=weights_upload backend=%s bytes=%zu total_bytes=%zu pct=%d "
+            "seconds=%.2f", dsq_backend_name(m->be), m->up_done, m->up_total, pct, dt);
+    m->up_next_pct = pct / 10 * 10 + 10;
+}
+
 static int up_weight(dsq_model_t *m, dsq_weight_t *w)
 {
     dsq_weight_t d;
+    size_t bytes = 0;
     int rc = dev_reserve(m, 4);
     if (!rc)
-        rc = dsq_backend_weight_upload(m->be, w, &d, NULL);
+        rc = dsq_backend_weight_upload(m->be, w, &d, &bytes);
     if (rc)
         return rc;
+    up_progress(m, bytes);
     dev_keep(m, d.data);
     dev_keep(m, d.scales);
     dev_keep(m, d.zeros);
@@ -580,6 +610,7 @@ static int up_array(dsq_model_t *m, const void **p, size_t bytes)
     }
     dev_keep(m, d);
     *p = d;
+    up_progress(m, bytes);
     return DSQ_OK;
 }
 
@@ -610,6 +641,10 @@ static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t *
 static int upload_weights(dsq_model_t *m)
 {
     const dsq_model_config_t *c = &m->cfg;
+    m->up_total = m->weight_bytes;
+    m->up_done = 0;
+    m->up_next_pct = 10;
+    m->up_t0 = mono_s();
     const int64_t d = c->n_embd, q_dim = c->n_head * c->head_dim;
     const bool tied = m->output.data == m->tok_embd.data;
     int rc = up_weight(m, &m->tok_embd);

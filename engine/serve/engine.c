@@ -23,6 +23,8 @@
 
 #include <openssl/rand.h>
 
+#include "dsq_config.h"
+#include "engine/backend/backend.h"
 #include "engine/text/detok.h"
 #include "engine/common/error.h"
 #include "kernels.h"
@@ -101,6 +103,8 @@ struct dsq_req {
 
 struct dsq_engine {
     dsq_engine_opts_t o;
+    dsq_backend_t *be;             /* where the model runs                    */
+    bool be_owned;                 /* created here (CUDA), destroyed last     */
     int max_model_len;
     dsq_model_file_t *file;
     dsq_model_t *model;
@@ -1163,17 +1167,82 @@ static void *engine_main(void *arg)
 }
 
 /* KV element type: explicit, or "auto" = FP32 for FP32 models (the token
- * embedding's type stands for the model's storage type), FP16 otherwise. */
-static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f)
+ * embedding's type stands for the model's storage type), FP16 otherwise;
+ * on a device backend FP16 for those too (CUDA has no F32 KV ops). */
+static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f,
+                                   bool device)
 {
     if (opts->kv_cache_dtype == DSQ_KV_INT8 || opts->kv_cache_dtype == DSQ_KV_F32)
         return (dsq_kv_dtype_t)opts->kv_cache_dtype;
-    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f) {
+    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f && !device) {
         const dsq_tensor_t *t = dsq_model_file_find(f, "token_embd.weight");
         if (t && t->type == DSQ_TYPE_F32)
             return DSQ_KV_F32;
     }
     return DSQ_KV_F16;
+}
+
+/* The backend opts->device names (engine.h). *owned: the caller destroys
+ * it. NULL + err when it cannot be had. */
+static dsq_backend_t *open_device(const dsq_engine_opts_t *opts, dsq_arch_t arch,
+                                  bool *owned, char *err, size_t err_len)
+{
+    const char *dev = opts->device && *opts->device ? opts->device : "cpu";
+    char why[256] = "";
+    dsq_backend_t *be = NULL;
+    *owned = false;
+    if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto")) {
+        snprintf(err, err_len, "unknown device \"%s\" (auto, cpu or cuda)", dev);
+        return NULL;
+    }
+    if (!strcmp(dev, "auto") && arch == DSQ_ARCH_DEEPSEEK2)
+        snprintf(why, sizeof(why), "the deepseek2 graph runs on the CPU backend only");
+    else if (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && DSQ_HAVE_CUDA)) {
+        be = dsq_backend_create(DSQ_BACKEND_CUDA, why, sizeof(why));
+        if (!be && !strcmp(dev, "cuda")) {
+            snprintf(err, err_len, "--device cuda: %s", why);
+            return NULL;
+        }
+        *owned = be != NULL;
+    }
+    if (!be)
+        be = dsq_backend_cpu();
+    char desc[256];
+    dsq_backend_describe(be, desc, sizeof(desc));
+    if (why[0])
+        dsq_log(DSQ_LOG_INFO, "event=device requested=%s backend=%s desc=\"%s\" "
+                "cuda_unavailable=\"%s\"", dev, dsq_backend_name(be), desc, why);
+    else
+        dsq_log(DSQ_LOG_INFO, "event=device requested=%s backend=%s desc=\"%s\"", dev,
+                dsq_backend_name(be), desc);
+    return be;
+}
+
+/* Device plans: budget = min(total x gpu_memory_utilization, free). */
+static int device_budget(dsq_backend_t *be, const dsq_engine_opts_t *opts,
+                         dsq_plan_opts_t *po, char *desc, size_t desc_len, char *err,
+                         size_t err_len)
+{
+    size_t fr = 0, tot = 0;
+    int rc = dsq_backend_mem_info(be, &fr, &tot);
+    if (rc) {
+        snprintf(err, err_len, "%s: cannot read the device's memory (%s)",
+                 dsq_backend_name(be), dsq_strerror(rc));
+        return rc;
+    }
+    double util = opts->gpu_memory_utilization > 0 ? opts->gpu_memory_utilization : 0.9;
+    int64_t budget = (int64_t)((double)tot * util);
+    if (budget > (int64_t)fr)
+        budget = (int64_t)fr;
+    dsq_backend_describe(be, desc, desc_len);
+    po->device = true;
+    po->device_desc = desc;
+    po->device_total_bytes = (int64_t)tot;
+    po->device_free_bytes = (int64_t)fr;
+    po->gpu_memory_utilization = util;
+    if (po->budget_bytes <= 0 || po->budget_bytes > budget)
+        po->budget_bytes = budget;
+    return DSQ_OK;
 }
 
 static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
@@ -1203,9 +1272,15 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     if (opts->n_threads > 0)
         dsq_cpu_set_threads(opts->n_threads);
     double t0 = now_s();
+    char desc[256];
     e->file = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err, err_len);
     if (!e->file)
         goto fail;
+    e->be = open_device(opts, dsq_model_file_config(e->file)->arch, &e->be_owned, err,
+                        err_len);
+    if (!e->be)
+        goto fail;
+    const bool device = !dsq_backend_is_host(e->be);
     e->tok = dsq_model_file_tokenizer(e->file);
     if (!e->tok) {
         snprintf(err, err_len, "%s: no tokenizer in the model file; pass --tokenizer",
@@ -1222,10 +1297,20 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     }
     for (int i = 0; i < n_t; i++)
         tv[i] = dsq_model_file_tensor(e->file, i);
-    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file);
+    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file, device);
+    if (device && kvt == DSQ_KV_F32) {
+        free(tv);
+        snprintf(err, err_len, "--kv-cache-dtype fp32 is not supported on %s (fp16 or int8)",
+                 dsq_backend_name(e->be));
+        goto fail;
+    }
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
     po.kv_dtype = kvt;
+    if (device && device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)) {
+        free(tv);
+        goto fail;
+    }
     dsq_plan_t plan;
     int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
     free(tv);
@@ -1236,18 +1321,21 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     int64_t n_blocks = plan.num_blocks;
     int64_t need = (e->max_model_len + block_size - 1) / block_size;
     if (prc == DSQ_ERANGE || n_blocks < need) {
-        snprintf(err, err_len, "memory plan: budget %lld bytes - weights %lld - workspace %lld "
+        snprintf(err, err_len, "memory plan: %sbudget %lld bytes - weights %lld - workspace %lld "
                  "leaves %lld bytes for the KV cache = %lld blocks of %d tokens (%lld bytes/token), "
                  "but one sequence of max_model_len %d needs %lld blocks; lower --max-model-len "
-                 "or raise --memory-limit / --kv-cache-memory",
+                 "or raise %s / --kv-cache-memory", device ? "device " : "",
                  (long long)plan.budget_bytes, (long long)plan.weight_bytes,
-                 (long long)plan.workspace_bytes, (long long)plan.kv_budget_bytes,
+                 (long long)(plan.workspace_bytes + plan.overhead_bytes),
+                 (long long)plan.kv_budget_bytes,
                  (long long)n_blocks, block_size, (long long)plan.kv_bytes_per_token,
-                 e->max_model_len, (long long)need);
+                 e->max_model_len, (long long)need,
+                 device ? "--gpu-memory-utilization" : "--memory-limit");
         goto fail;
     }
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
-                           .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype};
+                           .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype,
+                           .backend = e->be};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
         goto fail;
@@ -1270,10 +1358,24 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     int kv_heads, kv_dim;
     bool kv_has_v;
     dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
-    e->kv = dsq_kv_create_ex((int)c->n_layer, kv_heads, kv_dim, block_size,
+    e->kv = dsq_kv_create_on(e->be, (int)c->n_layer, kv_heads, kv_dim, block_size,
                              n_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
         goto fail;
+    if (device) {
+        /* the plan's figures beside what was allocated so far; the step
+         * buffers are allocated as steps need them (up to the workspace
+         * and device buffers of the plan) */
+        int64_t predicted = plan.weight_bytes + plan.num_blocks * plan.block_bytes +
+                            plan.workspace_bytes + plan.overhead_bytes;
+        size_t allocated = dsq_backend_allocated_bytes(e->be);
+        dsq_log(allocated > (size_t)predicted ? DSQ_LOG_WARN : DSQ_LOG_INFO,
+                "event=device_memory backend=%s planned_bytes=%lld weight_bytes_planned=%lld "
+                "kv_bytes_planned=%lld allocated_bytes=%zu kv_bytes=%zu budget_bytes=%lld",
+                dsq_backend_name(e->be), (long long)predicted, (long long)plan.weight_bytes,
+                (long long)(plan.num_blocks * plan.block_bytes), allocated,
+                dsq_kv_storage_bytes(e->kv), (long long)plan.budget_bytes);
+    }
     if (opts->enable_prefix_caching && dsq_kv_set_prefix_caching(e->kv, true) != DSQ_OK) {
         snprintf(err, err_len, "prefix caching: out of memory for %lld blocks",
                  (long long)n_blocks);
@@ -1338,10 +1440,10 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     update_stats(e);
     dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
             "weights_bytes=%zu kv_blocks=%lld block_size=%d kv_bytes_per_token=%zu "
-            "max_model_len=%d threads=%d isa=%s load_ms=%.0f",
+            "max_model_len=%d backend=%s threads=%d isa=%s load_ms=%.0f",
             dsq_arch_name(c->arch), (long long)c->n_layer, e->n_vocab,
             dsq_model_weight_bytes(e->model), (long long)n_blocks, block_size, per_tok,
-            e->max_model_len, dsq_cpu_get_threads(), dsq_cpu_isa(),
+            e->max_model_len, dsq_backend_name(e->be), dsq_cpu_get_threads(), dsq_cpu_isa(),
             (now_s() - t0) * 1000.0);
     return e;
 fail:
@@ -1350,6 +1452,8 @@ fail:
     free(e->logits_fork);
     dsq_kv_destroy(e->kv);
     dsq_model_destroy(e->model);
+    if (e->be_owned)
+        dsq_backend_destroy(e->be);
     dsq_pad_model_destroy(e->pad_model);
     dsq_model_file_close(e->file);
     pthread_mutex_destroy(&e->mu);
@@ -1384,6 +1488,9 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
     const dsq_model_config_t *c = &cfg;
     const dsq_tensor_t **tv = NULL;
     int n_t = 0, rc;
+    dsq_backend_t *be = NULL;
+    bool be_owned = false;
+    char desc[256];
     *out = NULL;
     dsq_model_file_t *f = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err,
                                               err_len);
@@ -1405,7 +1512,15 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
     }
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
-    po.kv_dtype = kv_dtype_for(opts, f);
+    be = open_device(opts, c->arch, &be_owned, err, err_len);
+    if (!be) {
+        rc = DSQ_EUNSUPPORTED;
+        goto done;
+    }
+    po.kv_dtype = kv_dtype_for(opts, f, !dsq_backend_is_host(be));
+    if (!dsq_backend_is_host(be) &&
+        (rc = device_budget(be, opts, &po, desc, sizeof(desc), err, err_len)))
+        goto done;
     dsq_plan_t plan;
     rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
     if (rc == DSQ_OK || rc == DSQ_ERANGE) {
@@ -1421,6 +1536,8 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
             rc = DSQ_ENOMEM;
     }
 done:
+    if (be_owned)
+        dsq_backend_destroy(be);
     free(tv);
     dsq_model_file_close(f);
     return rc;
@@ -1449,6 +1566,8 @@ void dsq_engine_destroy(dsq_engine_t *e)
     free(e->xseq);
     dsq_kv_destroy(e->kv);
     dsq_model_destroy(e->model);
+    if (e->be_owned)
+        dsq_backend_destroy(e->be);
     dsq_pad_model_destroy(e->pad_model);
     dsq_model_file_close(e->file);
     pthread_mutex_destroy(&e->mu);

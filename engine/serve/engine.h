@@ -88,10 +88,22 @@ typedef struct dsq_engine_opts {
      * informational (batches are ragged), the CUDA-graph path will plan
      * its bucket launches with it (dsq_pad_choose). */
     const char *padding_model_path;
+    /* Where the model runs (engine/backend/backend.h): NULL or "cpu"; "cuda"
+     * (device 0; dsq_engine_create fails with the reason when this build
+     * has no CUDA or there is no device: never a silent CPU fallback);
+     * "auto": CUDA when a device is there, else the CPU (logged either
+     * way: event=device). */
+    const char *device;
+    double gpu_memory_utilization;   /* device plans: budget = min(total x
+                                        this, free); default 0.9         */
 } dsq_engine_opts_t;
 
 /* Load the model and start the engine thread. On failure returns NULL with a
- * one-line reason in err. */
+ * one-line reason in err. On a device (opts->device) the weights are copied
+ * there once with progress on the log, the KV cache is device memory sized
+ * from the device's free memory by the planner, and every step runs there;
+ * the engine logs the plan's prediction beside the bytes it allocated
+ * (event=device_memory). */
 dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                                 size_t err_len);
 /* Memory plan for opts without loading weights (engine/serve/planner.h): opens

@@ -304,13 +304,37 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     out->workspace_bytes = 4 * T * (d + (d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff + d) +
                            4 * rows * c->n_vocab + 17 * c->n_vocab;
     out->overhead_bytes = 0;   /* CPU backend: no runtime pools */
+    if (o->device) {
+        /* device buffers besides the workspace (engine/model/model.c): a
+         * step's index arrays (tokens, positions, rows, slots, logit rows,
+         * block tables cut to the attended width <= max_model_len / bs) and,
+         * for GPTQ (act-order possible), one permutation per linear input
+         * (<= 4 distinct per layer) and the gathered input */
+        int64_t mb = (out->max_model_len + out->block_size - 1) / out->block_size;
+        out->overhead_bytes = 4 * (4 * T + rows + S * mb);
+        if (c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ) {
+            int64_t wide = ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd);
+            out->overhead_bytes += 4 * c->n_layer * (2 * d + qd + ff) + 4 * T * wide;
+        }
+        out->device = true;
+        snprintf(out->device_desc, sizeof(out->device_desc), "%s",
+                 o->device_desc ? o->device_desc : "device");
+        out->device_total_bytes = o->device_total_bytes;
+        out->device_free_bytes = o->device_free_bytes;
+        out->gpu_memory_utilization = o->gpu_memory_utilization;
+    }
     out->budget_bytes = o->budget_bytes > 0 ? o->budget_bytes : dsq_plan_default_budget();
     if (o->kv_cache_bytes > 0)
         out->kv_budget_bytes = o->kv_cache_bytes;
     else
         out->kv_budget_bytes = out->budget_bytes - out->weight_bytes - out->workspace_bytes -
                                out->overhead_bytes;
-    if (o->kv_cache_bytes <= 0) {
+    if (o->kv_cache_bytes <= 0 && o->device) {
+        /* device: all that is left, up to every sequence at max_model_len */
+        int64_t need = S * (int64_t)out->max_model_len * out->kv_bytes_per_token;
+        if (need > 0 && out->kv_budget_bytes > need)
+            out->kv_budget_bytes = need;
+    } else if (o->kv_cache_bytes <= 0) {
         /* CPU default, as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE = 4
          * GiB): never more than 4 GiB, and never more than every sequence
          * at max_model_len could use. */
@@ -327,10 +351,11 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     out->max_tokens = out->num_blocks * out->block_size;
     out->max_concurrent_seqs = (double)out->max_tokens / out->max_model_len;
     if (o->kv_cache_bytes <= 0 &&
-        out->weight_bytes + out->workspace_bytes > out->budget_bytes) {
+        out->weight_bytes + out->workspace_bytes + out->overhead_bytes > out->budget_bytes) {
         snprintf(err, err_len, "plan: weights (%lld bytes) and workspace (%lld bytes) exceed "
-                 "the memory budget (%lld bytes)", (long long)out->weight_bytes,
-                 (long long)out->workspace_bytes, (long long)out->budget_bytes);
+                 "the %smemory budget (%lld bytes)", (long long)out->weight_bytes,
+                 (long long)(out->workspace_bytes + out->overhead_bytes),
+                 o->device ? "device " : "", (long long)out->budget_bytes);
         return DSQ_ERANGE;
     }
     return DSQ_OK;
@@ -380,6 +405,17 @@ char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
                   p->coarse_estimate_bytes ? (double)p->weight_bytes / (double)p->coarse_estimate_bytes : 0,
                   (long long)p->workspace_bytes, fmt_bytes(b3, sizeof(b3), p->workspace_bytes),
                   (long long)p->budget_bytes, fmt_bytes(b4, sizeof(b4), p->budget_bytes));
+    if (p->device)
+        n += snprintf(s + n, cap - (size_t)n,
+                      "  device buffers        %14lld bytes  (index arrays, act-order)\n"
+                      "  device                %s\n"
+                      "  device memory         %14lld bytes total, %lld free; budget = "
+                      "min(total x %.2f, free)\n",
+                      (long long)p->overhead_bytes, p->device_desc,
+                      (long long)p->device_total_bytes, (long long)p->device_free_bytes,
+                      p->gpu_memory_utilization);
+    else
+        n += snprintf(s + n, cap - (size_t)n, "  device                cpu\n");
     n += snprintf(s + n, cap - (size_t)n,
                   "  KV budget             %14lld bytes  %s\n"
                   "  KV bytes per token    %14lld\n"
@@ -419,6 +455,17 @@ char *dsq_plan_format_json(const dsq_plan_t *p, const dsq_model_config_t *c)
     cJSON_AddNumberToObject(o, "max_tokens", (double)p->max_tokens);
     cJSON_AddNumberToObject(o, "max_model_len", p->max_model_len);
     cJSON_AddNumberToObject(o, "max_concurrent_seqs", p->max_concurrent_seqs);
+    if (p->device) {
+        cJSON *dv = cJSON_AddObjectToObject(o, "device");
+        if (dv) {
+            cJSON_AddStringToObject(dv, "backend", p->device_desc);
+            cJSON_AddNumberToObject(dv, "total_bytes", (double)p->device_total_bytes);
+            cJSON_AddNumberToObject(dv, "free_bytes", (double)p->device_free_bytes);
+            cJSON_AddNumberToObject(dv, "gpu_memory_utilization", p->gpu_memory_utilization);
+        }
+    } else {
+        cJSON_AddStringToObject(o, "device", "cpu");
+    }
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;

@@ -44,6 +44,15 @@ typedef struct dsq_plan_opts {
                                      max_num_seqs x max_model_len tokens      */
     const char *quantize;         /* "int4" = RTN linear weights at load      */
     int group_size;               /* INT4 group with quantize (default 32)    */
+    /* A device backend (CUDA): budget_bytes is then the caller's
+     * min(total x gpu_memory_utilization, free) of the device_* figures;
+     * KV takes all the budget leaves (no CPU 4 GiB cap, still at most
+     * max_num_seqs x max_model_len tokens) and overhead_bytes counts the
+     * device buffers a step needs besides the workspace (below). */
+    bool device;
+    const char *device_desc;      /* dsq_backend_describe, for the output     */
+    int64_t device_total_bytes, device_free_bytes;
+    double gpu_memory_utilization;
 } dsq_plan_opts_t;
 
 /* Weight classes reported separately. */
@@ -73,7 +82,10 @@ typedef struct dsq_plan {
     int64_t kv_bytes_per_token;
     int64_t block_bytes;                         /* kv_bytes_per_token*bs   */
     int64_t workspace_bytes;
-    int64_t overhead_bytes;                      /* runtime constants       */
+    int64_t overhead_bytes;                      /* CPU: 0. Device: the step's
+                                                    index arrays, GPTQ
+                                                    act-order permutations
+                                                    and gather buffer      */
     int64_t budget_bytes;
     int64_t kv_budget_bytes;
     int64_t num_blocks;
@@ -82,6 +94,10 @@ typedef struct dsq_plan {
     int block_size;
     double max_concurrent_seqs;                  /* max_tokens/max_model_len*/
     bool weights_from_config;                    /* no tensor table given   */
+    bool device;                                 /* planned for a device    */
+    char device_desc[192];
+    int64_t device_total_bytes, device_free_bytes;
+    double gpu_memory_utilization;
 } dsq_plan_t;
 
 /* KV-cache bytes per token for the architecture (all layers, K and V or the
@@ -103,8 +119,10 @@ int64_t dsq_plan_default_budget(void);
  * caller frees (NULL on out-of-memory). JSON keys: weight_bytes,
  * kv_bytes_per_token, block_bytes, num_blocks, max_tokens,
  * max_concurrent_seqs, coarse_estimate_bytes, workspace_bytes,
- * budget_bytes, kv_budget_bytes, max_model_len, block_size, n_params,
- * weights_by_class{...}. */
+ * overhead_bytes, budget_bytes, kv_budget_bytes, max_model_len,
+ * block_size, n_params, weights_by_class{...}, and "device": "cpu", or
+ * for a device plan an object {backend, total_bytes, free_bytes,
+ * gpu_memory_utilization}. */
 char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c);
 char *dsq_plan_format_json(const dsq_plan_t *p, const dsq_model_config_t *c);
 
