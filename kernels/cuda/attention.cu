@@ -1,11 +1,13 @@
 // CUDA twin of kernels/cpu/attention.c (paged, causal, GQA, FP16/INT8 KV).
 //
-// One thread block of 4 warps per (query row, query head). The block's
-// positions 0..pos are dealt round-robin to the warps; each warp keeps its
-// own online-softmax state (running max, running sum, and an accumulator of
-// head_dim / 32 values per lane in registers) and handles one token at a
-// time: lanes split head_dim, a shuffle reduction gives the score. At the
-// end the four partial states are merged through shared memory. Built for
+// One thread block of 4 warps per (query row, query head). Each warp is
+// split into lane groups of LP = 8, 16 or 32 lanes (the smallest that
+// covers head_dim), and the block's positions 0..pos are dealt round-robin
+// to the lane groups; each group keeps its own online-softmax state
+// (running max, running sum, and an accumulator of head_dim / LP values per
+// lane in registers, the kernel built for 1..32 of them) and handles one token at a time: lanes split
+// head_dim, a shuffle reduction within the group gives the score. At the
+// end the partial states are merged through shared memory. Built for
 // decode (one query per row) but correct for any row positions, so prefill
 // rows work too. Rows whose position or blocks are out of range produce
 // zeros (device-side index arrays cannot be validated by the host).
@@ -32,19 +34,23 @@ static __device__ __forceinline__ float kv_load(const dsq_kv_layer_t &kv,
     return ((float)((const int8_t *)base)[e] - z) * s;
 }
 
+template <int LP, int R>
 static __global__ void attention_kernel(float *out, const float *q, int n_heads,
                                         dsq_kv_layer_t kv, const int32_t *row_seq,
                                         const int32_t *row_pos,
                                         const int32_t *block_tables,
                                         int max_blocks, float scale, int n_groups)
 {
-    extern __shared__ float sh[];             // q[D] | acc[W][D] | m[W] | l[W]
+    constexpr int PPW = 32 / LP;              // positions a warp takes at once
+    constexpr int NV = ATT_WARPS * PPW;       // lane groups ("virtual warps")
+    extern __shared__ float sh[];             // q[D] | acc[NV][D] | m[NV] | l[NV]
     const int D = kv.head_dim, bs = kv.block_size;
     const int h = blockIdx.x, i = blockIdx.y;
     const int kh = h / (n_heads / kv.n_kv_heads);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int sub = lane % LP, vw = warp * PPW + lane / LP;
     const int gs = D / n_groups;
-    float *qs = sh, *accs = sh + D, *ms = accs + ATT_WARPS * D, *ls = ms + ATT_WARPS;
+    float *qs = sh, *accs = sh + D, *ms = accs + NV * D, *ls = ms + NV;
     const int64_t qoff = ((int64_t)i * n_heads + h) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x)
         qs[d] = q[qoff + d];
@@ -54,67 +60,79 @@ static __global__ void attention_kernel(float *out, const float *q, int n_heads,
     bool ok = seq >= 0 && pos >= 0 && pos < (int64_t)max_blocks * bs;
     const int32_t *bt = block_tables + (int64_t)(seq < 0 ? 0 : seq) * max_blocks;
 
-    float acc[ATT_MAX_PER_LANE];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < ATT_MAX_PER_LANE; r++)
+    for (int r = 0; r < R; r++)
         acc[r] = 0.0f;
     float mx = -INFINITY, l = 0.0f;
     bool bad = false;
     const int last = ok ? pos : -1;
-    for (int p = warp; p <= last; p += ATT_WARPS) {
-        const int32_t b = bt[p / bs];
-        if (b < 0 || b >= kv.n_blocks) {
-            bad = true;
-            break;
+    // the trip count is the same for the whole warp (the shuffles need all
+    // 32 lanes); a lane group past the last position idles in its round
+    for (int p0 = warp * PPW; p0 <= last; p0 += NV) {
+        const int p = p0 + lane / LP;
+        bool live = p <= last;
+        int64_t t = 0;
+        if (live) {
+            const int32_t b = bt[p / bs];
+            if (b < 0 || b >= kv.n_blocks) {
+                bad = true;
+                live = false;
+            } else {
+                t = (int64_t)b * bs + p % bs;
+            }
         }
-        const int64_t t = (int64_t)b * bs + p % bs;
         float part = 0.0f;
+        if (live) {
 #pragma unroll
-        for (int r = 0; r < ATT_MAX_PER_LANE; r++) {
-            const int d = lane + 32 * r;
-            if (d < D)
-                part += qs[d] * kv_load(kv, kv.k, kv.k_scale, kv.k_zero, t, kh, d,
-                                        n_groups, gs);
+            for (int r = 0; r < R; r++) {
+                const int d = sub + LP * r;
+                if (d < D)
+                    part += qs[d] * kv_load(kv, kv.k, kv.k_scale, kv.k_zero, t, kh, d,
+                                            n_groups, gs);
+            }
         }
-        for (int o = 16; o > 0; o >>= 1)
+        for (int o = LP / 2; o > 0; o >>= 1)
             part += __shfl_xor_sync(0xffffffffu, part, o);
+        if (!live)
+            continue;
         const float s = part * scale;
         const float nm = fmaxf(mx, s);
         const float corr = expf(mx - nm);      // 0 when mx == -inf
         const float pw = expf(s - nm);
         l = l * corr + pw;
 #pragma unroll
-        for (int r = 0; r < ATT_MAX_PER_LANE; r++) {
-            const int d = lane + 32 * r;
+        for (int r = 0; r < R; r++) {
+            const int d = sub + LP * r;
             if (d < D)
                 acc[r] = acc[r] * corr + pw * kv_load(kv, kv.v, kv.v_scale, kv.v_zero,
                                                       t, kh, d, n_groups, gs);
         }
         mx = nm;
     }
-    // a bad block in any warp poisons the whole row: zeros
+    // a bad block in any lane group poisons the whole row: zeros
     ok = __syncthreads_and(ok && !bad);
 #pragma unroll
-    for (int r = 0; r < ATT_MAX_PER_LANE; r++) {
-        const int d = lane + 32 * r;
+    for (int r = 0; r < R; r++) {
+        const int d = sub + LP * r;
         if (d < D)
-            accs[warp * D + d] = acc[r];
+            accs[vw * D + d] = acc[r];
     }
-    if (lane == 0) {
-        ms[warp] = mx;
-        ls[warp] = l;
+    if (sub == 0) {
+        ms[vw] = mx;
+        ls[vw] = l;
     }
     __syncthreads();
     float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++)
+    for (int w = 0; w < NV; w++)
         M = fmaxf(M, ms[w]);
     float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
+    for (int w = 0; w < NV; w++)
         if (ms[w] != -INFINITY)
             L += ls[w] * expf(ms[w] - M);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
+        for (int w = 0; w < NV; w++)
             if (ms[w] != -INFINITY)
                 o += accs[w * D + d] * expf(ms[w] - M);
         out[qoff + d] = ok ? o / L : 0.0f;
@@ -156,11 +174,31 @@ extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
     if (m > 65535)
         return DSQ_EINVAL;
     const int D = kv->head_dim;
-    const size_t shmem = sizeof(float) * ((size_t)D * (1 + ATT_WARPS) + 2 * ATT_WARPS);
+    // lanes per position: the smallest of 8, 16, 32 that covers head_dim
+    // (narrow heads would leave most of a warp idle)
+    const int lp = D <= 8 ? 8 : D <= 16 ? 16 : 32, nv = ATT_WARPS * (32 / lp);
+    const size_t shmem = sizeof(float) * ((size_t)D * (1 + nv) + 2 * (size_t)nv);
     dim3 grid((unsigned)n_heads, (unsigned)m);
-    attention_kernel<<<grid, 32 * ATT_WARPS, shmem, dsq__cuda_stream()>>>(
-        out, q, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale,
-        dsq_kv_n_groups(D));
+    const int ng = dsq_kv_n_groups(D);
+    cudaStream_t st = dsq__cuda_stream();
+#define ATT_LAUNCH(LP_, R_)                                                          \
+    attention_kernel<LP_, R_><<<grid, 32 * ATT_WARPS, shmem, st>>>(                  \
+        out, q, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale, ng)
+    if (lp == 8)
+        ATT_LAUNCH(8, 1);
+    else if (lp == 16)
+        ATT_LAUNCH(16, 1);
+    else if (D <= 32)
+        ATT_LAUNCH(32, 1);
+    else if (D <= 64)
+        ATT_LAUNCH(32, 2);
+    else if (D <= 128)
+        ATT_LAUNCH(32, 4);
+    else if (D <= 256)
+        ATT_LAUNCH(32, 8);
+    else
+        ATT_LAUNCH(32, ATT_MAX_PER_LANE);
+#undef ATT_LAUNCH
     return dsq__cuda_launched("attention");
 }
 

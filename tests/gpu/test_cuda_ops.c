@@ -308,6 +308,12 @@ static void test_kv_attention(void **state)
         {DSQ_KV_INT8, 4, 2, 3, 64},
         {DSQ_KV_INT8, 16, 2, 4, 128},
         {DSQ_KV_INT8, 16, 3, 1, 40},
+        /* narrow heads: 8- and 16-lane groups, one value per lane */
+        {DSQ_KV_F16, 16, 4, 2, 8},
+        {DSQ_KV_INT8, 4, 2, 2, 12},
+        {DSQ_KV_F16, 8, 2, 2, 16},
+        {DSQ_KV_F16, 16, 1, 3, 24},
+        {DSQ_KV_INT8, 16, 2, 2, 200},    /* 8 per lane, the last partly */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         kv_case(&cases[i]);
