@@ -646,6 +646,10 @@ static void update_stats(dsq_engine_t *e)
     e->stats.preemptions_total = dsq_sched_n_preemptions(e->sched);
     dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
                            &e->stats.prefix_cache_hits_total);
+    if (e->stats.device_planned_bytes > 0) {
+        e->stats.device_allocated_bytes = (int64_t)dsq_backend_allocated_bytes(e->be);
+        e->stats.device_peak_bytes = (int64_t)dsq_backend_peak_bytes(e->be);
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -1369,6 +1373,10 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         int64_t predicted = plan.weight_bytes + plan.num_blocks * plan.block_bytes +
                             plan.workspace_bytes + plan.overhead_bytes;
         size_t allocated = dsq_backend_allocated_bytes(e->be);
+        e->stats.device_planned_bytes = predicted;
+        e->stats.device_budget_bytes = plan.budget_bytes;
+        e->stats.device_allocated_bytes = (int64_t)allocated;
+        e->stats.device_peak_bytes = (int64_t)dsq_backend_peak_bytes(e->be);
         dsq_log(allocated > (size_t)predicted ? DSQ_LOG_WARN : DSQ_LOG_INFO,
                 "event=device_memory backend=%s planned_bytes=%lld weight_bytes_planned=%lld "
                 "kv_bytes_planned=%lld allocated_bytes=%zu kv_bytes=%zu budget_bytes=%lld",

@@ -144,6 +144,16 @@ typedef struct dsq_engine_stats {
      * prefix_cache_hits): queries = tokens of every admitted sequence,
      * hits = those whose KV came from the cache. 0 while it is off. */
     int64_t prefix_cache_queries_total, prefix_cache_hits_total;
+    /* On a device (opts->device "cuda"; 0 on the CPU): the planner's
+     * prediction of device memory (weights in the device layout + KV
+     * blocks + activation workspace + step buffers, bytes), the budget it
+     * was planned in (min(total x gpu_memory_utilization, free,
+     * memory_limit_bytes when set); with kv_cache_memory_bytes the KV part
+     * is that instead of what the budget leaves), and the bytes allocated through the
+     * backend now and at their peak since start-up
+     * (dsq_backend_peak_bytes). The peak never exceeds the prediction. */
+    int64_t device_planned_bytes, device_budget_bytes;
+    int64_t device_allocated_bytes, device_peak_bytes;
 } dsq_engine_stats_t;
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
 
