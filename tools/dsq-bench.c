@@ -11,6 +11,8 @@
  *           tok/s, as llama-bench's pp512 / tg128 (see bench_cpu).
  *   pad     fits the padding cost model (engine/serve/padding.h) on a real model
  *           (bench_pad.c).
+ *   gpu     the CUDA backend's INT4 products, copy bandwidth and paged
+ *           attention at DeepSeek/Qwen layer shapes (bench_gpu.c).
  *   serve   HTTP load against dsqd and/or llama.cpp's llama-server: request
  *           throughput, output tok/s, TTFT and inter-token latency under N
  *           concurrent streamed clients (bench_serve.c).
@@ -270,6 +272,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "sched") == 0) { extern int dsq__bench_sched(int, char **); return dsq__bench_sched(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) { extern int dsq__bench_serve(int, char **); return dsq__bench_serve(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "gpu") == 0) { extern int dsq__bench_gpu(int, char **); return dsq__bench_gpu(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
             printf("dsq-bench %s\n", DSQ_VERSION);
@@ -284,6 +287,8 @@ int main(int argc, char **argv)
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
                    "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
                    " [--threads N] [--reps 3] [--context 128]\n"
+                   "       dsq-bench gpu [--quick] [--seconds S] [--json FILE]"
+                   " (CUDA builds: kernels on the device)\n"
                    "       dsq-bench serve [--url URL]... [--dsqd PATH] [--llama-server PATH]"
                    " [--model GGUF] [--clients 8] [--requests 32] ... (serve --help)\n");
             return 0;
