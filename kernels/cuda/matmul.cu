@@ -10,7 +10,7 @@
 // native layout's chunk) dequantised into 32 registers with the group's
 // scale and zero point, then FMA'd with each row's 32 activations (16-byte
 // loads when k allows). Other formats: lanes stride over k one element at a
-// time (coalesced), dequantising each.
+// time (coalesced), F32/F16 read directly, the rest dequantised each.
 //
 // Prefill (m > 16): 64x64 output tiles, k in steps of 32, x and the
 // dequantised weight tile staged in shared memory, 4x4 outputs per thread.
@@ -121,7 +121,20 @@ gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
     }
 }
 
-template <int MT, typename TA>
+// Element j of row n: F32 and F16 (the plain formats of unquantised
+// checkpoints) read directly; F = -1 takes dsq__weight_at's format switch.
+template <int F>
+static __device__ __forceinline__ float weight_elem(const dsq_weight_t &w, int64_t n,
+                                                    int64_t j)
+{
+    if (F == DSQ_WFMT_F32)
+        return __ldg((const float *)w.data + n * w.k + j);
+    if (F == DSQ_WFMT_F16)
+        return dsq__h2f(__ldg((const unsigned short *)w.data + n * w.k + j));
+    return dsq__weight_at(w, n, j);
+}
+
+template <int MT, typename TA, int F>
 static __global__ void __launch_bounds__(128)
 gemv_generic_kernel(TA *y, const TA *x, int m, dsq_weight_t w)
 {
@@ -135,7 +148,7 @@ gemv_generic_kernel(TA *y, const TA *x, int m, dsq_weight_t w)
     for (int r = 0; r < MT; r++)
         acc[r] = 0.0f;
     for (int64_t j = lane; j < k; j += 32) {
-        const float wv = dsq__weight_at(w, n, j);
+        const float wv = weight_elem<F>(w, n, j);
 #pragma unroll
         for (int r = 0; r < MT; r++)
             if (r < m)
@@ -217,8 +230,12 @@ static void launch_gemv(TA *y, const TA *x, int m, const dsq_weight_t *w)
         const int align = sizeof(TA) == 4 ? 4 : 8;
         const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
         gemv_int4_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
+    } else if (w->format == DSQ_WFMT_F32) {
+        gemv_generic_kernel<MT, TA, DSQ_WFMT_F32><<<grid, 128, 0, st>>>(y, x, m, *w);
+    } else if (w->format == DSQ_WFMT_F16) {
+        gemv_generic_kernel<MT, TA, DSQ_WFMT_F16><<<grid, 128, 0, st>>>(y, x, m, *w);
     } else {
-        gemv_generic_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w);
+        gemv_generic_kernel<MT, TA, -1><<<grid, 128, 0, st>>>(y, x, m, *w);
     }
 }
 
