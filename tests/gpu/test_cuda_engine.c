@@ -6,7 +6,7 @@
  *     (a continuous batch: prefills and decodes of several sequences in
  *     one step);
  *   - preemption by recompute under a KV budget of 8 blocks of 4 tokens
- *     for 3 sequences of 18 tokens each (preemptions > 0 on both);
+ *     for 3 sequences of 16 tokens each (preemptions > 0 on both);
  *   - n = 2 (the fork shares the prompt's blocks copy-on-write; greedy, so
  *     both choices equal the single answer), then the same prompt again
  *     with prefix caching on (a hit: cached_tokens > 0 on both);
@@ -136,10 +136,10 @@ static void same(const char *what, const result_t *c, const result_t *g, int n_c
     printf("# %-34s same %d token(s) on cpu and cuda\n", what, c->n[0]);
 }
 
-/* 4 concurrent requests (prompts 5/9/14/23 tokens, 12/10/8/6 new) */
+/* 4 concurrent requests (prompts 5/9/14/23 tokens, 8/7/6/5 new) */
 static void run_batch(dsq_engine_t *e, result_t res[4])
 {
-    static const int plen[4] = {5, 9, 14, 23}, olen[4] = {12, 10, 8, 6};
+    static const int plen[4] = {5, 9, 14, 23}, olen[4] = {8, 7, 6, 5};
     dsq_req_t *r[4];
     for (int i = 0; i < 4; i++) {
         int32_t ids[32];
@@ -221,19 +221,19 @@ static void test_batch_fork_prefix_cancel(void **state)
     dsq_engine_destroy(cpu);
 }
 
-/* 3 sequences of 6 + 12 tokens need 15 blocks of 4; the cache has 8 */
+/* 3 sequences of 6 + 10 tokens need 12 blocks of 4; the cache has 8 */
 static void run_preempt(dsq_engine_t *e, result_t res[3], int64_t *preemptions)
 {
     dsq_req_t *r[3];
     for (int i = 0; i < 3; i++) {
         int32_t ids[6];
         prompt_of(ids, 6, 10 + i);
-        dsq_sampling_t sp = greedy(12, 1);
+        dsq_sampling_t sp = greedy(10, 1);
         r[i] = req_submit_ids(e, &W, ids, 6, &sp);
     }
     for (int i = 0; i < 3; i++) {
         collect(r[i], &res[i]);
-        assert_int_equal(res[i].n[0], 12);
+        assert_int_equal(res[i].n[0], 10);
         dsq_req_unref(r[i]);
     }
     wait_idle(e, "preemption");
@@ -269,7 +269,7 @@ static void test_int8_kv(void **state)
     result_t c, g;
     int32_t ids[12];
     prompt_of(ids, 12, 5);
-    dsq_sampling_t sp = greedy(16, 1);
+    dsq_sampling_t sp = greedy(10, 1);
     for (int side = 0; side < 2; side++) {
         dsq_engine_t *e = open_engine(side ? "cuda" : "cpu", 16, 8, DSQ_KV_INT8, false);
         dsq_req_t *r = req_submit_ids(e, &W, ids, 12, &sp);
