@@ -39,7 +39,7 @@ static const opt_t table[] = {
     {"max-prefill-tokens-with-decode", T_INT, O(max_prefill_tokens_with_decode), "0", 0, 1 << 24, NULL, "prefill tokens per engine step while sequences decode: bounds the gap between streamed tokens (0 = no separate cap)", NULL},
     {"admission-defer-steps", T_INT, O(admission_defer_steps), "4", 0, 1 << 20, NULL, "hold new prompts back while every running sequence will end within this many steps, so their prefill does not stall those streams (0 = off)", NULL},
     {"admission-window-ms", T_INT, O(admission_window_ms), "5", 0, 10000, NULL, "when idle, start a burst of requests once none arrived for this long (at most 10x it), so it runs as one batch (0 = off)", NULL},
-    {"gpu-memory-utilization", T_FLOAT, O(gpu_memory_utilization), "0.9", 0.01, 1.0, NULL, "with a CUDA device: budget for weights + KV cache + workspace, as a fraction of the device's memory (capped at what is free)", NULL},
+    {"gpu-memory-utilization", T_FLOAT, O(gpu_memory_utilization), "0.9", 0.01, 1.0, NULL, "with a CUDA device: the fraction of the device's total memory this server may use for weights + KV cache + workspace, counting what is already in use (its CUDA context, other processes), as vLLM's", NULL},
     {"api-key", T_STR, O(api_key), NULL, 0, 0, NULL, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
     {"kv-cache-dtype", T_STR, O(kv_cache_dtype), "auto", 0, 0, "auto|fp16|fp32|int8", "KV cache element type (auto: fp32 for FP32 models, else fp16)", NULL},
     {"block-size", T_INT, O(block_size), "16", 1, 1024, NULL, "tokens per KV block", NULL},

@@ -1222,7 +1222,11 @@ static dsq_backend_t *open_device(const dsq_engine_opts_t *opts, dsq_arch_t arch
     return be;
 }
 
-/* Device plans: budget = min(total x gpu_memory_utilization, free). */
+/* Device plans, as vLLM's gpu_memory_utilization: the fraction of the
+ * device's total memory this server may use, counting what was in use
+ * before its first allocation (its own CUDA context, other processes):
+ *   budget = min(total x utilization - (total - free), free).
+ * dsq's engine uses no cuBLAS, so no cuBLAS workspace is subtracted. */
 static int device_budget(dsq_backend_t *be, const dsq_engine_opts_t *opts,
                          dsq_plan_opts_t *po, char *desc, size_t desc_len, char *err,
                          size_t err_len)
@@ -1235,9 +1239,16 @@ static int device_budget(dsq_backend_t *be, const dsq_engine_opts_t *opts,
         return rc;
     }
     double util = opts->gpu_memory_utilization > 0 ? opts->gpu_memory_utilization : 0.9;
-    int64_t budget = (int64_t)((double)tot * util);
+    int64_t budget = (int64_t)((double)tot * util) - (int64_t)(tot - fr);
     if (budget > (int64_t)fr)
         budget = (int64_t)fr;
+    if (budget <= 0) {
+        snprintf(err, err_len, "%s: --gpu-memory-utilization %g of the device's %zu bytes "
+                 "leaves nothing once the %zu bytes already in use (CUDA context, other "
+                 "processes) are counted: raise it", dsq_backend_name(be), util, tot,
+                 tot - fr);
+        return DSQ_ENOMEM;
+    }
     dsq_backend_describe(be, desc, desc_len);
     po->device = true;
     po->device_desc = desc;

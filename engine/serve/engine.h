@@ -95,7 +95,10 @@ typedef struct dsq_engine_opts {
      * way: event=device). */
     const char *device;
     double gpu_memory_utilization;   /* device plans: budget = min(total x
-                                        this, free); default 0.9         */
+                                        this - bytes in use before the
+                                        first allocation, free), as vLLM;
+                                        default 0.9; a budget <= 0 fails
+                                        dsq_engine_create (DSQ_ENOMEM)   */
 } dsq_engine_opts_t;
 
 /* Load the model and start the engine thread. On failure returns NULL with a
@@ -147,8 +150,8 @@ typedef struct dsq_engine_stats {
     /* On a device (opts->device "cuda"; 0 on the CPU): the planner's
      * prediction of device memory (weights in the device layout + KV
      * blocks + activation workspace + step buffers, bytes), the budget it
-     * was planned in (min(total x gpu_memory_utilization, free,
-     * memory_limit_bytes when set); with kv_cache_memory_bytes the KV part
+     * was planned in (min(total x gpu_memory_utilization - bytes in use
+     * before, free, memory_limit_bytes when set); with kv_cache_memory_bytes the KV part
      * is that instead of what the budget leaves), and the bytes allocated through the
      * backend now and at their peak since start-up
      * (dsq_backend_peak_bytes). The peak never exceeds the prediction. */

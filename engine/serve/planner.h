@@ -45,7 +45,7 @@ typedef struct dsq_plan_opts {
     const char *quantize;         /* "int4" = RTN linear weights at load      */
     int group_size;               /* INT4 group with quantize (default 32)    */
     /* A device backend (CUDA): budget_bytes is then the caller's
-     * min(total x gpu_memory_utilization, free) of the device_* figures;
+     * min(total x gpu_memory_utilization - in use, free) of the device_* figures;
      * KV takes all the budget leaves (no CPU 4 GiB cap, still at most
      * max_num_seqs x max_model_len tokens) and overhead_bytes counts the
      * device buffers a step needs besides the workspace (below). */

@@ -330,8 +330,27 @@ static void test_device_memory_plan(void **state)
     dsq_engine_destroy(e);
 }
 
-int main(void)
+/* A budget the device cannot give (utilization x total below what is in
+ * use) fails start-up with a reason naming the flag, and leaks nothing. */
+static void test_budget_too_small(void **state)
 {
+    (void)state;
+    find_model();
+    dsq_engine_opts_t o = {.model_path = model_path, .tokenizer_path = tok_path,
+                           .max_model_len = 256, .n_threads = 1, .device = "cuda",
+                           .gpu_memory_utilization = 1e-12};
+    char err[512] = "";
+    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
+    assert_null(e);
+    printf("# utilization 1e-12: %s\n", err);
+    assert_non_null(strstr(err, "--gpu-memory-utilization"));
+}
+
+/* argv[1] (optional): a cmocka name pattern, e.g. "test_device*" */
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     int skip = gpu_skip_code();
     if (skip >= 0)
         return skip;
@@ -340,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_int8_kv),
         cmocka_unit_test(test_device_memory_plan),
+        cmocka_unit_test(test_budget_too_small),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
