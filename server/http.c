@@ -1075,7 +1075,10 @@ static enum MHD_Result start_requests(conn_t *c)
             MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, c, NULL);
         if (!r)
             return MHD_NO;
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        /* SSE is UTF-8 by definition (WHATWG HTML, server-sent events);
+         * saying so, as OpenAI and vLLM do, keeps clients that default
+         * text types to ISO-8859-1 (python-requests) from misreading it */
+        MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         return send_response(c, 200, r);

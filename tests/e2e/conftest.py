@@ -136,10 +136,13 @@ def complete(server, **body):
 
 
 def sse_events(resp):
-    """Parse an SSE body into a list of JSON-or-'[DONE]' payloads."""
+    """Parse an SSE body into a list of JSON-or-'[DONE]' payloads. Lines
+    are split as bytes and decoded as UTF-8 (the SSE encoding): decoding
+    first would let a character's byte 0x85 (NEL) split a line."""
     import json
     out = []
-    for line in resp.iter_lines(decode_unicode=True):
+    for raw in resp.iter_lines():
+        line = raw.decode("utf-8")
         if not line:
             continue
         assert line.startswith("data: "), line

@@ -151,7 +151,8 @@ def stream_once(base):
             if r.status_code != 200:
                 return False, upstream, t0, None, time.monotonic(), f"HTTP {r.status_code}: {r.text[:200]}"
             done, finish = False, None
-            for line in r.iter_lines(decode_unicode=True):
+            for raw in r.iter_lines():
+                line = raw.decode("utf-8")
                 if not line:
                     continue
                 if t_first is None:

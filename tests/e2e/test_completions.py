@@ -177,7 +177,7 @@ def test_stream_raw(server):
             "stream": True, "stream_options": {"include_usage": True}}
     r = requests.post(server.url("/v1/completions"), json=body, stream=True, timeout=120)
     assert r.status_code == 200
-    assert r.headers["Content-Type"].startswith("text/event-stream")
+    assert r.headers["Content-Type"] == "text/event-stream; charset=utf-8"
     ev = sse_events(r)
     assert ev[-1] == "[DONE]"
     usage = ev[-2]

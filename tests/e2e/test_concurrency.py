@@ -28,7 +28,8 @@ def stream_one(server, i, drop_after):
                       stream=True, timeout=600)
     assert r.status_code == 200, r.text
     text, n = [], 0
-    for line in r.iter_lines(decode_unicode=True):
+    for raw in r.iter_lines():
+        line = raw.decode("utf-8")
         if not line:
             continue
         if drop_after is not None and n >= drop_after:

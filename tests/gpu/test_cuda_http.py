@@ -139,7 +139,7 @@ class Daemon:
             j = json.loads(raw)
             return j["choices"][0]["text"], j["choices"][0]["finish_reason"]
         text, finish, done = "", None, False
-        for line in raw.splitlines():
+        for line in raw.split("\n"):
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
