@@ -23,8 +23,10 @@
  * by the wall clock up to its dsq_backend_sync (cudaDeviceSynchronize for
  * cuBLAS), so launch overhead counts and a sync per call does not. --quick: tiny shapes and one call each (the smoke
  * mode tests/gpu/run uses under the simulator). --json FILE: the raw
- * numbers as JSON lines. Not measured yet: end to end at 6.7B shapes (the
- * issue's decode tok/s and TTFT rows). */
+ * numbers as JSON lines.
+ *   e2e       the engine end to end at DeepSeek-Coder-6.7B shapes with
+ *             random Q4_0 weights: load, TTFT of a 512-token prompt, decode
+ *             tok/s at batch 1 and 64 (bench_gpu_e2e.c). --no-e2e skips it. */
 #include "dsq_config.h"
 
 #include <math.h>
@@ -416,18 +418,27 @@ int dsq__bench_gpu(int argc, char **argv)
 {
     gb_t g = {.min_s = 0.2};
     const char *json = NULL;
+    bool e2e = true;
+    const char *write_model = NULL;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             g.quick = true;
         } else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
             g.min_s = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--write-model") == 0 && i + 1 < argc) {
+            write_model = argv[++i];
+        } else if (strcmp(argv[i], "--no-e2e") == 0) {
+            e2e = false;
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json = argv[++i];
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: dsq-bench gpu [--quick] [--seconds S] [--json FILE]\n"
+            printf("usage: dsq-bench gpu [--quick] [--seconds S] [--no-e2e] [--json FILE] [--write-model PATH]\n"
                    "  copy bandwidth, INT4 GEMV/GEMM at DeepSeek/Qwen layer shapes against "
-                   "cuBLAS FP16,\n  paged decode attention; --quick: tiny shapes, one call "
-                   "each (simulator smoke)\n");
+                   "cuBLAS FP16,\n  paged decode attention, and the engine end to end at "
+                   "DeepSeek-Coder-6.7B shapes\n  (random Q4_0 weights written to $TMPDIR, "
+                   "3.8 GB: TTFT of 512 tokens, decode\n  tok/s at batch 1 and 64; --no-e2e "
+                   "skips it); --quick: tiny shapes, one call\n  each (simulator smoke); --write-model PATH: "
+                   "only write that model (GGUF)\n");
             return 0;
         } else {
             fprintf(stderr, "dsq-bench gpu: unknown argument %s (see --help)\n", argv[i]);
@@ -436,6 +447,10 @@ int dsq__bench_gpu(int argc, char **argv)
     }
     if (g.quick)
         g.min_s = 0;
+    if (write_model) {
+        extern int dsq__bench_gpu_write_model(bool quick, const char *path);
+        return dsq__bench_gpu_write_model(g.quick, write_model);
+    }
     char err[256];
     g.be = dsq_backend_create(DSQ_BACKEND_CUDA, err, sizeof(err));
     if (!g.be) {
@@ -467,8 +482,13 @@ int dsq__bench_gpu(int argc, char **argv)
 #endif
     if (rc)
         fprintf(stderr, "dsq-bench gpu: %s\n", dsq_strerror(rc));
+    dsq_backend_destroy(g.be);
+    /* the engine makes its own backend: the kernels' one is gone first */
+    if (!rc && e2e) {
+        extern int dsq__bench_gpu_e2e(bool quick, FILE *json);
+        rc = dsq__bench_gpu_e2e(g.quick, g.json);
+    }
     if (g.json)
         fclose(g.json);
-    dsq_backend_destroy(g.be);
     return rc ? 1 : 0;
 }

@@ -287,7 +287,7 @@ int main(int argc, char **argv)
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
                    "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
                    " [--threads N] [--reps 3] [--context 128]\n"
-                   "       dsq-bench gpu [--quick] [--seconds S] [--json FILE]"
+                   "       dsq-bench gpu [--quick] [--seconds S] [--no-e2e] [--json FILE] [--write-model PATH]"
                    " (CUDA builds: kernels on the device)\n"
                    "       dsq-bench serve [--url URL]... [--dsqd PATH] [--llama-server PATH]"
                    " [--model GGUF] [--clients 8] [--requests 32] ... (serve --help)\n");
