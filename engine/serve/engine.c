@@ -1334,20 +1334,18 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     e->max_model_len = plan.max_model_len;
     int block_size = plan.block_size;
     int64_t n_blocks = plan.num_blocks;
-    int64_t need = (e->max_model_len + block_size - 1) / block_size;
-    if (prc == DSQ_ERANGE || n_blocks < need) {
-        snprintf(err, err_len, "memory plan: %sbudget %lld bytes - weights %lld - workspace %lld "
-                 "leaves %lld bytes for the KV cache = %lld blocks of %d tokens (%lld bytes/token), "
-                 "but one sequence of max_model_len %d needs %lld blocks; lower --max-model-len "
-                 "or raise %s / --kv-cache-memory", device ? "device " : "",
-                 (long long)plan.budget_bytes, (long long)plan.weight_bytes,
-                 (long long)(plan.workspace_bytes + plan.overhead_bytes),
-                 (long long)plan.kv_budget_bytes,
-                 (long long)n_blocks, block_size, (long long)plan.kv_bytes_per_token,
-                 e->max_model_len, (long long)need,
-                 device ? "--gpu-memory-utilization" : "--memory-limit");
-        goto fail;
+    if (prc == DSQ_ERANGE)
+        goto fail;           /* err: the planner's, naming the flags */
+    {
+        char advice[640];
+        if (dsq_plan_fit_advice(&plan, advice, sizeof(advice))) {
+            snprintf(err, err_len, "memory plan: %s", advice);
+            goto fail;
+        }
     }
+    dsq_log(DSQ_LOG_INFO, "event=kv_budget bytes=%lld blocks=%lld source=\"%s\"",
+            (long long)plan.kv_budget_bytes, (long long)n_blocks,
+            plan.kv_budget_source ? plan.kv_budget_source : "");
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
                            .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype,
                            .backend = e->be};
@@ -1543,13 +1541,8 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
     dsq_plan_t plan;
     rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
     if (rc == DSQ_OK || rc == DSQ_ERANGE) {
-        int64_t need = (plan.max_model_len + plan.block_size - 1) / plan.block_size;
-        if (rc == DSQ_OK && plan.num_blocks < need) {
-            snprintf(err, err_len, "one sequence of max_model_len %d needs %lld blocks; the "
-                     "KV budget holds %lld", plan.max_model_len, (long long)need,
-                     (long long)plan.num_blocks);
+        if (rc == DSQ_OK && dsq_plan_fit_advice(&plan, err, err_len))
             rc = DSQ_ERANGE;
-        }
         *out = json ? dsq_plan_format_json(&plan, c) : dsq_plan_format_table(&plan, c);
         if (!*out)
             rc = DSQ_ENOMEM;

@@ -324,41 +324,92 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         out->gpu_memory_utilization = o->gpu_memory_utilization;
     }
     out->budget_bytes = o->budget_bytes > 0 ? o->budget_bytes : dsq_plan_default_budget();
-    if (o->kv_cache_bytes > 0)
+    if (o->kv_cache_bytes > 0) {
         out->kv_budget_bytes = o->kv_cache_bytes;
-    else
+        out->kv_budget_source = "--kv-cache-memory";
+    } else {
         out->kv_budget_bytes = out->budget_bytes - out->weight_bytes - out->workspace_bytes -
                                out->overhead_bytes;
+        out->kv_budget_source = o->device ? "what the device budget leaves"
+                                          : "what the memory budget leaves";
+    }
     if (o->kv_cache_bytes <= 0 && o->device) {
         /* device: all that is left, up to every sequence at max_model_len */
         int64_t need = S * (int64_t)out->max_model_len * out->kv_bytes_per_token;
-        if (need > 0 && out->kv_budget_bytes > need)
+        if (need > 0 && out->kv_budget_bytes > need) {
             out->kv_budget_bytes = need;
+            out->kv_budget_source = "capped at max_num_seqs x max_model_len tokens (every "
+                                    "sequence at full length)";
+        }
     } else if (o->kv_cache_bytes <= 0) {
         /* CPU default, as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE = 4
          * GiB): never more than 4 GiB, and never more than every sequence
          * at max_model_len could use. */
         int64_t cap = (int64_t)4 << 30;
+        const char *why = "capped at 4 GiB, the CPU default (as vLLM's "
+                          "VLLM_CPU_KVCACHE_SPACE); --kv-cache-memory sets more";
         int64_t need = S * (int64_t)out->max_model_len * out->kv_bytes_per_token;
-        if (need > 0 && need < cap)
+        if (need > 0 && need < cap) {
             cap = need;
-        if (out->kv_budget_bytes > cap)
+            why = "capped at max_num_seqs x max_model_len tokens (every sequence at full "
+                  "length)";
+        }
+        if (out->kv_budget_bytes > cap) {
             out->kv_budget_bytes = cap;
+            out->kv_budget_source = why;
+        }
     }
     if (out->kv_budget_bytes < 0)
         out->kv_budget_bytes = 0;
     out->num_blocks = out->block_bytes > 0 ? out->kv_budget_bytes / out->block_bytes : 0;
     out->max_tokens = out->num_blocks * out->block_size;
     out->max_concurrent_seqs = (double)out->max_tokens / out->max_model_len;
-    if (o->kv_cache_bytes <= 0 &&
-        out->weight_bytes + out->workspace_bytes + out->overhead_bytes > out->budget_bytes) {
+    const char *raise = o->device ? "--gpu-memory-utilization" : "--memory-limit";
+    const int64_t fixed = out->weight_bytes + out->workspace_bytes + out->overhead_bytes;
+    if (o->kv_cache_bytes <= 0 && fixed > out->budget_bytes) {
         snprintf(err, err_len, "plan: weights (%lld bytes) and workspace (%lld bytes) exceed "
-                 "the %smemory budget (%lld bytes)", (long long)out->weight_bytes,
+                 "the %smemory budget (%lld bytes); raise %s, or use a smaller "
+                 "(more quantized) model", (long long)out->weight_bytes,
                  (long long)(out->workspace_bytes + out->overhead_bytes),
-                 o->device ? "device " : "", (long long)out->budget_bytes);
+                 o->device ? "device " : "", (long long)out->budget_bytes, raise);
+        return DSQ_ERANGE;
+    }
+    if (o->kv_cache_bytes > 0 && fixed + o->kv_cache_bytes > out->budget_bytes) {
+        /* users: an explicit KV budget over the limit is an error, not a
+         * plan that silently overcommits */
+        int64_t left = out->budget_bytes - fixed;
+        snprintf(err, err_len, "plan: --kv-cache-memory %lld bytes with the weights (%lld "
+                 "bytes) and workspace (%lld bytes) exceeds the %smemory budget (%lld "
+                 "bytes); use --kv-cache-memory %lld or less, or raise %s",
+                 (long long)o->kv_cache_bytes, (long long)out->weight_bytes,
+                 (long long)(out->workspace_bytes + out->overhead_bytes),
+                 o->device ? "device " : "", (long long)out->budget_bytes,
+                 (long long)(left > 0 ? left : 0), raise);
         return DSQ_ERANGE;
     }
     return DSQ_OK;
+}
+
+bool dsq_plan_fit_advice(const dsq_plan_t *p, char *buf, size_t n)
+{
+    int64_t need = (p->max_model_len + p->block_size - 1) / p->block_size;
+    if (p->num_blocks >= need)
+        return false;
+    if (p->max_tokens > 0)
+        snprintf(buf, n, "one sequence of max_model_len %d needs %lld KV blocks of %d tokens; "
+                 "the KV budget (%lld bytes, %s) holds %lld (%lld tokens): use "
+                 "--max-model-len %lld or lower, or raise --kv-cache-memory / %s",
+                 p->max_model_len, (long long)need, p->block_size,
+                 (long long)p->kv_budget_bytes, p->kv_budget_source ? p->kv_budget_source : "",
+                 (long long)p->num_blocks, (long long)p->max_tokens, (long long)p->max_tokens,
+                 p->device ? "--gpu-memory-utilization" : "--memory-limit");
+    else
+        snprintf(buf, n, "one sequence of max_model_len %d needs %lld KV blocks of %d tokens; "
+                 "the KV budget (%lld bytes, %s) holds none: raise --kv-cache-memory / %s",
+                 p->max_model_len, (long long)need, p->block_size,
+                 (long long)p->kv_budget_bytes, p->kv_budget_source ? p->kv_budget_source : "",
+                 p->device ? "--gpu-memory-utilization" : "--memory-limit");
+    return true;
 }
 
 static const char *const class_names[DSQ_PLAN_N_CLASSES] = {
@@ -417,7 +468,7 @@ char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
     else
         n += snprintf(s + n, cap - (size_t)n, "  device                cpu\n");
     n += snprintf(s + n, cap - (size_t)n,
-                  "  KV budget             %14lld bytes  %s\n"
+                  "  KV budget             %14lld bytes  %s (%s)\n"
                   "  KV bytes per token    %14lld\n"
                   "  block bytes           %14lld (%d tokens)\n"
                   "  KV blocks             %14lld\n"
@@ -425,6 +476,7 @@ char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
                   "  max_model_len         %14d\n"
                   "  concurrent sequences at max_model_len: %.2f\n",
                   (long long)p->kv_budget_bytes, fmt_bytes(b1, sizeof(b1), p->kv_budget_bytes),
+                  p->kv_budget_source ? p->kv_budget_source : "",
                   (long long)p->kv_bytes_per_token, (long long)p->block_bytes, p->block_size,
                   (long long)p->num_blocks, (long long)p->max_tokens, p->max_model_len,
                   p->max_concurrent_seqs);
@@ -451,6 +503,8 @@ char *dsq_plan_format_json(const dsq_plan_t *p, const dsq_model_config_t *c)
     cJSON_AddNumberToObject(o, "overhead_bytes", (double)p->overhead_bytes);
     cJSON_AddNumberToObject(o, "budget_bytes", (double)p->budget_bytes);
     cJSON_AddNumberToObject(o, "kv_budget_bytes", (double)p->kv_budget_bytes);
+    cJSON_AddStringToObject(o, "kv_budget_source",
+                            p->kv_budget_source ? p->kv_budget_source : "");
     cJSON_AddNumberToObject(o, "num_blocks", (double)p->num_blocks);
     cJSON_AddNumberToObject(o, "max_tokens", (double)p->max_tokens);
     cJSON_AddNumberToObject(o, "max_model_len", p->max_model_len);

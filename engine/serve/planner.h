@@ -88,6 +88,12 @@ typedef struct dsq_plan {
                                                     and gather buffer      */
     int64_t budget_bytes;
     int64_t kv_budget_bytes;
+    const char *kv_budget_source;                /* users: why the KV budget
+                                                    is what it is (static
+                                                    text: the flag that set
+                                                    it, or the cap that
+                                                    bounded it and the flag
+                                                    that lifts it)         */
     int64_t num_blocks;
     int64_t max_tokens;                          /* num_blocks * block_size */
     int max_model_len;
@@ -106,11 +112,20 @@ int64_t dsq_plan_kv_bytes_per_token(const dsq_model_config_t *c, dsq_kv_dtype_t 
 
 /* Build a plan. tensors may be NULL (n_tensors 0): weight shapes then come
  * from the config. Returns 0, DSQ_EINVAL (bad config/options, err says
- * which) or DSQ_ERANGE (the budget does not even hold the weights; the plan
- * is still filled so the caller can print the numbers). */
+ * which) or DSQ_ERANGE (the budget does not even hold the weights, or an
+ * explicit kv_cache_bytes with the weights and workspace exceeds it; err
+ * names the flags that fix it; the plan is still filled so the caller can
+ * print the numbers). */
 int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *tensors,
                      int n_tensors, const dsq_plan_opts_t *o, dsq_plan_t *out,
                      char *err, size_t err_len);
+
+/* users: when one sequence of max_model_len does not fit the plan's KV
+ * blocks, write the refusal into buf: the numbers and what to do ("use
+ * --max-model-len N or lower", N the tokens the blocks hold, "or raise
+ * --kv-cache-memory / --memory-limit" or "--gpu-memory-utilization" on a
+ * device) and return true; false (buf untouched) when it fits. */
+bool dsq_plan_fit_advice(const dsq_plan_t *p, char *buf, size_t n);
 
 /* Half of physical memory, the default CPU budget. */
 int64_t dsq_plan_default_budget(void);
@@ -119,7 +134,7 @@ int64_t dsq_plan_default_budget(void);
  * caller frees (NULL on out-of-memory). JSON keys: weight_bytes,
  * kv_bytes_per_token, block_bytes, num_blocks, max_tokens,
  * max_concurrent_seqs, coarse_estimate_bytes, workspace_bytes,
- * overhead_bytes, budget_bytes, kv_budget_bytes, max_model_len,
+ * overhead_bytes, budget_bytes, kv_budget_bytes, kv_budget_source, max_model_len,
  * block_size, n_params, weights_by_class{...}, and "device": "cpu", or
  * for a device plan an object {backend, total_bytes, free_bytes,
  * gpu_memory_utilization}. */

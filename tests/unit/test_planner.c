@@ -75,7 +75,7 @@ static void test_plan_arithmetic(void **state)
     char err[256];
     dsq_plan_t p;
     dsq_plan_opts_t o = {.quantize = "int4", .group_size = 128, .max_model_len = 4096,
-                         .kv_cache_bytes = (int64_t)8 << 30};
+                         .kv_cache_bytes = (int64_t)8 << 30, .budget_bytes = (int64_t)64 << 30};
     assert_int_equal(dsq_plan_compute(&c, NULL, 0, &o, &p, err, sizeof(err)), DSQ_OK);
     assert_true(p.weights_from_config);
     assert_int_equal(p.block_bytes, 524288LL * 16);
@@ -101,6 +101,35 @@ static void test_plan_arithmetic(void **state)
     dsq_plan_opts_t small = {.budget_bytes = 1 << 20};
     assert_int_equal(dsq_plan_compute(&c, NULL, 0, &small, &p, err, sizeof(err)), DSQ_ERANGE);
     assert_non_null(strstr(err, "exceed"));
+    assert_non_null(strstr(err, "--memory-limit"));
+    /* users: an explicit KV budget that, with the weights, exceeds the
+     * memory budget is an error naming both flags, not a silent overcommit */
+    dsq_plan_opts_t over = o;
+    over.budget_bytes = (int64_t)10 << 30;
+    assert_int_equal(dsq_plan_compute(&c, NULL, 0, &over, &p, err, sizeof(err)), DSQ_ERANGE);
+    assert_non_null(strstr(err, "--kv-cache-memory"));
+    assert_non_null(strstr(err, "--memory-limit"));
+    print_message("# %s\n", err);
+    /* users: the CPU default is capped at 4 GiB, and the plan says so */
+    dsq_plan_opts_t dflt = {.quantize = "int4", .group_size = 128, .max_model_len = 16384,
+                            .budget_bytes = (int64_t)64 << 30};
+    assert_int_equal(dsq_plan_compute(&c, NULL, 0, &dflt, &p, err, sizeof(err)), DSQ_OK);
+    assert_int_equal(p.kv_budget_bytes, (int64_t)4 << 30);
+    assert_non_null(strstr(p.kv_budget_source, "4 GiB"));
+    assert_non_null(strstr(p.kv_budget_source, "--kv-cache-memory"));
+    t = dsq_plan_format_table(&p, &c);
+    assert_non_null(strstr(t, "VLLM_CPU_KVCACHE_SPACE"));
+    free(t);
+    /* 4 GiB = 8192 tokens of 512 KiB: max_model_len 16384 does not fit, and
+     * the refusal names the largest max_model_len that does */
+    char advice[640];
+    assert_true(dsq_plan_fit_advice(&p, advice, sizeof(advice)));
+    print_message("# %s\n", advice);
+    assert_non_null(strstr(advice, "--max-model-len 8192 or lower"));
+    assert_non_null(strstr(advice, "--kv-cache-memory"));
+    dflt.max_model_len = 8192;
+    assert_int_equal(dsq_plan_compute(&c, NULL, 0, &dflt, &p, err, sizeof(err)), DSQ_OK);
+    assert_false(dsq_plan_fit_advice(&p, advice, sizeof(advice)));
 }
 
 static void test_smollm2_predicted_equals_allocated(void **state)
