@@ -18,6 +18,7 @@ struct dsq_chat {
     dsq_chat_template_t *t;      /* NULL: no template                      */
     const dsq_tokenizer_t *tok;
     char *bos, *eos;             /* token text, or NULL when none          */
+    char *source;                /* the template's text, or NULL           */
     bool reasoning;
 };
 
@@ -99,6 +100,14 @@ dsq_chat_t *dsq_chat_create(const char *template_path,
     }
     c->bos = token_text(tok, dsq_tokenizer_bos(tok));
     c->eos = token_text(tok, dsq_tokenizer_eos(tok));
+    if (src || model_template) {
+        c->source = src ? src : strdup(model_template);
+        src = NULL;
+        if (!c->source) {
+            snprintf(err, err_len, "out of memory");
+            goto fail;
+        }
+    }
     dsq_log(DSQ_LOG_INFO, "event=chat_template source=%s reasoning_parser=%s",
             template_path ? "file" : model_template ? "model" : "none",
             c->reasoning ? "deepseek_r1" : "none");
@@ -117,8 +126,17 @@ void dsq_chat_destroy(dsq_chat_t *c)
     dsq_chat_template_destroy(c->t);
     free(c->bos);
     free(c->eos);
+    free(c->source);
     free(c);
 }
+
+const char *dsq_chat_template_source(const dsq_chat_t *c)
+{
+    return c ? c->source : NULL;
+}
+
+const char *dsq_chat_bos_text(const dsq_chat_t *c) { return c ? c->bos : NULL; }
+const char *dsq_chat_eos_text(const dsq_chat_t *c) { return c ? c->eos : NULL; }
 
 bool dsq_chat_has_reasoning(const dsq_chat_t *c)
 {

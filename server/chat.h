@@ -38,6 +38,14 @@ dsq_chat_t *dsq_chat_create(const char *template_path,
                             size_t err_len);
 void dsq_chat_destroy(dsq_chat_t *c);   /* NULL is a no-op */
 
+/* users: the template's Jinja2 text as loaded (NUL-terminated, owned by
+ * c), or NULL when there is none; /tokenizer_info serves it. */
+const char *dsq_chat_template_source(const dsq_chat_t *c);
+/* The BOS / EOS token's text as templates see it (bos_token, eos_token),
+ * owned by c; NULL when the tokenizer has none. */
+const char *dsq_chat_bos_text(const dsq_chat_t *c);
+const char *dsq_chat_eos_text(const dsq_chat_t *c);
+
 /* True when --reasoning-parser deepseek_r1 is on. */
 bool dsq_chat_has_reasoning(const dsq_chat_t *c);
 

@@ -20,7 +20,7 @@ static const struct {
     [DSQ_APIERR_INVALID_REQUEST] = {400, "invalid_request_error", NULL},
     [DSQ_APIERR_CONTEXT_LENGTH] = {400, "invalid_request_error",
                                    "context_length_exceeded"},
-    [DSQ_APIERR_MODEL_NOT_FOUND] = {400, "invalid_request_error",
+    [DSQ_APIERR_MODEL_NOT_FOUND] = {404, "invalid_request_error",
                                     "model_not_found"},
     [DSQ_APIERR_UNSUPPORTED] = {400, "invalid_request_error",
                                 "unsupported_parameter"},

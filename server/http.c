@@ -21,6 +21,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 #include <openssl/crypto.h>
@@ -146,8 +147,8 @@ static void waiter_wait(waiter_t *w, uint64_t seen, int ms)
 /* ------------------------------------------------------------ per request */
 
 enum route {
-    R_NONE = 0, R_HEALTH, R_MODELS, R_METRICS, R_VERSION, R_COMPLETIONS,
-    R_TOKENIZE, R_DETOKENIZE, R_CHAT,
+    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_VERSION, R_COMPLETIONS,
+    R_TOKENIZE, R_DETOKENIZE, R_CHAT, R_TOKENIZER_INFO,
 };
 
 typedef struct choice_st {
@@ -167,12 +168,17 @@ typedef struct conn {
     enum route route;
     char method[12];
     char path[96];
+    char model_id[256];          /* GET /v1/models/{id}: the id */
+    const char *err_code;        /* users: the error sent (access log) */
+    char err_msg[160];
     int status;
     double t_start;
     /* body */
     char *body;
     size_t body_len, body_cap;
     bool too_large, responded;
+    bool ct_other;               /* users: Content-Type not JSON (curl -d):
+                                    accepted when the body parses as JSON */
     bool close_after;            /* attack2: answer with Connection: close */
     uint64_t discarded;          /* body bytes dropped after too_large   */
     /* completion */
@@ -308,6 +314,12 @@ static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
 {
     int status = dsq_apierr_status(kind);
     char *body = dsq_apierr_json(kind, msg, param);
+    /* users: the access log line of a 4xx/5xx names the error */
+    c->err_code = dsq_apierr_code(kind) ? dsq_apierr_code(kind) : dsq_apierr_type(kind);
+    snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg ? msg : "");
+    for (char *q = c->err_msg; *q; q++)
+        if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20)
+            *q = '\'';
     struct MHD_Response *r;
     if (!body)
         return MHD_NO;
@@ -380,13 +392,11 @@ static enum MHD_Result do_health(conn_t *c)
     return send_body(c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
 }
 
-static enum MHD_Result do_models(conn_t *c)
+/* The model object of GET /v1/models and /v1/models/{id} (OpenAI's Model:
+ * id, object, created, owned_by; vLLM adds root, parent, max_model_len). */
+static cJSON *model_object(conn_t *c)
 {
-    cJSON *o = cJSON_CreateObject(), *data, *m;
-    cJSON_AddStringToObject(o, "object", "list");
-    data = cJSON_AddArrayToObject(o, "data");
-    m = cJSON_CreateObject();
-    cJSON_AddItemToArray(data, m);
+    cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", c->h->cfg.served_model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)c->h->cfg.created);
@@ -395,6 +405,71 @@ static enum MHD_Result do_models(conn_t *c)
     cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len",
                             c->e ? dsq_engine_max_model_len(c->e) : 0);
+    return m;
+}
+
+static enum MHD_Result do_models(conn_t *c)
+{
+    cJSON *o = cJSON_CreateObject(), *data;
+    cJSON_AddStringToObject(o, "object", "list");
+    data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(data, model_object(c));
+    return send_json(c, 200, o);
+}
+
+/* users: GET /v1/models/{id} (the SDKs' models.retrieve): the model, or 404
+ * model_not_found. The id is the rest of the path, percent-decoded by
+ * libmicrohttpd; ids with '/' (e.g. "org/name") are kept whole. */
+static enum MHD_Result do_model(conn_t *c)
+{
+    if (strcmp(c->model_id, c->h->cfg.served_model_name)) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "The model '%.200s' does not exist; this server serves "
+                 "'%.200s'", c->model_id, c->h->cfg.served_model_name);
+        return send_error(c, DSQ_APIERR_MODEL_NOT_FOUND, "model", msg);
+    }
+    return send_json(c, 200, model_object(c));
+}
+
+/* users: GET /tokenizer_info as vLLM serves it (lm-evaluation-harness's
+ * tokenizer_backend=remote reads eos_token / bos_token / pad_token and
+ * chat_template, then tokenizes through /tokenize and /detokenize):
+ * token texts (null when the vocabulary has none) and ids, the vocabulary
+ * size, whether BOS is added, model_max_length (= max_model_len) and the
+ * chat template the server renders with (null when there is none). */
+static cJSON *token_field(cJSON *o, const char *name, const dsq_tokenizer_t *t, int32_t id)
+{
+    char key[32];
+    size_t len = 0;
+    const char *s = id >= 0 ? dsq_tokenizer_token_str(t, id, &len) : NULL;
+    cJSON *v = s ? cJSON_CreateString(s) : cJSON_CreateNull();
+    cJSON_AddItemToObject(o, name, v);
+    snprintf(key, sizeof(key), "%s_id", name);
+    if (id >= 0)
+        cJSON_AddNumberToObject(o, key, id);
+    else
+        cJSON_AddNullToObject(o, key);
+    return v;
+}
+
+static enum MHD_Result do_tokenizer_info(conn_t *c)
+{
+    const dsq_tokenizer_t *t = c->tok;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "tokenizer_class",
+                            dsq_tokenizer_kind(t) == DSQ_TOKENIZER_BPE ? "bpe (byte-level)"
+                                                                       : "sentencepiece");
+    token_field(o, "bos_token", t, dsq_tokenizer_bos(t));
+    token_field(o, "eos_token", t, dsq_tokenizer_eos(t));
+    token_field(o, "pad_token", t, dsq_tokenizer_pad(t));
+    cJSON_AddBoolToObject(o, "add_bos_token", dsq_tokenizer_add_bos(t));
+    cJSON_AddNumberToObject(o, "vocab_size", dsq_tokenizer_n_vocab(t));
+    cJSON_AddNumberToObject(o, "model_max_length", dsq_engine_max_model_len(c->e));
+    const char *tmpl = dsq_chat_template_source(c->h->chat);
+    if (tmpl)
+        cJSON_AddStringToObject(o, "chat_template", tmpl);
+    else
+        cJSON_AddNullToObject(o, "chat_template");
     return send_json(c, 200, o);
 }
 
@@ -748,6 +823,12 @@ static wait_result_t wait_progress(conn_t *c)
         } else if (atomic_load(&h->stopping)) {
             cancel_all(c);
         } else if (client_gone(c)) {
+            /* users: a client hang-up is normal: info, with the request id
+             * (libmicrohttpd's own "application error" line that follows
+             * a stream's end is logged at debug, log_mhd) */
+            dsq_log(DSQ_LOG_INFO, "event=disconnect req=%s path=%s reason=client closed "
+                    "the connection; its sequences are cancelled", c->id[0] ? c->id : "-",
+                    c->path);
             cancel_all(c);
             return W_GONE;
         } else if (h->cfg.request_timeout_s > 0 &&
@@ -904,6 +985,10 @@ static enum MHD_Result do_completions(conn_t *c)
 
     if (dsq_openai_parse_completion(c->body, c->body_len, &lim, q, &err))
         return send_api_error(c, &err);
+    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
+        q->sp.has_seed = true;
+        q->sp.seed = (uint64_t)c->h->cfg.default_seed;
+    }
     c->have_req = true;
     /* tokenize, then check every prompt against the context before
      * submitting anything */
@@ -955,6 +1040,10 @@ static enum MHD_Result do_chat(conn_t *c)
 
     if (dsq_openai_parse_chat(c->body, c->body_len, &lim, q, &err))
         return send_api_error(c, &err);
+    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
+        q->sp.has_seed = true;
+        q->sp.seed = (uint64_t)c->h->cfg.default_seed;
+    }
     c->have_req = true;
     if (!(q->prompts = calloc(1, sizeof(*q->prompts))))
         return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
@@ -1094,10 +1183,13 @@ static enum route find_route(const char *url)
         {"/metrics", R_METRICS}, {"/version", R_VERSION},
         {"/v1/completions", R_COMPLETIONS}, {"/tokenize", R_TOKENIZE},
         {"/detokenize", R_DETOKENIZE}, {"/v1/chat/completions", R_CHAT},
+        {"/tokenizer_info", R_TOKENIZER_INFO},
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
         if (!strcmp(url, routes[i].path))
             return routes[i].r;
+    if (!strncmp(url, "/v1/models/", 11) && url[11])
+        return R_MODEL;
     return R_NONE;
 }
 
@@ -1187,9 +1279,10 @@ static enum MHD_Result on_headers(conn_t *c)
                           "missing or invalid API key (Authorization: Bearer)");
     if (!post)
         return MHD_YES;
-    if (!json_content_type(c))
-        return send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
-                          "Content-Type must be application/json");
+    /* users: curl -d without -H sends application/x-www-form-urlencoded;
+     * llama-server takes such a body when it is JSON, and so does dsqd
+     * (checked once the body is in, on_request); anything else is 415 */
+    c->ct_other = !json_content_type(c);
     cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->cfg.max_request_bytes) {
         c->too_large = true;
@@ -1211,9 +1304,19 @@ static enum MHD_Result on_request(conn_t *c)
                           "server is shutting down");
     switch (c->route) {
     case R_MODELS: return do_models(c);
+    case R_MODEL: return do_model(c);
     case R_VERSION: return do_version(c);
     case R_METRICS: return do_metrics(c);
     default: break;
+    }
+    if (c->ct_other && is_post_route(c->route)) {
+        cJSON *j = c->body_len ? cJSON_ParseWithLength(c->body, c->body_len) : NULL;
+        bool ok = j != NULL;
+        cJSON_Delete(j);
+        if (!ok)
+            return send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
+                              "Content-Type must be application/json (a body of another "
+                              "type is taken only when it is JSON)");
     }
     if (!c->e)
         return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
@@ -1222,6 +1325,7 @@ static enum MHD_Result on_request(conn_t *c)
     case R_CHAT: return do_chat(c);
     case R_TOKENIZE: return do_tokenize(c);
     case R_DETOKENIZE: return do_detokenize(c);
+    case R_TOKENIZER_INFO: return do_tokenizer_info(c);
     default: return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     }
 }
@@ -1259,6 +1363,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         c->t_start = now_s();
         c->queue_ms = -1;
         c->route = find_route(url);
+        if (c->route == R_MODEL)
+            snprintf(c->model_id, sizeof(c->model_id), "%s", url + strlen("/v1/models/"));
         snprintf(c->method, sizeof(c->method), "%s", method);
         snprintf(c->path, sizeof(c->path), "%s", url);
         *con_cls = c;
@@ -1331,22 +1437,26 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
             st = 499;
         dsq_metrics_count_request(h->metrics, st);
+        char why[240] = "";
+        if (c->err_code && st >= 400)
+            snprintf(why, sizeof(why), " error=%s message=\"%s\"", c->err_code, c->err_msg);
         if (c->route == R_COMPLETIONS || c->route == R_CHAT) {
             dsq_usage_t u;
             usage_of(c, &u);
+            dsq_metrics_add_prompt_tokens(h->metrics, u.prompt_tokens);
             dsq_log(DSQ_LOG_INFO,
                     "req=%s method=%s path=%s status=%d prompt_tokens=%lld "
-                    "completion_tokens=%lld queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f",
+                    "completion_tokens=%lld queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s",
                     c->id[0] ? c->id : "-", c->method, c->path, st,
                     (long long)u.prompt_tokens, (long long)u.completion_tokens,
                     c->queue_ms,
                     c->t_first > 0 ? (c->t_first - c->t_start) * 1e3 : -1.0,
-                    (t - c->t_start) * 1e3);
+                    (t - c->t_start) * 1e3, why);
         } else {
-            dsq_log(c->route == R_HEALTH || c->route == R_METRICS ? DSQ_LOG_DEBUG
-                                                                  : DSQ_LOG_INFO,
-                    "method=%s path=%s status=%d total_ms=%.1f", c->method,
-                    c->path, st, (t - c->t_start) * 1e3);
+            dsq_log((c->route == R_HEALTH || c->route == R_METRICS) && st < 400
+                        ? DSQ_LOG_DEBUG : DSQ_LOG_INFO,
+                    "method=%s path=%s status=%d total_ms=%.1f%s", c->method,
+                    c->path, st, (t - c->t_start) * 1e3, why);
         }
     }
     if (c->inflight)
@@ -1412,7 +1522,40 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
         dsq_log(DSQ_LOG_WARN, "mhd: %ld messages suppressed", dropped);
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    dsq_log(DSQ_LOG_WARN, "mhd: %s", line);
+    /* users: our stream reader ends with an error only when the client has
+     * gone (logged as event=disconnect at info): not a warning */
+    dsq_log(strstr(line, "application error generating response") ? DSQ_LOG_DEBUG
+                                                                   : DSQ_LOG_WARN,
+            "mhd: %s", line);
+}
+
+/* users: the listening socket, bound here rather than by libmicrohttpd so
+ * that a busy port is a start-up error with its reason. SO_REUSEADDR only
+ * (a restart may rebind over TIME_WAIT connections), never SO_REUSEPORT:
+ * that let a second dsqd bind the same port and take half the requests.
+ * Returns the listening fd or -1 with err set. */
+static int listen_socket(const struct addrinfo *ai, const char *host, int port, char *err,
+                         size_t err_len)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+        snprintf(err, err_len, "cannot listen on %s:%d: socket: %s", host, port,
+                 strerror(errno));
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 511) != 0) {
+        int e = errno;
+        if (e == EADDRINUSE)
+            snprintf(err, err_len, "cannot listen on %s:%d: port %d is already in use "
+                     "(another dsqd or server; choose one with --port)", host, port, port);
+        else
+            snprintf(err, err_len, "cannot listen on %s:%d: %s", host, port, strerror(e));
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
@@ -1428,7 +1571,6 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
      * everyone else out long before MHD_OPTION_CONNECTION_LIMIT */
     if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
         flags |= MHD_USE_POLL;
-    const union MHD_DaemonInfo *di;
     int gai;
 
     if (!h) {
@@ -1474,6 +1616,11 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     }
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    const char *host_name = h->cfg.host && *h->cfg.host ? h->cfg.host : "*";
+    int lfd = listen_socket(ai, host_name, cfg->port, err, err_len);
+    freeaddrinfo(ai);
+    if (lfd < 0)
+        goto fail;
     /* api: the idle timeout; on_access switches a connection to the busy
      * one while it answers a request */
     unsigned idle_s = idle_timeout_s(h);
@@ -1481,12 +1628,11 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
-            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+            MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
             MHD_OPTION_HTTPS_MEM_CERT, h->cfg.tls_cert_pem,
             MHD_OPTION_HTTPS_MEM_KEY, h->cfg.tls_key_pem,
             MHD_OPTION_END);
@@ -1494,22 +1640,24 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
-            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+            MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
             MHD_OPTION_END);
-    freeaddrinfo(ai);
     if (!h->d) {
-        snprintf(err, err_len, "cannot listen on %s:%d (address in use, bad "
-                 "address or bad TLS certificate/key)",
-                 h->cfg.host ? h->cfg.host : "*", cfg->port);
+        close(lfd);
+        snprintf(err, err_len, "cannot serve on %s:%d (%s)", host_name, cfg->port,
+                 h->cfg.tls_cert_pem ? "bad TLS certificate or key" : "libmicrohttpd failed");
         goto fail;
     }
-    di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di ? di->port : cfg->port;
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof(sa);
+    h->port = cfg->port;
+    if (getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0)
+        h->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                 : ((struct sockaddr_in *)&sa)->sin_port);
     return h;
 fail:
     dsq_http_destroy(h);

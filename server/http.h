@@ -47,6 +47,9 @@ typedef struct dsq_http_config {
                                         it. 0 = 5 (uvicorn's default)        */
     int max_seqs_per_request;        /* api: prompts x max(n, best_of) cap;
                                         0 = DSQ_OPENAI_MAX_SEQS             */
+    int64_t default_seed;            /* users: --seed, the seed of requests
+                                        that send none; < 0 = none (each
+                                        such request draws a random one)  */
 } dsq_http_config_t;
 
 typedef struct dsq_http dsq_http_t;

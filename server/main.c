@@ -265,6 +265,7 @@ int main(int argc, char **argv)
     hc.request_timeout_s = o.request_timeout;
     hc.timeout_keep_alive_s = o.timeout_keep_alive;     /* api */
     hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
+    hc.default_seed = o.seed;                           /* users */
     hc.allowed_origins = o.allowed_origins;
     hc.tls_cert_pem = cert;
     hc.tls_key_pem = key;
@@ -303,10 +304,17 @@ int main(int argc, char **argv)
         goto out;
     }
     dsq_http_set_engine(http, engine);
-    dsq_log(DSQ_LOG_INFO, "event=ready model=%s served_model_name=%s "
-                          "max_model_len=%d port=%d",
-            o.model, served, dsq_engine_max_model_len(engine),
-            dsq_http_port(http));
+    {
+        /* users: the address clients use, as bound (scripts/serve relays
+         * this line); an IPv6 literal goes in brackets */
+        const char *host = o.host && *o.host ? o.host : "0.0.0.0";
+        bool v6 = strchr(host, ':') != NULL;
+        dsq_log(DSQ_LOG_INFO, "event=ready model=%s served_model_name=%s "
+                              "max_model_len=%d port=%d url=%s://%s%s%s:%d",
+                o.model, served, dsq_engine_max_model_len(engine), dsq_http_port(http),
+                cert ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "",
+                dsq_http_port(http));
+    }
     {
         dsq_engine_stats_t st;
         dsq_engine_stats(engine, &st);

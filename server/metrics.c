@@ -19,19 +19,25 @@ static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
                                240.0, 480.0, 960.0};
 #define MAXB 19
 
+/* users: vllm is the name vLLM gives the same histogram (NULL: none), so
+ * vLLM's published Grafana dashboard reads dsqd unchanged */
 static const struct {
-    const char *name, *help;
+    const char *name, *help, *vllm;
     const double *b;
     int n;
 } hists[DSQ_HIST_COUNT_] = {
     [DSQ_HIST_TTFT] = {"dsq:time_to_first_token_seconds",
-                       "Time from request arrival to its first token.", ttft_b, 19},
+                       "Time from request arrival to its first token.",
+                       "vllm:time_to_first_token_seconds", ttft_b, 19},
     [DSQ_HIST_ITL] = {"dsq:inter_token_latency_seconds",
-                      "Time between successive output events of a choice.", itl_b, 19},
+                      "Time between successive output events of a choice.",
+                      "vllm:time_per_output_token_seconds", itl_b, 19},
     [DSQ_HIST_E2E] = {"dsq:e2e_request_latency_seconds",
-                      "Time from request arrival to its last token.", e2e_b, 19},
+                      "Time from request arrival to its last token.",
+                      "vllm:e2e_request_latency_seconds", e2e_b, 19},
     [DSQ_HIST_QUEUE] = {"dsq:request_queue_time_seconds",
-                        "Time a request waited before its first scheduling.", ttft_b, 19},
+                        "Time a request waited before its first scheduling.",
+                        "vllm:request_queue_time_seconds", ttft_b, 19},
 };
 
 typedef struct hist {
@@ -49,6 +55,7 @@ struct dsq_metrics {
     pthread_mutex_t lock;
     hist_t h[DSQ_HIST_COUNT_];
     uint64_t by_status[N_STATUS + 1];
+    uint64_t request_prompt_tokens;   /* users: vLLM's prompt_tokens_total */
 };
 
 dsq_metrics_t *dsq_metrics_create(void)
@@ -90,6 +97,15 @@ void dsq_metrics_count_request(dsq_metrics_t *m, int status)
         i++;
     pthread_mutex_lock(&m->lock);
     m->by_status[i]++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void dsq_metrics_add_prompt_tokens(dsq_metrics_t *m, int64_t n)
+{
+    if (!m || n <= 0)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->request_prompt_tokens += (uint64_t)n;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -159,6 +175,7 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
     pthread_mutex_lock(&m->lock);
     memcpy(snap.h, m->h, sizeof(snap.h));
     memcpy(snap.by_status, m->by_status, sizeof(snap.by_status));
+    snap.request_prompt_tokens = m->request_prompt_tokens;
     pthread_mutex_unlock(&m->lock);
 
     gauge(&b, "gauge", "dsq:num_requests_running",
@@ -199,21 +216,47 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
                 code, (unsigned long long)snap.by_status[i]);
     }
 
-    for (int h = 0; h < DSQ_HIST_COUNT_; h++) {
-        uint64_t cum = 0;
-        bprintf(&b, "# HELP %s %s\n# TYPE %s histogram\n", hists[h].name,
-                hists[h].help, hists[h].name);
-        for (int i = 0; i < hists[h].n; i++) {
-            cum += snap.h[h].counts[i];
-            bprintf(&b, "%s_bucket{%s,le=\"%g\"} %llu\n", hists[h].name, lbl,
-                    hists[h].b[i], (unsigned long long)cum);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int h = 0; h < DSQ_HIST_COUNT_; h++) {
+            const char *name = pass ? hists[h].vllm : hists[h].name;
+            uint64_t cum = 0;
+            if (!name)
+                continue;
+            bprintf(&b, "# HELP %s %s\n# TYPE %s histogram\n", name, hists[h].help, name);
+            for (int i = 0; i < hists[h].n; i++) {
+                cum += snap.h[h].counts[i];
+                bprintf(&b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lbl, hists[h].b[i],
+                        (unsigned long long)cum);
+            }
+            bprintf(&b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lbl,
+                    (unsigned long long)snap.h[h].count);
+            bprintf(&b, "%s_sum{%s} %.17g\n%s_count{%s} %llu\n", name, lbl, snap.h[h].sum,
+                    name, lbl, (unsigned long long)snap.h[h].count);
         }
-        bprintf(&b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", hists[h].name, lbl,
-                (unsigned long long)snap.h[h].count);
-        bprintf(&b, "%s_sum{%s} %.17g\n%s_count{%s} %llu\n", hists[h].name,
-                lbl, snap.h[h].sum, hists[h].name, lbl,
-                (unsigned long long)snap.h[h].count);
     }
+
+    /* users: vLLM's names for the same quantities (types as vLLM's). Its
+     * prompt_tokens_total counts every request's prompt, prefix-cached
+     * tokens included, where dsq:prompt_tokens_total counts the tokens
+     * prefill computed. */
+    gauge(&b, "gauge", "vllm:num_requests_running",
+          "Requests in the running batch (vLLM name).", lbl, st->n_running);
+    gauge(&b, "gauge", "vllm:num_requests_waiting",
+          "Requests waiting to be scheduled (vLLM name).", lbl, st->n_waiting);
+    double usage = st->kv_blocks_total
+                       ? (double)st->kv_blocks_used / (double)st->kv_blocks_total : 0.0;
+    gauge(&b, "gauge", "vllm:kv_cache_usage_perc",
+          "Fraction of KV cache blocks in use, 1 = all (vLLM V1 name).", lbl, usage);
+    gauge(&b, "gauge", "vllm:gpu_cache_usage_perc",
+          "Fraction of KV cache blocks in use, 1 = all (vLLM V0 name, any device).", lbl,
+          usage);
+    gauge(&b, "counter", "vllm:prompt_tokens_total",
+          "Prompt tokens of finished requests, prefix-cached ones included (vLLM's count).",
+          lbl, (double)snap.request_prompt_tokens);
+    gauge(&b, "counter", "vllm:generation_tokens_total", "Tokens generated (vLLM name).",
+          lbl, (double)st->generation_tokens_total);
+    gauge(&b, "counter", "vllm:num_preemptions_total",
+          "Sequences preempted (vLLM name).", lbl, (double)st->preemptions_total);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -28,6 +28,10 @@ void dsq_metrics_destroy(dsq_metrics_t *m);     /* NULL is a no-op */
 void dsq_metrics_observe(dsq_metrics_t *m, dsq_hist_t h, double seconds);
 /* Count one finished HTTP request by its status code. */
 void dsq_metrics_count_request(dsq_metrics_t *m, int status);
+/* users: add a finished request's prompt tokens (usage.prompt_tokens,
+ * prefix-cached ones included) to vllm:prompt_tokens_total. n <= 0 or a
+ * NULL m is a no-op. */
+void dsq_metrics_add_prompt_tokens(dsq_metrics_t *m, int64_t n);
 
 /* Render everything as Prometheus text; st may be NULL (engine not up).
  * model_name labels the metrics. malloc'd string, NULL on ENOMEM. */

@@ -417,7 +417,9 @@ static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
 
 /* ------------------------------------------------------------ chat */
 
-static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
+/* users: "developer" is the OpenAI API's successor of "system" (o1 and
+ * later); templates know only system, so it is renamed on the way in. */
+static const char *const ROLES[] = {"system", "user", "assistant", "tool", "developer"};
 
 /* One message's content, normalised for the template: a string stays, an
  * array of text parts becomes their texts joined by "\n" (as vLLM does for
@@ -522,7 +524,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
         if (!known) {
             dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                               "'messages[%d].role' must be one of system, "
-                              "user, assistant, tool; got %s%.40s%s", i,
+                              "developer, user, assistant, tool; got %s%.40s%s", i,
                               cJSON_IsString(role) ? "'" : "",
                               cJSON_IsString(role) ? role->valuestring
                                                    : type_name(role),
@@ -540,8 +542,10 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
         /* other members (name, tool_calls, tool_call_id, ...) pass through
          * to the template unchanged */
         cJSON_ArrayForEach(f, m)
-            if (strcmp(f->string, "content"))
+            if (strcmp(f->string, "content") && strcmp(f->string, "role"))
                 cJSON_AddItemToObject(copy, f->string, cJSON_Duplicate(f, true));
+        cJSON_AddStringToObject(copy, "role", strcmp(role->valuestring, "developer")
+                                              ? role->valuestring : "system");
         cJSON_AddItemToObject(copy, "content", content);
         i++;
     }
@@ -586,6 +590,52 @@ static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
     return DSQ_OK;
 }
 
+/* users: structured outputs and tool calls are not built yet (issue 22):
+ * a request that asks for them gets a 400 naming the field, never text
+ * that only pretends to comply. Asking: response_format other than
+ * {"type": "text"}; vLLM's guided_json / guided_regex / guided_choice /
+ * guided_grammar / structured_outputs and llama.cpp's grammar /
+ * json_schema (non-null); a non-empty tools array unless tool_choice is
+ * "none"; tool_choice other than "none" / "auto" without tools. */
+static int reject_structured(const cJSON *root, dsq_api_error_t *err)
+{
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
+                                         "guided_grammar", "structured_outputs", "grammar",
+                                         "json_schema"};
+    const cJSON *rf = field(root, "response_format"), *v;
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type")
+                                             : NULL;
+        if (!cJSON_IsString(ty))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
+                                     "'response_format' must be an object with a string "
+                                     "'type'");
+        if (strcmp(ty->valuestring, "text"))
+            return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "response_format",
+                                     "'response_format' of type '%.40s' is not supported yet "
+                                     "(structured outputs: only {\"type\": \"text\"})",
+                                     ty->valuestring);
+    }
+    for (size_t k = 0; k < sizeof(guided) / sizeof(guided[0]); k++)
+        if ((v = field(root, guided[k])) && !cJSON_IsNull(v))
+            return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, guided[k],
+                                     "'%s' (constrained decoding) is not supported yet",
+                                     guided[k]);
+    const cJSON *tools = field(root, "tools"), *tc = field(root, "tool_choice");
+    bool choice_none = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
+    bool choice_auto = cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto");
+    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 && !choice_none)
+        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "tools",
+                                 "tool calls are not supported yet: 'tools' needs "
+                                 "'tool_choice': \"none\" (the tools are then only shown "
+                                 "to the model's chat template)");
+    if (tc && !cJSON_IsNull(tc) && !choice_none && !choice_auto)
+        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "tool_choice",
+                                 "tool calls are not supported yet: 'tool_choice' may "
+                                 "only be \"none\" or \"auto\"");
+    return DSQ_OK;
+}
+
 /* chatapi: one parser for /v1/completions and /v1/chat/completions; the
  * chat request differs only in messages (for prompt), no echo/suffix/
  * best_of, max_completion_tokens, and boolean logprobs + top_logprobs. */
@@ -615,6 +665,8 @@ static int parse_request(const char *body, size_t len,
         return DSQ_EINVAL;
 
     if ((rc = check_model(root, lim, true, err)))
+        goto fail;
+    if ((rc = reject_structured(root, err)))
         goto fail;
     if (chat) {
         if ((rc = dsq__openai_parse_messages(root, &r->messages, &r->tools, err)))

@@ -51,14 +51,13 @@ static const opt_t table[] = {
     {"timeout-keep-alive", T_INT, O(timeout_keep_alive), "5", 1, 86400, NULL, "seconds an idle or stalled connection (no request in flight) stays open", NULL},
     {"max-seqs-per-request", T_INT, O(max_seqs_per_request), "1024", 1, 1 << 20, NULL, "cap on prompts x max(n, best_of) of one request (400 above)", NULL},
     {"threads", T_INT, O(threads), "0", 0, 4096, NULL, "CPU threads for the engine (0 = physical cores)", NULL},
+    {"seed", T_INT, O(seed), "-1", -1, 2147483647.0, NULL, "sampling seed of every request that sends none (as llama-server's --seed: the same request then samples the same text; -1 = a fresh random seed per request)", NULL},
     {"device", T_STR, O(device), "auto", 0, 0, "auto|cpu|cuda", "where the model runs: cuda (device 0; exit 1 when there is none), cpu, or auto (cuda when a device is present and the model's architecture runs there, else cpu)", NULL},
-    {"quantize", T_STR, O(quantize), "none", 0, 0, "none|int4", "quantize weights at load",
-     /* DSQ_QUANTIZE names the dsq-quantize binary in the test environment */
-     "DSQ_LOAD_QUANTIZE"},
+    {"quantize", T_STR, O(quantize), "none", 0, 0, "none|int4", "round FP16/BF16/FP32 weights to INT4 at load (RTN; quantized checkpoints load as they are)", NULL},
     {"group-size", T_INT, O(group_size), "128", 32, 128, NULL, "group size for --quantize int4 (32, 64, 128)", NULL},
     {"activation-dtype", T_STR, O(activation_dtype), "int8", 0, 0, "int8|fp32", "activations of quantized matmuls: int8 (fast, llama.cpp's scheme) or fp32 (exact W*x, slower)", NULL},
-    {"memory-limit", T_BYTES, O(memory_limit), "0", 0, 9.0e18, NULL, "CPU memory budget for weights + KV (0 = none)", NULL},
-    {"kv-cache-memory", T_BYTES, O(kv_cache_memory), "0", 0, 9.0e18, NULL, "explicit KV cache budget (0 = planner decides)", NULL},
+    {"memory-limit", T_BYTES, O(memory_limit), "0", 0, 9.0e18, NULL, "CPU memory budget for weights + workspace + KV cache (0 = half of physical RAM)", NULL},
+    {"kv-cache-memory", T_BYTES, O(kv_cache_memory), "0", 0, 9.0e18, NULL, "explicit KV cache budget; with weights and workspace it must fit the memory budget (0 = planner decides: on cpu what the budget leaves, at most 4 GiB as vLLM's CPU default; on cuda all the device budget leaves)", NULL},
     {"log-level", T_STR, O(log_level), "info", 0, 0, "error|warn|info|debug", "log threshold", NULL},
     {"log-file", T_STR, O(log_file), NULL, 0, 0, NULL, "append logs to this file instead of stderr; SIGHUP reopens it", NULL},
     {"ssl-certfile", T_STR, O(ssl_certfile), NULL, 0, 0, NULL, "PEM certificate: serve HTTPS", NULL},
@@ -75,6 +74,14 @@ static const opt_t table[] = {
 };
 #undef O
 #define N_OPTS (sizeof(table) / sizeof(table[0]))
+
+/* users: the flags people type from llama-server and vLLM, as aliases of
+ * the canonical options (shown beside them in --help). */
+static const struct { const char *alias, *name; } aliases[] = {
+    {"-m", "model"}, {"-c", "max-model-len"}, {"--ctx-size", "max-model-len"},
+    {"-t", "threads"},
+};
+#define N_ALIASES (sizeof(aliases) / sizeof(aliases[0]))
 
 static void fail(char *err, size_t err_len, const char *fmt, const char *a,
                  const char *b)
@@ -368,20 +375,44 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
             rc = set_value(o, &table[i], v, name, err, err_len);
     }
 
+    bool positional = false, model_flag = false;
     for (int i = 1; i < argc && rc == DSQ_OK; i++) {
-        const char *a = argv[i], *eq, *val = NULL;
-        const opt_t *opt;
+        const char *a = argv[i], *eq = NULL, *val = NULL;
+        const opt_t *opt = NULL;
         char src[128];
-        if (strncmp(a, "--", 2) != 0) {
-            fail(err, err_len, "unexpected argument '%s'%s", a, "");
+        for (size_t k = 0; k < N_ALIASES && !opt; k++) {
+            size_t n = strlen(aliases[k].alias);
+            if (!strncmp(a, aliases[k].alias, n) && (a[n] == '\0' || (a[1] == '-' && a[n] == '='))) {
+                opt = find(aliases[k].name, strlen(aliases[k].name));
+                eq = a[n] == '=' ? a + n : NULL;
+            }
+        }
+        if (!opt && a[0] != '-' && !positional) {
+            /* users: `dsqd MODEL`, as `vllm serve MODEL` and llama-server */
+            positional = true;
+            rc = set_value(o, find("model", 5), a, "MODEL", err, err_len);
+            continue;
+        }
+        if (!opt && strncmp(a, "--", 2) != 0) {
+            fail(err, err_len, "unexpected argument '%s'%s", a,
+                 positional && a[0] != '-' ? " (one MODEL only)" : "");
             rc = DSQ_EINVAL;
             break;
         }
-        a += 2;
-        eq = strchr(a, '=');
-        opt = find(a, eq ? (size_t)(eq - a) : strlen(a));
+        if (!opt) {
+            a += 2;
+            eq = strchr(a, '=');
+            opt = find(a, eq ? (size_t)(eq - a) : strlen(a));
+        }
         if (!opt) {
             fail(err, err_len, "unknown option '%s' (see --help)%s", argv[i], "");
+            rc = DSQ_EINVAL;
+            break;
+        }
+        if (opt->offset == offsetof(dsq_options_t, model))
+            model_flag = true;
+        if (positional && model_flag) {
+            fail(err, err_len, "the model is given twice (MODEL and %s)%s", argv[i], "");
             rc = DSQ_EINVAL;
             break;
         }
@@ -415,7 +446,7 @@ void dsq_options_deinit(dsq_options_t *o)
 
 void dsq_options_help(FILE *f)
 {
-    fprintf(f, "usage: dsqd --model PATH [options]\n\n"
+    fprintf(f, "usage: dsqd [MODEL] [options]   (MODEL, -m MODEL or --model MODEL)\n\n"
                "OpenAI-compatible completion server. Every option is also a key of the\n"
                "--config JSON file and an environment variable DSQ_<NAME>; precedence:\n"
                "flags > environment > config file > defaults.\n\n");
@@ -424,9 +455,13 @@ void dsq_options_help(FILE *f)
         char lhs[64], env[64];
         static const char *tn[] = {"STR", "INT", "NUM", "", "BYTES"};
         const char *meta = o->choices ? o->choices : tn[o->type];
-        snprintf(lhs, sizeof(lhs), "--%s%s%s", o->name, *meta ? " " : "", meta);
+        char al[32] = "";
+        for (size_t k = 0; k < N_ALIASES; k++)
+            if (!strcmp(aliases[k].name, o->name))
+                snprintf(al + strlen(al), sizeof(al) - strlen(al), "%s, ", aliases[k].alias);
+        snprintf(lhs, sizeof(lhs), "%s--%s%s%s", al, o->name, *meta ? " " : "", meta);
         env_name(o, env, sizeof(env));
-        fprintf(f, "  %-34s %s", lhs, o->help);
+        fprintf(f, "  %-44s %s", lhs, o->help);
         if (o->def && o->type != T_BOOL)
             fprintf(f, " [default: %s]", o->def);
         fprintf(f, " (env %s)\n", env);

@@ -39,6 +39,7 @@ typedef struct dsq_options {
     int timeout_keep_alive;      /* api: s, idle connection timeout        */
     int max_seqs_per_request;    /* api: prompts x max(n, best_of) cap     */
     int threads;
+    int seed;                    /* users: default request seed, -1 = none */
     char *device;                /* auto | cpu | cuda                      */
     char *quantize;              /* none | int4                            */
     int group_size;

@@ -504,6 +504,27 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
     return DSQ_OK;
 }
 
+/* Load tok<n_vocab>.bin or tokenizer.bin from dir into f->tok when one is
+ * there (llama2.c's convention; dsq-quantize copies it into its output
+ * directory). A file that does not parse is a warning, not an error. */
+static void find_llama2c_tokenizer(dsq_model_file_t *f, const char *d)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "tok%lld.bin", (long long)f->config.n_vocab);
+    char *cand[2] = {join(d, name), join(d, "tokenizer.bin")};
+    for (int i = 0; i < 2 && !f->tok; i++) {
+        if (cand[i] && is_file(cand[i])) {
+            char terr[512];
+            f->tok = dsq_tokenizer_from_llama2c(cand[i], terr, sizeof(terr));
+            if (!f->tok)
+                dsq_log(DSQ_LOG_WARN, "load file=%s tokenizer=%s error=\"%s\"", f->path,
+                        cand[i], terr);
+        }
+    }
+    free(cand[0]);
+    free(cand[1]);
+}
+
 static int open_llama2c(dsq_model_file_t *f, const char *tokenizer_path,
                         char *err, size_t err_len)
 {
@@ -524,20 +545,7 @@ static int open_llama2c(dsq_model_file_t *f, const char *tokenizer_path,
         /* llama2.c convention: tok<vocab>.bin or tokenizer.bin beside it */
         char *dir = strdup(f->path);
         char *slash = dir ? strrchr(dir, '/') : NULL;
-        const char *d = slash ? (*slash = '\0', dir) : ".";
-        char name[64];
-        snprintf(name, sizeof(name), "tok%lld.bin", (long long)f->config.n_vocab);
-        char *cand[2] = {join(d, name), join(d, "tokenizer.bin")};
-        for (int i = 0; i < 2 && !f->tok; i++) {
-            if (cand[i] && is_file(cand[i])) {
-                char terr[512];
-                f->tok = dsq_tokenizer_from_llama2c(cand[i], terr, sizeof(terr));
-                if (!f->tok)
-                    dsq_log(DSQ_LOG_WARN, "load file=%s tokenizer=%s error=\"%s\"", f->path, cand[i], terr);
-            }
-        }
-        free(cand[0]);
-        free(cand[1]);
+        find_llama2c_tokenizer(f, slash ? (*slash = '\0', dir) : ".");
         free(dir);
     }
     return DSQ_OK;
@@ -686,6 +694,10 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
                 set_err(err, err_len, "%s: tokenizer: %s", tj, cerr);
                 rc = DSQ_EFORMAT;
             }
+        } else {
+            /* users: a directory dsq-quantize made from a llama2.c model
+             * holds its tok<n>.bin */
+            find_llama2c_tokenizer(f, dir);
         }
         free(tj);
     }

@@ -69,7 +69,8 @@ typedef struct dsq_model_file dsq_model_file_t;
  * or tensor and what was expected.
  * Format: a directory is a HF checkpoint (config.json + model.safetensors
  * or model.safetensors.index.json whose weight_map shard names must be
- * plain file names in that directory); a *.safetensors path is a one-file
+ * plain file names in that directory; its tokenizer: tokenizer.json, else
+ * a llama2.c tok<n_vocab>.bin or tokenizer.bin, as dsq-quantize copies); a *.safetensors path is a one-file
  * HF checkpoint with config.json beside it; a file starting with "GGUF" or
  * named *.gguf is GGUF; *.bin is a llama2.c checkpoint (without
  * tokenizer_path, tok<n_vocab>.bin or tokenizer.bin beside it is used if

@@ -930,6 +930,7 @@ dsq_tokenizer_kind_t dsq_tokenizer_kind(const dsq_tokenizer_t *t) { return t ? t
 int32_t dsq_tokenizer_n_vocab(const dsq_tokenizer_t *t) { return t ? t->n_vocab : 0; }
 int32_t dsq_tokenizer_bos(const dsq_tokenizer_t *t) { return t ? t->bos : -1; }
 int32_t dsq_tokenizer_eos(const dsq_tokenizer_t *t) { return t ? t->eos : -1; }
+int32_t dsq_tokenizer_pad(const dsq_tokenizer_t *t) { return t ? t->pad : -1; }
 bool dsq_tokenizer_add_bos(const dsq_tokenizer_t *t) { return t && t->add_bos && t->bos >= 0; }
 
 bool dsq_tokenizer_is_eog(const dsq_tokenizer_t *t, int32_t id)

@@ -60,6 +60,9 @@ dsq_tokenizer_kind_t dsq_tokenizer_kind(const dsq_tokenizer_t *t);
 int32_t dsq_tokenizer_n_vocab(const dsq_tokenizer_t *t);
 int32_t dsq_tokenizer_bos(const dsq_tokenizer_t *t);   /* -1 if none */
 int32_t dsq_tokenizer_eos(const dsq_tokenizer_t *t);   /* -1 if none */
+/* GGUF tokenizer.ggml.padding_token_id / tokenizer_config.json pad_token;
+ * -1 if none */
+int32_t dsq_tokenizer_pad(const dsq_tokenizer_t *t);
 bool dsq_tokenizer_add_bos(const dsq_tokenizer_t *t);  /* model wants BOS */
 /* True for EOS, the GGUF eot/eom ids, and control or user-defined tokens
  * whose text is an end marker (<|im_end|>, <|endoftext|>, <|eot_id|>,

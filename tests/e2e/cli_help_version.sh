@@ -3,7 +3,7 @@
 # TAP output.
 set -u
 n=0; fail=0
-for var in DSQD DSQ_RUN DSQ_INSPECT DSQ_TOKENIZE DSQ_BENCH DSQ_QUANTIZE DSQ_PERPLEXITY; do
+for var in DSQD DSQ_RUN DSQ_INSPECT DSQ_TOKENIZE DSQ_BENCH DSQ_QUANTIZE_BIN DSQ_PERPLEXITY; do
   eval bin=\$$var
   for flag in --help --version; do
     n=$((n + 1))

@@ -5,7 +5,7 @@
 # llama.cpp's tokenizer test vectors (.inp/.out) and the llama2.c greedy
 # reference of stories260K (see $DSQ_TEST_DATA/SOURCES.md).
 # Environment (set by tests/e2e/meson.build): DSQ_INSPECT, DSQ_TOKENIZE,
-# DSQ_RUN, DSQ_QUANTIZE, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
+# DSQ_RUN, DSQ_QUANTIZE_BIN, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
 set -u
 n=0; fail=0
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsq-e2e.XXXXXX")
@@ -190,18 +190,26 @@ fi
 # ---- dsq-quantize copies the llama2.c tokenizer, or says the output has none ----
 mkdir -p "$tmp/l2c"
 cp "$s260/stories260K.bin" "$tmp/l2c/"
-"$DSQ_QUANTIZE" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-notok" --method rtn \
+"$DSQ_QUANTIZE_BIN" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-notok" --method rtn \
   > "$tmp/q.out" 2> "$tmp/q.err"; rc=$?
 [ $rc -eq 0 ] && [ -f "$tmp/q-notok/model.safetensors" ] && [ ! -e "$tmp/q-notok/tok512.bin" ] &&
   grep -q "warning: no tokenizer file in .*q-notok has none" "$tmp/q.err"
 check "quantize without a tokenizer next to the model warns that the output has none" $? \
   "rc=$rc" "$(cat "$tmp/q.err")"
 cp "$s260/tok512.bin" "$tmp/l2c/"
-"$DSQ_QUANTIZE" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-tok" --method rtn \
+"$DSQ_QUANTIZE_BIN" --model "$tmp/l2c/stories260K.bin" --out "$tmp/q-tok" --method rtn \
   > "$tmp/q.out" 2> "$tmp/q.err"; rc=$?
 [ $rc -eq 0 ] && cmp -s "$s260/tok512.bin" "$tmp/q-tok/tok512.bin" && ! grep -q warning "$tmp/q.err"
 check "quantize copies tok512.bin found next to the model, no warning" $? \
   "rc=$rc" "$(cat "$tmp/q.err")"
+# users: that directory's own tok512.bin is found (no --tokenizer), and the
+# text is what the source model with its tokenizer says
+"$DSQ_RUN" --model "$tmp/q-tok" --prompt "Once upon a time" -n 12 > "$tmp/qrun.out" 2> "$tmp/qrun.err"; rc=$?
+"$DSQ_RUN" --model "$tmp/q-tok" --tokenizer "$s260/tok512.bin" --prompt "Once upon a time" -n 12 \
+  > "$tmp/qrun2.out" 2>/dev/null
+[ $rc -eq 0 ] && [ -s "$tmp/qrun.out" ] && cmp -s "$tmp/qrun.out" "$tmp/qrun2.out"
+check "a quantized llama2.c directory loads its own tok512.bin" $? \
+  "rc=$rc" "$(tail -3 "$tmp/qrun.err")"
 
 echo "1..$n"
 exit $fail

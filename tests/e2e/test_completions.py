@@ -247,9 +247,9 @@ def test_openai_client(server):
 
 def test_openai_client_errors(server):
     c = client(server)
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.NotFoundError) as e:
         c.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
-    assert e.value.status_code == 400
+    assert e.value.status_code == 404
     assert e.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=5)

@@ -49,7 +49,9 @@ def test_bad_field(server, field, value):
 
 
 def test_unknown_model(server):
-    err(post(server, "/v1/completions", dict(P, model="gpt-4")), 400, "model", "model_not_found")
+    err(post(server, "/v1/completions", dict(P, model="gpt-4")), 404, "model", "model_not_found")
+    err(post(server, "/v1/chat/completions", {"model": "gpt-4", "messages": [
+        {"role": "user", "content": "hi"}]}), 404, "model", "model_not_found")
 
 
 def test_missing_fields(server):
@@ -100,7 +102,7 @@ def test_415(server):
     r = requests.post(server.url("/v1/completions"), data="model=x",
                       headers={"Content-Type": "application/x-www-form-urlencoded"})
     err(r, 415)
-    r = requests.post(server.url("/v1/completions"), data=json.dumps(P),
+    r = requests.post(server.url("/v1/completions"), data="not json",
                       headers={"Content-Type": "text/plain"})
     err(r, 415)
     r = requests.post(server.url("/v1/completions"), data=json.dumps(dict(P, max_tokens=1)),
@@ -133,7 +135,7 @@ def test_metrics_count_499_and_204(server):
 
 def test_tokenize_errors(server):
     err(post(server, "/tokenize", {"prompt": 5}), 400, "prompt")
-    err(post(server, "/tokenize", {"model": "zzz", "prompt": "a"}), 400, "model", "model_not_found")
+    err(post(server, "/tokenize", {"model": "zzz", "prompt": "a"}), 404, "model", "model_not_found")
     err(post(server, "/detokenize", {"tokens": [10 ** 9]}), 400, "tokens")
     err(post(server, "/detokenize", {"tokens": "a"}), 400, "tokens")
 

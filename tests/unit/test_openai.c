@@ -37,7 +37,19 @@ static const bad_case_t bad[] = {
     /* model */
     {"{\"prompt\":\"a\"}", 400, "model", NULL},
     {"{\"model\":5,\"prompt\":\"a\"}", 400, "model", NULL},
-    {"{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 400, "model", "model_not_found"},
+    {"{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404, "model", "model_not_found"},
+    /* users: structured outputs / tool calls are not built: refused, not ignored */
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", 400,
+     "response_format", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
+     400, "response_format", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":\"json\"}", 400, "response_format", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{}}", 400, "guided_json", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_grammar\":\"x\"}", 400, "guided_grammar", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= x\"}", 400, "grammar", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"json_schema\":{}}", 400, "json_schema", "unsupported_parameter"},
     /* prompt */
     {"{" M "\"max_tokens\":1}", 400, "prompt", NULL},
     {"{" M "\"prompt\":5}", 400, "prompt", NULL},
@@ -506,7 +518,7 @@ static void test_chat_parse(void **state)
         "{\"type\":\"text\",\"text\":\"b\"}],\"name\":\"n\"},"
         "{\"role\":\"assistant\",\"tool_calls\":[]},"
         "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"t\"}],"
-        "\"tools\":[{\"type\":\"function\"}],\"max_tokens\":9,"
+        "\"tools\":[{\"type\":\"function\"}],\"tool_choice\":\"none\",\"max_tokens\":9,"
         "\"max_completion_tokens\":4,\"logprobs\":true,\"top_logprobs\":3,"
         "\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
         "\"stop\":\"x\",\"seed\":5,\"logit_bias\":{\"7\":1}}";
@@ -540,6 +552,36 @@ static void test_chat_parse(void **state)
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(m, "tool_calls")));
     assert_int_equal(cJSON_GetArraySize(r.tools), 1);
     dsq_completion_req_deinit(&r);
+    /* users: tools that ask for calls, and tool_choice without "none"/"auto",
+     * are refused until tool calling exists; response_format text passes */
+    {
+        static const struct { const char *body, *param; } no[] = {
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"tools\":[{\"type\":\"function\"}]}", "tools"},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"tools\":[{\"type\":\"function\"}],\"tool_choice\":\"required\"}", "tools"},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+        };
+        for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
+            memset(&e, 0, sizeof(e));
+            if (dsq_openai_parse_chat(no[i].body, strlen(no[i].body), &LIM, &r, &e) != DSQ_EINVAL)
+                fail_msg("accepted: %s", no[i].body);
+            assert_string_equal(e.param, no[i].param);
+            assert_string_equal(dsq_apierr_code(e.kind), "unsupported_parameter");
+        }
+        const char *b = "{" M "\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"
+                        "{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],"
+                        "\"tool_choice\":\"auto\",\"response_format\":{\"type\":\"text\"}}";
+        assert_int_equal(dsq_openai_parse_chat(b, strlen(b), &LIM, &r, &e), 0);
+        /* developer is the template's system role */
+        m = cJSON_GetArrayItem(r.messages, 0);
+        assert_string_equal(cJSON_GetObjectItem(m, "role")->valuestring, "system");
+        assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, "d");
+        dsq_completion_req_deinit(&r);
+    }
     /* defaults: no limit (-1, filled from the context), no logprobs */
     {
         const char *b = "{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}";

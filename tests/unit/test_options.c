@@ -173,8 +173,21 @@ static void test_errors(void **state)
         expect_fail(a, 3, NULL, "byte size");
     }
     {
-        char *a[] = {"dsqd", "stray"};
-        expect_fail(a, 2, NULL, "stray");
+        /* one positional MODEL; a second word is an error */
+        char *a[] = {"dsqd", "m.gguf", "stray"};
+        expect_fail(a, 3, NULL, "stray");
+    }
+    {
+        char *a[] = {"dsqd", "m.gguf", "--model", "n.gguf"};
+        expect_fail(a, 4, NULL, "twice");
+    }
+    {
+        char *a[] = {"dsqd", "-x"};
+        expect_fail(a, 2, NULL, "-x");
+    }
+    {
+        char *a[] = {"dsqd", "--seed", "-2"};
+        expect_fail(a, 3, NULL, "--seed");
     }
     {
         const char *env[] = {"DSQ_PORT", "http", NULL};
@@ -182,11 +195,10 @@ static void test_errors(void **state)
         expect_fail(a, 1, env, "DSQ_PORT");
     }
     {
-        /* --quantize reads DSQ_LOAD_QUANTIZE; DSQ_QUANTIZE (the
-         * dsq-quantize binary in the test environment) is not an option */
-        const char *env[] = {"DSQ_LOAD_QUANTIZE", "int3", NULL};
+        /* --quantize reads DSQ_QUANTIZE, as every option DSQ_<NAME> */
+        const char *env[] = {"DSQ_QUANTIZE", "int3", NULL};
         char *a[] = {"dsqd"};
-        expect_fail(a, 1, env, "DSQ_LOAD_QUANTIZE");
+        expect_fail(a, 1, env, "DSQ_QUANTIZE");
     }
     {
         char *a[] = {"dsqd", "--config", "/nonexistent/dsqd.json"};
@@ -206,6 +218,42 @@ static void test_errors(void **state)
         write_config("[1]");
         expect_fail(a, 3, NULL, "object");
         unlink(cfg_path);
+    }
+}
+
+/* users: the llama-server / vLLM spellings: positional MODEL, -m, -c,
+ * --ctx-size, -t, --seed (and its -1 default) */
+static void test_aliases(void **state)
+{
+    dsq_options_t o;
+    char err[256];
+    (void)state;
+    fake_env = NULL;
+    {
+        char *argv[] = {"dsqd", "model.gguf", "-c", "4096", "-t", "3", "--seed", "42"};
+        assert_int_equal(load(&o, argv, 8, err), 0);
+        assert_string_equal(o.model, "model.gguf");
+        assert_int_equal(o.max_model_len, 4096);
+        assert_int_equal(o.threads, 3);
+        assert_int_equal(o.seed, 42);
+        dsq_options_deinit(&o);
+    }
+    {
+        char *argv[] = {"dsqd", "--port", "9", "-m", "x.gguf", "--ctx-size=2048"};
+        assert_int_equal(load(&o, argv, 6, err), 0);
+        assert_string_equal(o.model, "x.gguf");
+        assert_int_equal(o.max_model_len, 2048);
+        assert_int_equal(o.seed, -1);
+        assert_int_equal(o.port, 9);
+        dsq_options_deinit(&o);
+    }
+    {
+        /* a value that looks like a word after a flag is the flag's, not MODEL */
+        char *argv[] = {"dsqd", "--served-model-name", "smol", "m.gguf"};
+        assert_int_equal(load(&o, argv, 4, err), 0);
+        assert_string_equal(o.served_model_name, "smol");
+        assert_string_equal(o.model, "m.gguf");
+        dsq_options_deinit(&o);
     }
 }
 
@@ -249,7 +297,8 @@ static void test_help(void **state)
         "--memory-limit", "--kv-cache-memory", "--log-level",
         "--ssl-certfile", "--ssl-keyfile", "--allowed-origins",
         "--chat-template", "--config", "--plan", "--help", "--version",
-        "DSQ_API_KEY", "DSQ_MAX_REQUEST_BYTES", "DSQ_LOAD_QUANTIZE"};
+        "DSQ_API_KEY", "DSQ_MAX_REQUEST_BYTES", "DSQ_QUANTIZE", "DSQ_SEED",
+        "-m, --model", "-c, --ctx-size, --max-model-len", "-t, --threads", "--seed"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strstr(buf, names[i]))
             fail_msg("--help lacks %s", names[i]);
@@ -284,6 +333,7 @@ int main(void)
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_types),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_aliases),
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_example_config),
