@@ -377,3 +377,42 @@ def test_lm_eval_remote_tokenizer(server, tmp_path):
     # choices chosen to be unambiguous even for a 135M model: a broken
     # tokenizer (wrong continuation split) or logprob path loses them
     assert acc == 1.0, out[-2000:]
+
+
+def test_scripts_serve_prints_the_real_address():
+    """scripts/serve --port P said http://127.0.0.1:8000 whatever P was; it
+    now relays dsqd's own ready line."""
+    root = os.environ.get("DSQ_SOURCE_ROOT") or os.getcwd()
+    port = free_port()
+    p = subprocess.Popen([os.path.join(root, "scripts", "serve"), "--port", str(port),
+                          "--kv-cache-memory", "256MiB"], cwd=root,
+                         env=dict(os.environ, DSQ_SERVE_DSQD=os.environ["DSQD"]),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(p.stdout, selectors.EVENT_READ)
+        fd, buf, t0 = p.stdout.fileno(), b"", time.time()
+        # dsqd keeps running whatever it printed: read the raw pipe with a
+        # deadline (the ready line comes within seconds; 60 s is for a
+        # loaded CI box), a little past dsqd's own ready line
+        while time.time() - t0 < 60 and not any(
+                l.startswith("serve: dsqd is serving on") for l in lines):
+            if not sel.select(timeout=1):
+                if any("event=ready" in l for l in lines) and time.time() - t0 > 5:
+                    break
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            *done, buf = buf.split(b"\n")
+            lines += [l.decode("utf-8", "replace") for l in done]
+        said = [l for l in lines if l.startswith("serve: dsqd is serving on")]
+        assert said and said[0].split()[-1] == "http://127.0.0.1:%d" % port, "".join(lines)
+        assert not [l for l in lines if ":8000" in l and l.startswith("serve:")], lines
+        assert requests.get("http://127.0.0.1:%d/health" % port, timeout=5).status_code == 200
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
