@@ -635,6 +635,9 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
         fprintf(stderr, "dsq-bench serve: cannot open log %s: %s\n", log, strerror(errno));
         return -1;
     }
+    if (strcmp(sp->kind, "dsqd") != 0 && (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")))
+        fprintf(stderr, "dsq-bench serve: %s runs with OpenMP's defaults (OMP_WAIT_POLICY / "
+                "GOMP_SPINCOUNT of this environment not passed on)\n", sp->kind);
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -643,6 +646,14 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
             dup2(nul, 0);
         dup2(fd, 1);
         dup2(fd, 2);
+        if (strcmp(sp->kind, "dsqd") != 0) {
+            /* issue 24: a peer runs at its own defaults. libgomp's wait
+             * policy knobs (the test environment sets OMP_WAIT_POLICY=
+             * passive, which cut llama.cpp's decode ~14x on a 2-core box)
+             * never reach it from ours. */
+            unsetenv("OMP_WAIT_POLICY");
+            unsetenv("GOMP_SPINCOUNT");
+        }
         execv(sp->exe, (char *const *)argv);
         dprintf(2, "exec %s: %s\n", sp->exe, strerror(errno));
         _exit(127);
