@@ -168,7 +168,8 @@ typedef struct conn {
     enum route route;
     char method[12];
     char path[96];
-    char model_id[256];          /* GET /v1/models/{id}: the id */
+    char *model_id;              /* GET /v1/models/{id}: the id (owned) */
+    bool gone_logged;            /* users: event=disconnect logged */
     const char *err_code;        /* users: the error sent (access log) */
     char err_msg[160];
     int status;
@@ -239,6 +240,21 @@ static bool client_gone(conn_t *c)
     if (poll(&p, 1, 0) <= 0)
         return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* users: set on a connection's thread when it closes a request because the
+ * client went away (event=disconnect logged), so that libmicrohttpd's own
+ * "application error" / "internal error" line that follows on the same
+ * thread (thread-per-connection) goes to debug, not warn (log_mhd). */
+static __thread bool tl_client_gone;
+
+static void log_disconnect(conn_t *c, const char *how)
+{
+    if (c->gone_logged)
+        return;
+    c->gone_logged = true;
+    dsq_log(DSQ_LOG_INFO, "event=disconnect req=%s path=%s reason=%s",
+            c->id[0] ? c->id : "-", c->path, how);
 }
 
 /* ------------------------------------------------------------ responses */
@@ -423,9 +439,15 @@ static enum MHD_Result do_models(conn_t *c)
 static enum MHD_Result do_model(conn_t *c)
 {
     if (strcmp(c->model_id, c->h->cfg.served_model_name)) {
-        char msg[600];
-        snprintf(msg, sizeof(msg), "The model '%.200s' does not exist; this server serves "
-                 "'%.200s'", c->model_id, c->h->cfg.served_model_name);
+        /* the id as sent may be any bytes: at most 200 of them, invalid
+         * UTF-8 (or a cut character) replaced, so the body stays JSON */
+        size_t n = strlen(c->model_id), clean_len = 0;
+        char *clean = dsq_openai_utf8_clean(c->model_id, n > 200 ? 200 : n, &clean_len);
+        char msg[900];
+        snprintf(msg, sizeof(msg), "The model '%s%s' does not exist; this server serves "
+                 "'%s'", clean ? clean : "?", n > 200 ? "..." : "",
+                 c->h->cfg.served_model_name);
+        free(clean);
         return send_error(c, DSQ_APIERR_MODEL_NOT_FOUND, "model", msg);
     }
     return send_json(c, 200, model_object(c));
@@ -826,9 +848,8 @@ static wait_result_t wait_progress(conn_t *c)
             /* users: a client hang-up is normal: info, with the request id
              * (libmicrohttpd's own "application error" line that follows
              * a stream's end is logged at debug, log_mhd) */
-            dsq_log(DSQ_LOG_INFO, "event=disconnect req=%s path=%s reason=client closed "
-                    "the connection; its sequences are cancelled", c->id[0] ? c->id : "-",
-                    c->path);
+            log_disconnect(c, "client closed the connection; its sequences are cancelled");
+            tl_client_gone = true;
             cancel_all(c);
             return W_GONE;
         } else if (h->cfg.request_timeout_s > 0 &&
@@ -1310,7 +1331,17 @@ static enum MHD_Result on_request(conn_t *c)
     default: break;
     }
     if (c->ct_other && is_post_route(c->route)) {
-        cJSON *j = c->body_len ? cJSON_ParseWithLength(c->body, c->body_len) : NULL;
+        const char *end = NULL;
+        cJSON *j = c->body_len ? cJSON_ParseWithLengthOpts(c->body, c->body_len, &end, false)
+                               : NULL;
+        /* the whole body, as the request parser will read it (trailing
+         * bytes other than whitespace make it not JSON) */
+        while (j && end < c->body + c->body_len && strchr(" \t\r\n", *end))
+            end++;
+        if (j && end != c->body + c->body_len) {
+            cJSON_Delete(j);
+            j = NULL;
+        }
         bool ok = j != NULL;
         cJSON_Delete(j);
         if (!ok)
@@ -1363,10 +1394,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         c->t_start = now_s();
         c->queue_ms = -1;
         c->route = find_route(url);
-        if (c->route == R_MODEL)
-            snprintf(c->model_id, sizeof(c->model_id), "%s", url + strlen("/v1/models/"));
+        if (c->route == R_MODEL && !(c->model_id = strdup(url + strlen("/v1/models/")))) {
+            free(c);
+            return MHD_NO;
+        }
         snprintf(c->method, sizeof(c->method), "%s", method);
         snprintf(c->path, sizeof(c->path), "%s", url);
+        /* users: the path goes into log lines: printable ASCII only, no
+         * quotes (a %0A in the URL must not forge a line, a %FF must not
+         * make the log invalid UTF-8) */
+        for (char *q = c->path; *q; q++)
+            if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f || *q == '"' ||
+                *q == '\\')
+                *q = '?';
         *con_cls = c;
         return on_headers(c);
     }
@@ -1422,8 +1462,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     /* api: back to the idle timeout for a kept-alive connection */
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
         MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, idle_timeout_s(h));
-    if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* users: a reset seen by libmicrohttpd's write, not our poll */
+        if (toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
+            log_disconnect(c, "the connection ended before the answer did (client reset or "
+                              "write error); its sequences are cancelled");
         cancel_all(c);
+    }
     for (int p = 0; p < c->n_ereqs; p++) {
         if (c->ereqs[p] && !c->ereq_done[p])
             dsq_engine_cancel(c->e, c->ereqs[p]);
@@ -1475,6 +1520,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->echo_done);
     free(c->pend);
     free(c->body);
+    free(c->model_id);
     if (c->have_req)
         dsq_completion_req_deinit(&c->req);
     free(c);
@@ -1522,11 +1568,45 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
         dsq_log(DSQ_LOG_WARN, "mhd: %ld messages suppressed", dropped);
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    /* users: our stream reader ends with an error only when the client has
-     * gone (logged as event=disconnect at info): not a warning */
-    dsq_log(strstr(line, "application error generating response") ? DSQ_LOG_DEBUG
-                                                                   : DSQ_LOG_WARN,
-            "mhd: %s", line);
+    /* users: our handlers end a request with an error (stream reader) or
+     * MHD_NO (non-streaming) after a client hang-up, already logged as
+     * event=disconnect at info: not a warning */
+    bool gone = tl_client_gone;
+    tl_client_gone = false;
+    dsq_log(gone ? DSQ_LOG_DEBUG : DSQ_LOG_WARN, "mhd: %s", line);
+}
+
+/* users: percent-decoding of URLs and query arguments as libmicrohttpd's
+ * own, except that %00 stays "%00": a decoded NUL would end the C string
+ * early, so "/v1/models/NAME%00junk" would compare equal to NAME. */
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static size_t unescape_keep_nul(void *cls, struct MHD_Connection *mc, char *s)
+{
+    (void)cls;
+    (void)mc;
+    char *r = s, *w = s;
+    while (*r) {
+        int hi, lo;
+        if (r[0] == '%' && r[1] && r[2] && (hi = hexval(r[1])) >= 0 &&
+            (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
 }
 
 /* users: the listening socket, bound here rather than by libmicrohttpd so
@@ -1616,7 +1696,9 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     }
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    const char *host_name = h->cfg.host && *h->cfg.host ? h->cfg.host : "*";
+    char host_name[300];
+    const char *hn = h->cfg.host && *h->cfg.host ? h->cfg.host : "*";
+    snprintf(host_name, sizeof(host_name), strchr(hn, ':') ? "[%.290s]" : "%.290s", hn);
     int lfd = listen_socket(ai, host_name, cfg->port, err, err_len);
     freeaddrinfo(ai);
     if (lfd < 0)
@@ -1630,6 +1712,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
@@ -1642,6 +1725,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
             MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
             MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),

@@ -165,7 +165,14 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
     if (!b.p)
         return NULL;
     b.p[0] = '\0';
-    snprintf(lbl, sizeof(lbl), "model_name=\"%.200s\"", model_name ? model_name : "");
+    /* at most 200 bytes of the name, cut at a UTF-8 character boundary */
+    size_t nl = model_name ? strlen(model_name) : 0;
+    if (nl > 200) {
+        nl = 200;
+        while (nl > 0 && ((unsigned char)model_name[nl] & 0xC0) == 0x80)
+            nl--;
+    }
+    snprintf(lbl, sizeof(lbl), "model_name=\"%.*s\"", (int)nl, model_name ? model_name : "");
     for (char *c = lbl + 12; *c; c++)  /* keep the label value parseable */
         if (*c == '"' || *c == '\\' || *c == '\n')
             *c = '_';

@@ -624,6 +624,34 @@ static int reject_structured(const cJSON *root, dsq_api_error_t *err)
     const cJSON *tools = field(root, "tools"), *tc = field(root, "tool_choice");
     bool choice_none = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
     bool choice_auto = cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto");
+    if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                 "'tools' must be an array, got %s", type_name(tools));
+    int ti = 0;
+    const cJSON *tool_list = cJSON_IsArray(tools) ? tools : NULL;
+    cJSON_ArrayForEach(v, tool_list) {
+        /* OpenAI's shape: {"type": "function", "function": {"name": string, ...}} */
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(v, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(v, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsObject(v) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") ||
+            !cJSON_IsObject(fn) || !cJSON_IsString(nm) || !nm->valuestring[0])
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                     "'tools[%d]' must be {\"type\": \"function\", "
+                                     "\"function\": {\"name\": string, ...}}", ti);
+        ti++;
+    }
+    /* the legacy function-calling fields (OpenAI's deprecated functions /
+     * function_call) ask for the same thing */
+    const cJSON *fns = field(root, "functions"), *fc = field(root, "function_call");
+    if (fns && !cJSON_IsNull(fns) && !(cJSON_IsArray(fns) && cJSON_GetArraySize(fns) == 0))
+        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "functions",
+                                 "function calling ('functions') is not supported yet");
+    if (fc && !cJSON_IsNull(fc) &&
+        !(cJSON_IsString(fc) && (!strcmp(fc->valuestring, "none") ||
+                                 !strcmp(fc->valuestring, "auto"))))
+        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "function_call",
+                                 "function calling ('function_call') is not supported yet");
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 && !choice_none)
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "tools",
                                  "tool calls are not supported yet: 'tools' needs "

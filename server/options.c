@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cjson/cJSON.h>
 
@@ -389,6 +390,11 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
         }
         if (!opt && a[0] != '-' && !positional) {
             /* users: `dsqd MODEL`, as `vllm serve MODEL` and llama-server */
+            if (model_flag) {
+                fail(err, err_len, "the model is given twice (%s and --model)", a, "");
+                rc = DSQ_EINVAL;
+                break;
+            }
             positional = true;
             rc = set_value(o, find("model", 5), a, "MODEL", err, err_len);
             continue;
@@ -409,18 +415,29 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
             rc = DSQ_EINVAL;
             break;
         }
-        if (opt->offset == offsetof(dsq_options_t, model))
+        if (opt->offset == offsetof(dsq_options_t, model)) {
             model_flag = true;
-        if (positional && model_flag) {
-            fail(err, err_len, "the model is given twice (MODEL and %s)%s", argv[i], "");
-            rc = DSQ_EINVAL;
-            break;
+            if (positional) {
+                fail(err, err_len, "the model is given twice (MODEL and %s)%s", argv[i], "");
+                rc = DSQ_EINVAL;
+                break;
+            }
         }
         snprintf(src, sizeof(src), "--%s", opt->name);
         if (eq)
             val = eq + 1;
-        else if (opt->type == T_BOOL)
+        else if (opt->type == T_BOOL) {
+            /* users: `--flag false` (the next word a boolean) is read as
+             * --flag=false, never as a positional MODEL */
+            static const char *const words[] = {"true", "false", "yes", "no", "on", "off",
+                                                "1", "0"};
             val = "true";
+            for (size_t k = 0; i + 1 < argc && k < sizeof(words) / sizeof(words[0]); k++)
+                if (!strcasecmp(argv[i + 1], words[k])) {
+                    val = argv[++i];
+                    break;
+                }
+        }
         else if (i + 1 < argc)
             val = argv[++i];
         else {

@@ -416,3 +416,43 @@ def test_scripts_serve_prints_the_real_address():
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(60)
+
+
+def test_model_id_edge_cases(daemon_factory):
+    """Found by attacking the new route: %00, ids longer than a fixed
+    buffer, bytes that are not UTF-8, log-line forging through the path."""
+    long_name = "b" * 300
+    d = daemon_factory("--served-model-name", long_name)
+    assert requests.get(d.url("/v1/models/" + long_name)).status_code == 200
+    r = requests.get(d.url("/v1/models/" + long_name[:255] + "JUNK"))
+    assert r.status_code == 404
+    assert requests.get(d.url("/v1/models/" + long_name + "%00junk")).status_code == 404
+    for raw in ("/v1/models/%ff%fe%c3", "/v1/models/" + "a" * 199 + "%C3%A9"):
+        r = requests.get(d.url(raw))
+        assert r.status_code == 404
+        r.content.decode("utf-8")                  # valid UTF-8, so valid JSON
+        assert r.json()["error"]["code"] == "model_not_found"
+    requests.get(d.url("/v1/models/x%0A2026-01-01T00:00:00Z%20level=error%20event=forged"))
+    # trailing bytes after the JSON, with another Content-Type: not JSON
+    r = requests.post(d.url("/v1/completions"), headers={"Content-Type": "text/plain"},
+                      data='{"model": "%s", "prompt": "Hi"} xyz' % long_name)
+    assert r.status_code == 415, r.text
+    # a non-streaming client that hangs up: info, never a warning
+    s = socket.create_connection(("127.0.0.1", d.port))
+    body = ('{"model": "%s", "prompt": "Once", "max_tokens": 200, "ignore_eos": true}'
+            % long_name).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.5)
+    s.close()
+    for _ in range(100):
+        if "event=disconnect" in open(d.log_path).read():
+            break
+        time.sleep(0.1)
+    d.stop()
+    log = open(d.log_path).read()
+    assert "event=forged" not in "".join(l for l in log.splitlines()
+                                         if l.startswith("2026-01-01"))
+    assert not [l for l in log.splitlines() if l.startswith("2026-01-01")], log[-2000:]
+    assert "event=disconnect" in log
+    assert not [l for l in log.splitlines() if "level=warn" in l], log[-3000:]

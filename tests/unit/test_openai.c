@@ -50,6 +50,15 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"guided_grammar\":\"x\"}", 400, "guided_grammar", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= x\"}", 400, "grammar", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"json_schema\":{}}", 400, "json_schema", "unsupported_parameter"},
+    /* tools of the wrong shape, on /v1/completions too; legacy functions */
+    {"{" M "\"prompt\":\"a\",\"tools\":\"x\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":{}}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[1],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
+     "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"function_call\":{\"name\":\"f\"}}", 400, "function_call",
+     "unsupported_parameter"},
     /* prompt */
     {"{" M "\"max_tokens\":1}", 400, "prompt", NULL},
     {"{" M "\"prompt\":5}", 400, "prompt", NULL},
@@ -518,7 +527,8 @@ static void test_chat_parse(void **state)
         "{\"type\":\"text\",\"text\":\"b\"}],\"name\":\"n\"},"
         "{\"role\":\"assistant\",\"tool_calls\":[]},"
         "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"t\"}],"
-        "\"tools\":[{\"type\":\"function\"}],\"tool_choice\":\"none\",\"max_tokens\":9,"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+        "\"tool_choice\":\"none\",\"max_tokens\":9,"
         "\"max_completion_tokens\":4,\"logprobs\":true,\"top_logprobs\":3,"
         "\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
         "\"stop\":\"x\",\"seed\":5,\"logit_bias\":{\"7\":1}}";
@@ -557,19 +567,25 @@ static void test_chat_parse(void **state)
     {
         static const struct { const char *body, *param; } no[] = {
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"tools\":[{\"type\":\"function\"}]}", "tools"},
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", "tools"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"tools\":[{\"type\":\"function\"}],\"tool_choice\":\"required\"}", "tools"},
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+             "\"tool_choice\":\"required\"}", "tools"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"functions\":[{\"name\":\"f\"}]}", "functions"},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"function_call\":{\"name\":\"f\"}}", "function_call"},
         };
         for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
             memset(&e, 0, sizeof(e));
             if (dsq_openai_parse_chat(no[i].body, strlen(no[i].body), &LIM, &r, &e) != DSQ_EINVAL)
                 fail_msg("accepted: %s", no[i].body);
             assert_string_equal(e.param, no[i].param);
+            assert_non_null(dsq_apierr_code(e.kind));
             assert_string_equal(dsq_apierr_code(e.kind), "unsupported_parameter");
         }
         const char *b = "{" M "\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"

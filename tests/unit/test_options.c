@@ -182,6 +182,11 @@ static void test_errors(void **state)
         expect_fail(a, 4, NULL, "twice");
     }
     {
+        /* either order: a word after --model's value is a second model */
+        char *a[] = {"dsqd", "-m", "m.gguf", "n.gguf", "--plan"};
+        expect_fail(a, 5, NULL, "n.gguf and --model");
+    }
+    {
         char *a[] = {"dsqd", "-x"};
         expect_fail(a, 2, NULL, "-x");
     }
@@ -245,6 +250,16 @@ static void test_aliases(void **state)
         assert_int_equal(o.max_model_len, 2048);
         assert_int_equal(o.seed, -1);
         assert_int_equal(o.port, 9);
+        dsq_options_deinit(&o);
+    }
+    {
+        /* `--bool false` is the flag's value, not a positional MODEL */
+        char *argv[] = {"dsqd", "--enable-prefix-caching", "false", "--model", "m.gguf",
+                        "--plan", "yes"};
+        assert_int_equal(load(&o, argv, 7, err), 0);
+        assert_false(o.enable_prefix_caching);
+        assert_true(o.plan);
+        assert_string_equal(o.model, "m.gguf");
         dsq_options_deinit(&o);
     }
     {
