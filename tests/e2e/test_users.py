@@ -174,7 +174,7 @@ def test_short_flags_and_positional_model(daemon_factory):
     log = open(f"/tmp/dsqd-e2e-{port}.log", "wb")
     p = subprocess.Popen([exe, model_path(), "--host", "127.0.0.1", "--port", str(port),
                           "-c", "512", "-t", "1", "--seed", "1234", "--kv-cache-memory",
-                          "64MiB"], stdout=log, stderr=subprocess.STDOUT)
+                          "64MiB", "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -277,7 +277,8 @@ def test_vllm_metric_names(daemon_factory):
 
 
 def test_logs_disconnect_info_and_4xx_reason(daemon_factory):
-    d = daemon_factory()
+    # the test environment sets DSQ_LOG_LEVEL=warn; the flag wins
+    d = daemon_factory("--log-level", "info")
     # a 4xx access line names the error code and message
     r = requests.post(d.url("/v1/completions"), json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404
@@ -385,7 +386,7 @@ def test_scripts_serve_prints_the_real_address():
     root = os.environ.get("DSQ_SOURCE_ROOT") or os.getcwd()
     port = free_port()
     p = subprocess.Popen([os.path.join(root, "scripts", "serve"), "--port", str(port),
-                          "--kv-cache-memory", "256MiB"], cwd=root,
+                          "--kv-cache-memory", "256MiB", "--log-level", "info"], cwd=root,
                          env=dict(os.environ, DSQ_SERVE_DSQD=os.environ["DSQD"]),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
@@ -422,7 +423,7 @@ def test_model_id_edge_cases(daemon_factory):
     """Found by attacking the new route: %00, ids longer than a fixed
     buffer, bytes that are not UTF-8, log-line forging through the path."""
     long_name = "b" * 300
-    d = daemon_factory("--served-model-name", long_name)
+    d = daemon_factory("--served-model-name", long_name, "--log-level", "info")
     assert requests.get(d.url("/v1/models/" + long_name)).status_code == 200
     r = requests.get(d.url("/v1/models/" + long_name[:255] + "JUNK"))
     assert r.status_code == 404
