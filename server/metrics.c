@@ -8,16 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* users: vLLM V1's bucket lists (vllm/v1/metrics/loggers.py): TTFT to
+ * 2560 s; time per output token; request latency (e2e and queue time) to
+ * 7680 s */
 static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
                                 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                                10.0, 20.0, 40.0, 80.0};
+                                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 static const double itl_b[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                                10.0, 20.0, 40.0, 80.0};
 static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
                                15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                               240.0, 480.0, 960.0};
-#define MAXB 19
+                               240.0, 480.0, 960.0, 1920.0, 7680.0};
+#define MAXB 22
 
 /* users: vllm is the name vLLM gives the same histogram (NULL: none), so
  * vLLM's published Grafana dashboard reads dsqd unchanged */
@@ -28,16 +31,16 @@ static const struct {
 } hists[DSQ_HIST_COUNT_] = {
     [DSQ_HIST_TTFT] = {"dsq:time_to_first_token_seconds",
                        "Time from request arrival to its first token.",
-                       "vllm:time_to_first_token_seconds", ttft_b, 19},
+                       "vllm:time_to_first_token_seconds", ttft_b, 22},
     [DSQ_HIST_ITL] = {"dsq:inter_token_latency_seconds",
                       "Time between successive output events of a choice.",
                       "vllm:time_per_output_token_seconds", itl_b, 19},
     [DSQ_HIST_E2E] = {"dsq:e2e_request_latency_seconds",
                       "Time from request arrival to its last token.",
-                      "vllm:e2e_request_latency_seconds", e2e_b, 19},
+                      "vllm:e2e_request_latency_seconds", e2e_b, 21},
     [DSQ_HIST_QUEUE] = {"dsq:request_queue_time_seconds",
                         "Time a request waited before its first scheduling.",
-                        "vllm:request_queue_time_seconds", ttft_b, 19},
+                        "vllm:request_queue_time_seconds", e2e_b, 21},
 };
 
 typedef struct hist {

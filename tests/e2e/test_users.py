@@ -264,6 +264,19 @@ def test_vllm_metric_names(daemon_factory):
         assert types[name] == "histogram"
         # the same buckets as dsq's own histogram of that quantity
         assert metric(t, name + "_count") >= 2 or name.endswith("output_token_seconds")
+    # vLLM V1's bucket lists (vllm/v1/metrics/loggers.py), transcribed
+    ttft = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+            5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+    tpot = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+            7.5, 10.0, 20.0, 40.0, 80.0]
+    lat = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+    for name, want in (("vllm:time_to_first_token_seconds", ttft),
+                       ("vllm:time_per_output_token_seconds", tpot),
+                       ("vllm:e2e_request_latency_seconds", lat),
+                       ("vllm:request_queue_time_seconds", lat)):
+        les = re.findall("^" + re.escape(name) + r'_bucket\{[^}]*le="([^"]+)"\}', t, re.M)
+        assert [float(x) for x in les[:-1]] == want and les[-1] == "+Inf", (name, les)
     assert types["vllm:prompt_tokens_total"] == "counter"
     assert types["vllm:num_requests_running"] == "gauge"
     # vLLM counts prompt tokens with the prefix-cached ones
