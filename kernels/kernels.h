@@ -29,20 +29,57 @@ typedef enum dsq_wformat {
     DSQ_WFMT_INT4,      /* dsq native INT4, see below                          */
     DSQ_WFMT_INT8,      /* data: int8 [n][k], scales: fp16 [n] per output
                            channel, symmetric; w = q*s                          */
+    DSQ_WFMT_INT8G,     /* dsq native group-wise 8-bit, see below (GGUF Q5_0,
+                           Q5_1, Q5_K, Q6_K)                                   */
 } dsq_wformat_t;
 
-/* Zero-point convention of a DSQ_WFMT_INT4 weight, per group:
- *   SYM: w = (q - 8) * s                 zeros == NULL (GGUF Q4_0, GPTQ sym)
- *   INT: w = (q - z) * s                 z integer stored as fp16 in zeros[]
- *                                        (AWQ: 0..15; GPTQ v1: stored+1, 1..16)
- *   MIN: w = q * s + m                   m stored as fp16 in zeros[] (Q4_1)
- * Keeping all three lets Q4_0/Q4_1/AWQ/GPTQ repack exactly, with no
- * requantisation; kernels fold each into acc += s*dot(x,q) + c*sum(x). */
+/* Number of dsq_wformat_t values (size of per-format tables). */
+#define DSQ_WFMT_COUNT 7
+
+/* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
+ * scale s (see dsq_scale_mode_t for where s and z/m are stored):
+ *   SYM: INT4  w = (q - 8) * s           no zeros (GGUF Q4_0, GPTQ sym)
+ *        INT8G w = q * s, q signed int8  no zeros (GGUF Q5_0 q-16, Q6_K q-32)
+ *   INT: w = (q - z) * s                 z integer per group
+ *                                        (AWQ: 0..15; GPTQ v1: stored+1, 1..16;
+ *                                        GGUF Q3_K: z = 4). INT4 only.
+ *   MIN: w = q * s + m                   m per group (Q4_1, Q5_1, Q2_K,
+ *                                        Q4_K, Q5_K: m = -dmin*min)
+ *   LUT: w = dsq_iq4nl_values[q] * s     INT4 only: GGUF IQ4_NL / IQ4_XS's
+ *                                        fixed non-linear codebook
+ * Keeping all of them lets every GGUF type, AWQ and GPTQ repack exactly,
+ * with no requantisation; kernels fold each into
+ * acc += s*dot(x, v(q)) + c*sum(x) with v(q) = q (LUT: the codebook value)
+ * and c = -8s / 0 (SYM), -z*s (INT), m (MIN), 0 (LUT). */
 typedef enum dsq_zp_mode {
     DSQ_ZP_SYM = 0,
     DSQ_ZP_INT = 1,
     DSQ_ZP_MIN = 2,
+    DSQ_ZP_LUT = 3,
 } dsq_zp_mode_t;
+
+/* The IQ4_NL codebook (ggml-common.h kvalues_iq4nl; GGUF IQ4_NL, IQ4_XS):
+ * nibble q stands for the integer dsq_iq4nl_values[q]. */
+extern const int8_t dsq_iq4nl_values[16];
+
+/* Where an INT4 / INT8G weight keeps its per-group scale s and zero z / m:
+ *   F16:   scales fp16 [n][groups] = s; zeros fp16 [n][groups] = z (INT) or
+ *          m (MIN), NULL for SYM/LUT. (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, AWQ,
+ *          GPTQ: their scales are fp16 already, so this is exact.)
+ *   SUPER: the two-level scales of GGML's k-quants (ggml-quants.c,
+ *          "k-quants" by Kawrakow, llama.cpp PR 1684): per super-block of
+ *          256 weights along k an fp16 pair super[n][k/256][2] = (d, dm),
+ *          per group int8 sub_scales[n][groups] = a and (INT/MIN)
+ *          sub_zeros[n][groups] = b:  s = d*a,  z = b (INT),  m = dm*b (MIN).
+ *          Both products are exact in fp32 (11-bit x 8-bit significands), so
+ *          Q2_K..Q6_K and IQ4_XS repack with no rounding at all, in about
+ *          the file's own bytes. k % 256 == 0; group_size 16 or 32.
+ * scales/zeros are NULL in SUPER mode and sub_scales/sub_zeros/super NULL
+ * in F16 mode. */
+typedef enum dsq_scale_mode {
+    DSQ_SCALE_F16 = 0,
+    DSQ_SCALE_SUPER = 1,
+} dsq_scale_mode_t;
 
 /* Activation precision dsq_cpu_matmul uses with a quantised weight (INT4,
  * Q8_0, INT8; F32/F16/BF16 weights always take fp32 activations):
@@ -60,39 +97,78 @@ typedef enum dsq_act_dtype {
 /* A linear layer's weight, in one of the formats above.
  *
  * DSQ_WFMT_INT4 byte layout (the "dsq native" layout):
- *   - groups of group_size (32, 64 or 128) consecutive weights along k;
- *     k_pad = k rounded up to a multiple of 32, groups = ceil(k / group_size)
- *     (the last group may be partial; padded weights are q = 0 and must be
- *     ignored by the kernel, which only reads k activations).
+ *   - groups of group_size (16, 32, 64 or 128; SUPER: 16 or 32) consecutive
+ *     weights along k; k_pad = k rounded up to a multiple of 32, groups =
+ *     ceil(k / group_size) (the last group may be partial; padded weights
+ *     are q = 0 and must be ignored by the kernel, which only reads k
+ *     activations).
  *   - qweight: n rows of k_pad/2 bytes. Each row is a run of 32-weight chunks
  *     of 16 bytes; in a chunk, byte j holds weight j in its low nibble and
- *     weight j+16 in its high nibble (the GGML Q4_0/Q4_1 nibble order).
- *   - scales: fp16 [n][groups]; zeros: fp16 [n][groups] (NULL for SYM).
+ *     weight j+16 in its high nibble (the GGML Q4_0/Q4_1/IQ4_NL nibble
+ *     order). With group_size 16 a chunk's low nibbles are one group and
+ *     its high nibbles the next.
+ *   - scales/zeros or sub_scales/sub_zeros/super per dsq_scale_mode_t.
+ * DSQ_WFMT_INT8G byte layout: data int8 [n][k_pad] (padding 0), groups of
+ * group_size 16 or 32 along k, zp_mode SYM or MIN, scales as for INT4.
+ * GGUF sources: Q5_0 -> SYM q-16, F16 s = d; Q5_1 -> MIN, F16 (d, m);
+ * Q5_K -> MIN, SUPER g32; Q6_K -> SYM q-32, SUPER g16 (engine/model/quant.h).
  * Memory is owned by whoever built the dsq_weight_t (the model), never by the
  * kernel. bias (fp32 [n]) is optional for every format. */
 typedef struct dsq_weight {
     dsq_wformat_t format;
     int64_t n;                 /* output features (rows of W)                  */
     int64_t k;                 /* input features (reduction dim)               */
-    int group_size;            /* INT4: 32/64/128; Q8_0: 32; others: 0         */
-    dsq_zp_mode_t zp_mode;     /* INT4 only                                    */
+    int group_size;            /* INT4: 16/32/64/128; INT8G: 16/32; Q8_0: 32;
+                                  others: 0                                    */
+    dsq_zp_mode_t zp_mode;     /* INT4 / INT8G only                            */
+    dsq_scale_mode_t scale_mode; /* INT4 / INT8G only (others: F16 = 0)        */
     const void *data;          /* qweight or plain matrix, see format           */
-    const uint16_t *scales;    /* INT4: fp16 [n][groups]; INT8: fp16 [n]        */
-    const uint16_t *zeros;     /* INT4 INT/MIN modes: fp16 [n][groups]          */
+    const uint16_t *scales;    /* F16 mode: fp16 [n][groups]; INT8: fp16 [n]    */
+    const uint16_t *zeros;     /* F16 mode INT/MIN: fp16 [n][groups]            */
+    const int8_t *sub_scales;  /* SUPER: int8 [n][groups]                       */
+    const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]               */
+    const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm)             */
     const float *bias;         /* fp32 [n] or NULL                              */
     dsq_act_dtype_t act;       /* quantised formats: activation precision of
                                   dsq_cpu_matmul (0 = INT8, the default)       */
 } dsq_weight_t;
 
+/* Byte sizes of a weight's arrays (see the layouts above). */
+typedef struct dsq_weight_bytes {
+    size_t data;               /* data / qweight                               */
+    size_t scales;             /* scales (F16 mode, INT8) or sub_scales (SUPER) */
+    size_t zeros;              /* zeros or sub_zeros (0 when the mode has none) */
+    size_t super;              /* super (SUPER mode), else 0                    */
+    size_t total;              /* the sum                                       */
+} dsq_weight_bytes_t;
+
+/* Checks that w's format, shape, group_size, zp_mode and scale_mode form a
+ * valid layout (pointers are not looked at) and fills *b with its array
+ * sizes. Returns 0 or DSQ_EINVAL. */
+int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b);
+
+/* dsq_weight_layout plus the pointers that layout needs are non-NULL.
+ * Returns 0 or DSQ_EINVAL. */
+int dsq_weight_check(const dsq_weight_t *w);
+
+/* Rows [r0, r0 + n) of w as a weight of its own, sharing w's memory (every
+ * format keeps whole rows contiguous in every array). Returns 0 or
+ * DSQ_EINVAL (rows outside w, invalid w). */
+int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *out);
+
 /* Bytes of the data / scales / zeros arrays of a weight with the given
- * format and shape (so the planner and the repackers agree). */
+ * format and shape, in the F16 scale mode (so the planner and the
+ * repackers agree). */
 size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size);
 size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size);
-/* (INT4 INT/MIN modes: zeros take the same bytes as scales.) */
+/* (F16 INT/MIN modes: zeros take the same bytes as scales.) These two only
+ * describe the F16 scale mode; dsq_weight_layout describes every layout. */
 
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
- * with the format's reference formula above (INT4: per zp_mode; Q8_0: q*d;
- * INT8: q*s[row]). Returns 0 or DSQ_EINVAL (bad row/shape/format). */
+ * with the format's reference formula above (INT4/INT8G: per zp_mode, with
+ * s = d*a computed first in SUPER mode, so each weight is the same fp32
+ * number ggml's dequantize_row_* gives; Q8_0: q*d; INT8: q*s[row]).
+ * Returns 0 or DSQ_EINVAL (bad row/shape/format). */
 int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out);
 
 /* ------------------------------------------------------------ CPU control */

@@ -11,6 +11,7 @@
 #include "engine/common/log.h"
 #include "engine/io/model_config.h"
 #include "engine/io/tensor.h"
+#include "engine/model/quant.h"
 #include "engine/text/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -86,7 +87,25 @@ typedef struct summary {
     int64_t n_params;
     size_t n_bytes;
     int hist[DSQ_TYPE_COUNT_];
+    int64_t params[DSQ_TYPE_COUNT_];   /* elements per type */
+    size_t bytes[DSQ_TYPE_COUNT_];     /* file bytes per type */
+    const char *unread;                /* first tensor of a type dsq does not read */
 } summary_t;
+
+/* What dsq makes of a block type at load (engine/model/quant.h). */
+static const char *type_use(dsq_type_t t)
+{
+    if (dsq_type_block_elems(t) <= 1)
+        return "";
+    if (!dsq_quant_gguf_readable(t))
+        return "NOT READ by dsq";
+    switch (t) {
+    case DSQ_TYPE_Q8_0: return "read as is";
+    case DSQ_TYPE_Q5_0: case DSQ_TYPE_Q5_1: case DSQ_TYPE_Q5_K: case DSQ_TYPE_Q6_K:
+        return "repacked exactly to INT8G";
+    default: return "repacked exactly to INT4";
+    }
+}
 
 static void summarize(const dsq_model_file_t *f, summary_t *s)
 {
@@ -95,8 +114,14 @@ static void summarize(const dsq_model_file_t *f, summary_t *s)
         const dsq_tensor_t *t = dsq_model_file_tensor(f, i);
         s->n_params += n_elems(t);
         s->n_bytes += t->n_bytes;
-        if ((int)t->type >= 0 && (int)t->type < DSQ_TYPE_COUNT_)
+        if ((int)t->type >= 0 && (int)t->type < DSQ_TYPE_COUNT_) {
             s->hist[t->type]++;
+            s->params[t->type] += n_elems(t);
+            s->bytes[t->type] += t->n_bytes;
+        }
+        if (!s->unread && dsq_type_block_elems(t->type) > 1 &&
+            !dsq_quant_gguf_readable(t->type))
+            s->unread = t->name;
     }
 }
 
@@ -118,6 +143,14 @@ static void print_text(const dsq_model_file_t *f, bool tensors)
         if (s.hist[t])
             printf(" %s=%d", dsq_type_name((dsq_type_t)t), s.hist[t]);
     printf("\n");
+    for (int t = 0; t < DSQ_TYPE_COUNT_; t++)
+        if (s.hist[t])
+            printf("  %-8s %5d tensors %12lld params (%5.1f %%) %10.2f MiB  %s\n",
+                   dsq_type_name((dsq_type_t)t), s.hist[t], (long long)s.params[t],
+                   s.n_params ? 100.0 * (double)s.params[t] / (double)s.n_params : 0.0,
+                   (double)s.bytes[t] / 1048576.0, type_use((dsq_type_t)t));
+    if (s.unread)
+        printf("readable:         no: tensor %s has a type dsq does not read\n", s.unread);
     printf("shape:            layers=%lld embd=%lld ff=%lld heads=%lld kv_heads=%lld head_dim=%lld vocab=%lld\n",
            (long long)c->n_layer, (long long)c->n_embd, (long long)c->n_ff, (long long)c->n_head,
            (long long)c->n_head_kv, (long long)c->head_dim, (long long)c->n_vocab);
@@ -203,6 +236,19 @@ static int print_json(const dsq_model_file_t *f, bool tensors)
     for (int t = 0; t < DSQ_TYPE_COUNT_; t++)
         if (s.hist[t])
             cJSON_AddNumberToObject(hist, dsq_type_name((dsq_type_t)t), s.hist[t]);
+    cJSON *by = cJSON_AddObjectToObject(root, "dtype_stats");
+    for (int t = 0; t < DSQ_TYPE_COUNT_; t++) {
+        if (!s.hist[t])
+            continue;
+        cJSON *o = cJSON_AddObjectToObject(by, dsq_type_name((dsq_type_t)t));
+        cJSON_AddNumberToObject(o, "tensors", s.hist[t]);
+        cJSON_AddNumberToObject(o, "params", (double)s.params[t]);
+        cJSON_AddNumberToObject(o, "bytes", (double)s.bytes[t]);
+        cJSON_AddBoolToObject(o, "read", dsq_type_block_elems((dsq_type_t)t) <= 1 ||
+                                         dsq_quant_gguf_readable((dsq_type_t)t));
+    }
+    if (s.unread)
+        cJSON_AddStringToObject(root, "unreadable_tensor", s.unread);
     cJSON *cfg = cJSON_AddObjectToObject(root, "config");
     cJSON_AddNumberToObject(cfg, "n_layer", (double)c->n_layer);
     cJSON_AddNumberToObject(cfg, "n_embd", (double)c->n_embd);

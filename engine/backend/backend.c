@@ -371,50 +371,42 @@ int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
 {
     if (bytes)
         *bytes = 0;
-    if (!w || !out || !w->data || w->n < 1 || w->k < 1)
+    dsq_weight_bytes_t lb;
+    if (!w || !out || dsq_weight_check(w) != DSQ_OK || dsq_weight_layout(w, &lb) != DSQ_OK)
         return DSQ_EINVAL;
-    switch (w->format) {
-    case DSQ_WFMT_F32: case DSQ_WFMT_F16: case DSQ_WFMT_BF16: case DSQ_WFMT_Q8_0:
-        break;
-    case DSQ_WFMT_INT8:
-        if (!w->scales)
-            return DSQ_EINVAL;
-        break;
-    case DSQ_WFMT_INT4:
-        if (!w->scales || (w->zp_mode != DSQ_ZP_SYM && !w->zeros))
-            return DSQ_EINVAL;
-        break;
-    default:
-        return DSQ_EINVAL;
-    }
     if (be->ops->is_host) {
         *out = *w;
         return DSQ_OK;
     }
     dsq_weight_t d = *w;
     size_t total = 0;
-    const size_t data_bytes = dsq_weight_data_bytes(w->format, w->n, w->k, w->group_size);
-    const size_t scale_bytes = dsq_weight_scale_bytes(w->format, w->n, w->k, w->group_size);
     void *data = NULL, *scales = NULL, *zeros = NULL, *bias = NULL;
-    int rc = data_bytes ? DSQ_OK : DSQ_EINVAL;
+    void *sub_s = NULL, *sub_z = NULL, *sup = NULL;
+    int rc = upload_part(be, w->data, lb.data, &data, &total);
     if (!rc)
-        rc = upload_part(be, w->data, data_bytes, &data, &total);
+        rc = upload_part(be, w->scales, lb.scales, &scales, &total);
     if (!rc)
-        rc = upload_part(be, w->scales, scale_bytes, &scales, &total);
-    if (!rc && w->format == DSQ_WFMT_INT4 && w->zp_mode != DSQ_ZP_SYM)
-        rc = upload_part(be, w->zeros, scale_bytes, &zeros, &total);
+        rc = upload_part(be, w->zeros, lb.zeros, &zeros, &total);
+    if (!rc)
+        rc = upload_part(be, w->sub_scales, lb.scales, &sub_s, &total);
+    if (!rc)
+        rc = upload_part(be, w->sub_zeros, lb.zeros, &sub_z, &total);
+    if (!rc)
+        rc = upload_part(be, w->super, lb.super, &sup, &total);
     if (!rc)
         rc = upload_part(be, w->bias, (size_t)w->n * sizeof(float), &bias, &total);
     if (rc) {
-        dsq_backend_free(be, data);
-        dsq_backend_free(be, scales);
-        dsq_backend_free(be, zeros);
-        dsq_backend_free(be, bias);
+        void *all[] = {data, scales, zeros, sub_s, sub_z, sup, bias};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            dsq_backend_free(be, all[i]);
         return rc;
     }
     d.data = data;
     d.scales = scales;
     d.zeros = zeros;
+    d.sub_scales = sub_s;
+    d.sub_zeros = sub_z;
+    d.super = sup;
     d.bias = bias;
     *out = d;
     if (bytes)
@@ -430,6 +422,9 @@ void dsq_backend_weight_free(dsq_backend_t *be, dsq_weight_t *w)
         dsq_backend_free(be, (void *)w->data);
         dsq_backend_free(be, (void *)w->scales);
         dsq_backend_free(be, (void *)w->zeros);
+        dsq_backend_free(be, (void *)w->sub_scales);
+        dsq_backend_free(be, (void *)w->sub_zeros);
+        dsq_backend_free(be, (void *)w->super);
         dsq_backend_free(be, (void *)w->bias);
     }
     memset(w, 0, sizeof(*w));

@@ -109,13 +109,13 @@ int dsq_backend_memset(dsq_backend_t *be, void *dst, int value, size_t bytes);
 int dsq_backend_sync(dsq_backend_t *be);
 
 /* A weight in backend memory. Host backend: *out = *w (a view; nothing is
- * allocated or copied). CUDA: data, scales, zeros and bias are copied into
- * device memory (exactly dsq_weight_data_bytes / dsq_weight_scale_bytes and
- * n floats of bias), and *out points at them. *bytes (may be NULL)
- * receives the bytes allocated. Free with dsq_backend_weight_free.
- * Returns 0, DSQ_EINVAL (no data, n or k < 1, unknown format, or the
- * scales / zeros its format needs missing: dsq_cpu_matmul's checks less
- * Q8_0's k % 32), DSQ_ENOMEM or DSQ_ECUDA. */
+ * allocated or copied). CUDA: every array of its layout (data, scales,
+ * zeros, sub_scales, sub_zeros, super: the bytes dsq_weight_layout gives)
+ * and n floats of bias are copied into device memory, and *out points at
+ * them. *bytes (may be NULL) receives the bytes allocated. Free with
+ * dsq_backend_weight_free.
+ * Returns 0, DSQ_EINVAL (dsq_weight_check fails: bad layout or an array
+ * the layout needs missing), DSQ_ENOMEM or DSQ_ECUDA. */
 int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
                               dsq_weight_t *out, size_t *bytes);
 /* Free what dsq_backend_weight_upload allocated for w (host backend:

@@ -30,12 +30,24 @@ typedef enum dsq_type {
     DSQ_TYPE_Q5_K = 13,
     DSQ_TYPE_Q6_K = 14,
     DSQ_TYPE_Q8_K = 15,
+    DSQ_TYPE_IQ2_XXS = 16, /* the IQ/TQ types: sizes known, not read (quant.h) */
+    DSQ_TYPE_IQ2_XS = 17,
+    DSQ_TYPE_IQ3_XXS = 18,
+    DSQ_TYPE_IQ1_S = 19,
+    DSQ_TYPE_IQ4_NL = 20, /* block 32: fp16 d, 16 bytes of codebook nibbles   */
+    DSQ_TYPE_IQ3_S = 21,
+    DSQ_TYPE_IQ2_S = 22,
+    DSQ_TYPE_IQ4_XS = 23, /* super-block 256: fp16 d, 6-bit scales, 128 bytes */
     DSQ_TYPE_I8   = 24,
     DSQ_TYPE_I16  = 25,
     DSQ_TYPE_I32  = 26,
     DSQ_TYPE_I64  = 27,
     DSQ_TYPE_F64  = 28,
+    DSQ_TYPE_IQ1_M = 29,
     DSQ_TYPE_BF16 = 30,
+    DSQ_TYPE_TQ1_0 = 34,
+    DSQ_TYPE_TQ2_0 = 35,
+    DSQ_TYPE_MXFP4 = 39,
     DSQ_TYPE_U8   = 100, /* safetensors only */
     DSQ_TYPE_COUNT_ = 101
 } dsq_type_t;

@@ -186,12 +186,11 @@ static int load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
     return keep(m, v, (size_t)n * 4);
 }
 
-/* Bytes a weight's arrays occupy (data + scales + zeros). */
+/* Bytes a weight's arrays occupy (data + scales + zeros + super). */
 static size_t weight_bytes(const dsq_weight_t *w)
 {
-    size_t sc = dsq_weight_scale_bytes(w->format, w->n, w->k, w->group_size);
-    return dsq_weight_data_bytes(w->format, w->n, w->k, w->group_size) +
-           (w->zeros ? 2 * sc : sc);
+    dsq_weight_bytes_t b;
+    return dsq_weight_layout(w, &b) == DSQ_OK ? b.total : 0;
 }
 
 /* Keep a GPTQ act-order permutation of k entries: reuse the previous one
@@ -236,9 +235,10 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
                      (long long)t->ne[1], (long long)k, (long long)n);
             return DSQ_EFORMAT;
         }
+        /* --quantize int4 quantises float (and Q8_0) weights; what the
+         * file already quantised lower is kept, repacked exactly */
         if (quantize && opts && opts->quantize && strcmp(opts->quantize, "int4") == 0 &&
-            t->type != DSQ_TYPE_Q4_0 && t->type != DSQ_TYPE_Q4_1 &&
-            t->type != DSQ_TYPE_Q4_K)
+            dsq__rtn_source(t->type))
             rc = dsq_quant_rtn_int4(t, opts->group_size ? opts->group_size : 32,
                                     false, w, &storage, err, err_len);
         else
@@ -332,6 +332,27 @@ static void setup_rope(dsq_model_t *m)
         r->freq_scale = (float)(1.0 / c->rope_factor);
 }
 
+/* Every block-quantised tensor of the file is of a type dsq reads
+ * (dsq_quant_gguf_readable): checked before any weight is allocated, so a
+ * file dsq cannot serve fails at once with the tensor's name and type.
+ * Returns 0 or DSQ_EUNSUPPORTED with err set. */
+static int check_tensor_types(const dsq_model_file_t *f, char *err, size_t err_len)
+{
+    const int n = dsq_model_file_n_tensors(f);
+    for (int i = 0; i < n; i++) {
+        const dsq_tensor_t *t = dsq_model_file_tensor(f, i);
+        if (!t || dsq_type_block_elems(t->type) <= 1)
+            continue;
+        if (!dsq_quant_gguf_readable(t->type)) {
+            snprintf(err, err_len, "model: tensor %s has type %s, which dsq does not read "
+                     "(docs/quantization.md, GGUF types)", t->name,
+                     dsq_type_name(t->type));
+            return DSQ_EUNSUPPORTED;
+        }
+    }
+    return DSQ_OK;
+}
+
 dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
                               const dsq_model_opts_t *opts, char *err,
                               size_t err_len)
@@ -349,6 +370,8 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     }
 
     dsq_backend_t *be = opts && opts->backend ? opts->backend : dsq_backend_cpu();
+    if (check_tensor_types(f, err, err_len) != DSQ_OK)
+        return NULL;
     /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
     if (c->arch == DSQ_ARCH_DEEPSEEK2) {
         m = calloc(1, sizeof(*m));
@@ -581,7 +604,7 @@ static int up_weight(dsq_model_t *m, dsq_weight_t *w)
 {
     dsq_weight_t d;
     size_t bytes = 0;
-    int rc = dev_reserve(m, 4);
+    int rc = dev_reserve(m, 7);
     if (!rc)
         rc = dsq_backend_weight_upload(m->be, w, &d, &bytes);
     if (rc)
@@ -590,6 +613,9 @@ static int up_weight(dsq_model_t *m, dsq_weight_t *w)
     dev_keep(m, d.data);
     dev_keep(m, d.scales);
     dev_keep(m, d.zeros);
+    dev_keep(m, d.sub_scales);
+    dev_keep(m, d.sub_zeros);
+    dev_keep(m, d.super);
     dev_keep(m, d.bias);
     *w = d;
     return DSQ_OK;

@@ -106,10 +106,12 @@ static int make_weight(dsq_model_t *m, float *buf, int64_t n, int64_t k,
         rc = dsq_quant_rtn_int4(&t, gs, false, w, &storage, err, err_len);
         free(buf);
         if (rc == DSQ_OK) {
-            size_t sc = dsq_weight_scale_bytes(w->format, w->n, w->k, w->group_size);
-            size_t b = dsq_weight_data_bytes(w->format, w->n, w->k, w->group_size) +
-                       (w->zeros ? 2 * sc : sc);
-            rc = dsq__model_keep_weight(m, storage, storage ? b : 0);
+            dsq_weight_bytes_t b;
+            rc = dsq_weight_layout(w, &b);
+            if (rc == DSQ_OK)
+                rc = dsq__model_keep_weight(m, storage, storage ? b.total : 0);
+            else
+                free(storage);
         }
         return rc;
     }
@@ -166,14 +168,9 @@ static int load_split(dsq_ds2_t *g, const dsq_model_file_t *f, const dsq_model_o
  * r0 rows into data, scales and zeros. */
 static dsq_weight_t row_view(const dsq_weight_t *w, int64_t r0, int64_t n)
 {
-    dsq_weight_t v = *w;
-    size_t rb = dsq_weight_data_bytes(w->format, 1, w->k, w->group_size);
-    size_t sb = dsq_weight_scale_bytes(w->format, 1, w->k, w->group_size) / sizeof(uint16_t);
-    v.n = n;
-    v.data = (const uint8_t *)w->data + (size_t)r0 * rb;
-    v.scales = w->scales ? w->scales + (size_t)r0 * sb : NULL;
-    v.zeros = w->zeros ? w->zeros + (size_t)r0 * sb : NULL;
-    v.bias = w->bias ? w->bias + r0 : NULL;
+    dsq_weight_t v;
+    if (dsq_weight_rows(w, r0, n, &v) != DSQ_OK)
+        memset(&v, 0, sizeof(v));       /* callers' shapes are the model's own */
     return v;
 }
 
@@ -206,8 +203,7 @@ static int load_absorbed(dsq_ds2_t *g, const dsq_model_file_t *f,
         return rc;
     snprintf(name, sizeof(name), "%s.weight", base);
     const dsq_tensor_t *t = dsq_model_file_find(f, name);
-    if (t && L->wkv_b.format == DSQ_WFMT_INT4 && t->type != DSQ_TYPE_Q4_0 &&
-        t->type != DSQ_TYPE_Q4_1 && t->type != DSQ_TYPE_Q4_K) {
+    if (t && L->wkv_b.format == DSQ_WFMT_INT4 && dsq__rtn_source(t->type)) {
         rc = dsq_quant_from_gguf(t, &tmp, &tmp_storage, err, err_len);
         if (rc)
             return rc;

@@ -31,6 +31,14 @@ int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
 int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
                         int64_t n, bool required, const float **out, char *err,
                         size_t err_len);
+/* True for the GGUF tensor types --quantize int4 requantises (F32, F16,
+ * BF16, Q8_0); every lower-bit type is kept as the file quantised it. */
+static inline bool dsq__rtn_source(dsq_type_t t)
+{
+    return t == DSQ_TYPE_F32 || t == DSQ_TYPE_F16 || t == DSQ_TYPE_BF16 ||
+           t == DSQ_TYPE_Q8_0;
+}
+
 /* m takes ownership of the malloc'd block p (weight memory of `bytes`
  * bytes, counted in both owned and weight bytes). On DSQ_ENOMEM p is
  * freed. p == NULL is a no-op. */

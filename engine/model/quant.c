@@ -92,9 +92,9 @@ static int tensor_dims(const dsq_tensor_t *t, int64_t *n, int64_t *k)
 
 /* ------------------------------------------------------------------ GGUF */
 
-/* Q4_K 6-bit scale/min of sub-block j from the 12 packed bytes (ggml's
- * get_scale_min_k4 layout: j<4 low 6 bits of bytes j / j+4; j>=4 nibbles of
- * byte j+4 plus the top 2 bits of bytes j-4 / j). */
+/* k-quant 6-bit scale/min of sub-block j from the 12 packed bytes (ggml's
+ * get_scale_min_k4, used by Q4_K and Q5_K: j<4 low 6 bits of bytes j / j+4;
+ * j>=4 nibbles of byte j+4 plus the top 2 bits of bytes j-4 / j). */
 static void q4k_scale_min(const uint8_t *q, int j, unsigned *sc, unsigned *m)
 {
     if (j < 4) {
@@ -103,6 +103,235 @@ static void q4k_scale_min(const uint8_t *q, int j, unsigned *sc, unsigned *m)
     } else {
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The native layout one GGUF type repacks into (quant.h). Returns 0 or
+ * DSQ_EUNSUPPORTED. */
+static int gguf_native(dsq_type_t type, dsq_weight_t *w)
+{
+    w->scale_mode = DSQ_SCALE_F16;
+    switch (type) {
+    case DSQ_TYPE_F32: w->format = DSQ_WFMT_F32; break;
+    case DSQ_TYPE_F16: w->format = DSQ_WFMT_F16; break;
+    case DSQ_TYPE_BF16: w->format = DSQ_WFMT_BF16; break;
+    case DSQ_TYPE_Q8_0: w->format = DSQ_WFMT_Q8_0; w->group_size = 32; break;
+#define NATIVE(T, F, G, Z, S) \
+    case T: w->format = F; w->group_size = G; w->zp_mode = Z; w->scale_mode = S; break;
+    NATIVE(DSQ_TYPE_Q4_0, DSQ_WFMT_INT4, 32, DSQ_ZP_SYM, DSQ_SCALE_F16)
+    NATIVE(DSQ_TYPE_Q4_1, DSQ_WFMT_INT4, 32, DSQ_ZP_MIN, DSQ_SCALE_F16)
+    NATIVE(DSQ_TYPE_IQ4_NL, DSQ_WFMT_INT4, 32, DSQ_ZP_LUT, DSQ_SCALE_F16)
+    NATIVE(DSQ_TYPE_Q2_K, DSQ_WFMT_INT4, 16, DSQ_ZP_MIN, DSQ_SCALE_SUPER)
+    NATIVE(DSQ_TYPE_Q3_K, DSQ_WFMT_INT4, 16, DSQ_ZP_INT, DSQ_SCALE_SUPER)
+    NATIVE(DSQ_TYPE_Q4_K, DSQ_WFMT_INT4, 32, DSQ_ZP_MIN, DSQ_SCALE_SUPER)
+    NATIVE(DSQ_TYPE_IQ4_XS, DSQ_WFMT_INT4, 32, DSQ_ZP_LUT, DSQ_SCALE_SUPER)
+    NATIVE(DSQ_TYPE_Q5_0, DSQ_WFMT_INT8G, 32, DSQ_ZP_SYM, DSQ_SCALE_F16)
+    NATIVE(DSQ_TYPE_Q5_1, DSQ_WFMT_INT8G, 32, DSQ_ZP_MIN, DSQ_SCALE_F16)
+    NATIVE(DSQ_TYPE_Q5_K, DSQ_WFMT_INT8G, 32, DSQ_ZP_MIN, DSQ_SCALE_SUPER)
+    NATIVE(DSQ_TYPE_Q6_K, DSQ_WFMT_INT8G, 16, DSQ_ZP_SYM, DSQ_SCALE_SUPER)
+#undef NATIVE
+    default:
+        return DSQ_EUNSUPPORTED;
+    }
+    return DSQ_OK;
+}
+
+bool dsq_quant_gguf_readable(dsq_type_t type)
+{
+    dsq_weight_t w = {0};
+    return gguf_native(type, &w) == DSQ_OK;
+}
+
+int dsq_quant_gguf_bytes(dsq_type_t type, int64_t n, int64_t k, size_t *bytes)
+{
+    dsq_weight_t w = {.n = n, .k = k};
+    dsq_weight_bytes_t b;
+    if (!bytes)
+        return DSQ_EINVAL;
+    *bytes = 0;
+    int rc = gguf_native(type, &w);
+    if (rc != DSQ_OK)
+        return rc;
+    if (dsq_weight_layout(&w, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    /* plain types are zero-copy views of the mapping: their bytes are the
+     * tensor's, counted where the mapping is */
+    *bytes = b.total;
+    return DSQ_OK;
+}
+
+/* One GGUF block of a type that repacks: its weights as integers q[e] in
+ * natural order (the value the native layout stores: INT4 a nibble, INT8G a
+ * signed byte) and its scales: fp16 d (and dm) plus per-group sub-scales a[]
+ * and sub-zeros b[] (SUPER), or fp16 scale/zero of the one group (F16).
+ * Formulas: ggml-quants.c dequantize_row_* (each case names its struct). */
+typedef struct kblock {
+    int8_t q[256];
+    int8_t a[16], b[16];
+    uint16_t d, dm;
+} kblock_t;
+
+static void decode_block(dsq_type_t type, const uint8_t *x, kblock_t *o)
+{
+    switch (type) {
+    case DSQ_TYPE_Q5_0:   /* block_q5_0: d, qh[4], qs[16]; w = (q - 16) * d */
+    case DSQ_TYPE_Q5_1: { /* block_q5_1: d, m, qh[4], qs[16]; w = q * d + m */
+        const bool q51 = type == DSQ_TYPE_Q5_1;
+        const uint8_t *qh = x + (q51 ? 4 : 2), *qs = qh + 4;
+        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                     (uint32_t)qh[3] << 24;
+        const int off = q51 ? 0 : 16;
+        for (int j = 0; j < 16; j++) {
+            o->q[j] = (int8_t)(((qs[j] & 15) | ((h >> j) & 1) << 4) - off);
+            o->q[j + 16] = (int8_t)(((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4) - off);
+        }
+        o->d = rd16(x);
+        o->dm = q51 ? rd16(x + 2) : 0;
+        break;
+    }
+    case DSQ_TYPE_Q2_K: { /* block_q2_K: scales[16], qs[64], d, dmin */
+        const uint8_t *sc = x, *qs = x + 16;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    o->q[128 * h + 32 * j + l] = (int8_t)((qs[32 * h + l] >> (2 * j)) & 3);
+        for (int g = 0; g < 16; g++) {
+            o->a[g] = (int8_t)(sc[g] & 15);
+            o->b[g] = (int8_t)(sc[g] >> 4);
+        }
+        o->d = rd16(x + 80);
+        o->dm = rd16(x + 82) ^ 0x8000u;         /* m = -dmin * min */
+        break;
+    }
+    case DSQ_TYPE_Q3_K: { /* block_q3_K: hmask[32], qs[64], scales[12], d;
+                             w = d*(sc-32) * (low2 + 4*hbit - 4)          */
+        const uint8_t *hm = x, *qs = x + 32, *sc = x + 96;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++) {
+                    int lo = (qs[32 * h + l] >> (2 * j)) & 3;
+                    int hb = (hm[l] >> (4 * h + j)) & 1;
+                    o->q[128 * h + 32 * j + l] = (int8_t)(lo + 4 * hb);
+                }
+        for (int g = 0; g < 16; g++) {
+            int lo = g < 8 ? sc[g] & 15 : sc[g - 8] >> 4;
+            int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+            o->a[g] = (int8_t)((lo | hi << 4) - 32);
+            o->b[g] = 4;
+        }
+        o->d = rd16(x + 108);
+        o->dm = 0;
+        break;
+    }
+    case DSQ_TYPE_Q4_K:   /* block_q4_K: d, dmin, scales[12], qs[128] */
+    case DSQ_TYPE_Q5_K: { /* block_q5_K: d, dmin, scales[12], qh[32], qs[128] */
+        const bool q5 = type == DSQ_TYPE_Q5_K;
+        const uint8_t *sc = x + 4, *qh = x + 16, *qs = x + (q5 ? 48 : 16);
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                if (q5) {
+                    lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                }
+                o->q[64 * j + l] = (int8_t)lo;
+                o->q[64 * j + 32 + l] = (int8_t)hi;
+            }
+        for (int g = 0; g < 8; g++) {
+            unsigned s6, m6;
+            q4k_scale_min(sc, g, &s6, &m6);
+            o->a[g] = (int8_t)s6;
+            o->b[g] = (int8_t)m6;
+        }
+        o->d = rd16(x);
+        o->dm = rd16(x + 2) ^ 0x8000u;          /* m = -dmin * min */
+        break;
+    }
+    case DSQ_TYPE_Q6_K: { /* block_q6_K: ql[128], qh[64], scales[16], d;
+                             w = d*sc * (q - 32)                          */
+        const uint8_t *ql = x, *qh = x + 128;
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                int8_t *q = o->q + 128 * h;
+                q[l] = (int8_t)(((L[l] & 15) | ((H[l] >> 0) & 3) << 4) - 32);
+                q[l + 32] = (int8_t)(((L[l + 32] & 15) | ((H[l] >> 2) & 3) << 4) - 32);
+                q[l + 64] = (int8_t)(((L[l] >> 4) | ((H[l] >> 4) & 3) << 4) - 32);
+                q[l + 96] = (int8_t)(((L[l + 32] >> 4) | ((H[l] >> 6) & 3) << 4) - 32);
+            }
+        for (int g = 0; g < 16; g++)
+            o->a[g] = (int8_t)x[192 + g];
+        o->d = rd16(x + 208);
+        o->dm = 0;
+        break;
+    }
+    case DSQ_TYPE_IQ4_XS: { /* block_iq4_xs: d, scales_h, scales_l[4], qs[128];
+                               w = d*(ls-32) * kvalues_iq4nl[q]            */
+        const uint16_t sh = rd16(x + 2);
+        const uint8_t *sl = x + 4, *qs = x + 8;
+        for (int g = 0; g < 8; g++) {
+            int ls = ((sl[g / 2] >> (4 * (g % 2))) & 15) | ((sh >> (2 * g)) & 3) << 4;
+            o->a[g] = (int8_t)(ls - 32);
+            for (int j = 0; j < 16; j++) {
+                o->q[32 * g + j] = (int8_t)(qs[16 * g + j] & 15);
+                o->q[32 * g + j + 16] = (int8_t)(qs[16 * g + j] >> 4);
+            }
+        }
+        o->d = rd16(x);
+        o->dm = 0;
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+struct gguf_rows {
+    const uint8_t *src;
+    dsq_type_t type;
+    dsq_weight_t *w;
+};
+
+/* Rows [r0, r1) of a block type that needs decoding (quant.h). */
+static void repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
+{
+    const dsq_weight_t *w = c->w;
+    const int64_t k = w->k, be = dsq_type_block_elems(c->type);
+    const size_t bb = dsq_type_block_bytes(c->type);
+    const int64_t nblk = k / be, gs = w->group_size, gpb = be / gs;
+    const bool int4 = w->format == DSQ_WFMT_INT4;
+    const bool super = w->scale_mode == DSQ_SCALE_SUPER;
+    const int64_t groups = k / gs;
+    uint8_t *d4 = (uint8_t *)w->data;
+    int8_t *d8 = (int8_t *)w->data;
+    kblock_t o;
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t i = 0; i < nblk; i++) {
+            decode_block(c->type, c->src + (size_t)(r * nblk + i) * bb, &o);
+            const int64_t e0 = i * be;
+            if (int4) {
+                uint8_t *p = d4 + (r * k + e0) / 2;
+                for (int64_t ch = 0; ch < be / 32; ch++)
+                    for (int j = 0; j < 16; j++)
+                        p[ch * 16 + j] = (uint8_t)((o.q[ch * 32 + j] & 15) |
+                                                   (o.q[ch * 32 + j + 16] & 15) << 4);
+            } else {
+                memcpy(d8 + r * k + e0, o.q, (size_t)be);
+            }
+            const int64_t g0 = r * groups + i * gpb;
+            if (super) {
+                uint16_t *sp = (uint16_t *)w->super + 2 * (r * nblk + i);
+                sp[0] = o.d;
+                sp[1] = o.dm;
+                memcpy((int8_t *)w->sub_scales + g0, o.a, (size_t)gpb);
+                if (w->sub_zeros)
+                    memcpy((int8_t *)w->sub_zeros + g0, o.b, (size_t)gpb);
+            } else {
+                ((uint16_t *)w->scales)[g0] = o.d;
+                if (w->zeros)
+                    ((uint16_t *)w->zeros)[g0] = o.dm;
+            }
+        }
     }
 }
 
@@ -116,91 +345,79 @@ int dsq_quant_from_gguf(const dsq_tensor_t *t, dsq_weight_t *w, void **storage,
     *storage = NULL;
     if (tensor_dims(t, &n, &k) != DSQ_OK)
         return fail(err, err_len, DSQ_EINVAL, "quant: bad tensor view");
+    const char *nm = t->name ? t->name : "?";
+    if (gguf_native(t->type, w) != DSQ_OK) {
+        memset(w, 0, sizeof(*w));
+        return fail(err, err_len, DSQ_EUNSUPPORTED, "quant: tensor %s: type %s not supported "
+                    "(dsq reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, "
+                    "IQ4_NL, IQ4_XS)", nm, dsq_type_name(t->type));
+    }
     w->n = n;
     w->k = k;
     const uint8_t *src = t->data;
-    int rc = DSQ_OK;
-    size_t elem = 0;
-    switch (t->type) {
-    case DSQ_TYPE_F32: w->format = DSQ_WFMT_F32; elem = 4; break;
-    case DSQ_TYPE_F16: w->format = DSQ_WFMT_F16; elem = 2; break;
-    case DSQ_TYPE_BF16: w->format = DSQ_WFMT_BF16; elem = 2; break;
-    case DSQ_TYPE_Q8_0: w->format = DSQ_WFMT_Q8_0; w->group_size = 32; elem = 2; break;
-    case DSQ_TYPE_Q4_0: case DSQ_TYPE_Q4_1: case DSQ_TYPE_Q4_K:
-        w->format = DSQ_WFMT_INT4;
-        w->group_size = 32;
-        w->zp_mode = t->type == DSQ_TYPE_Q4_0 ? DSQ_ZP_SYM : DSQ_ZP_MIN;
-        break;
-    default:
-        rc = fail(err, err_len, DSQ_EUNSUPPORTED, "quant: tensor %s: type %s not supported",
-                  t->name ? t->name : "?", dsq_type_name(t->type));
-        memset(w, 0, sizeof(*w));
-        return rc;
-    }
-    int blk = t->type == DSQ_TYPE_Q4_K ? 256 : (w->format == DSQ_WFMT_INT4 ||
-              w->format == DSQ_WFMT_Q8_0) ? 32 : 1;
+    const int blk = dsq_type_block_elems(t->type);
     size_t need = 0;
-    if (k % blk != 0 || dsq_type_bytes(t->type, n * k, &need) != DSQ_OK ||
-        need > t->n_bytes) {
+    dsq_weight_bytes_t lb;
+    if (blk < 1 || k % blk != 0 || dsq_type_bytes(t->type, n * k, &need) != DSQ_OK ||
+        need > t->n_bytes || dsq_weight_layout(w, &lb) != DSQ_OK) {
         memset(w, 0, sizeof(*w));
         return fail(err, err_len, DSQ_EINVAL,
-                    "quant: tensor %s: k=%lld not a multiple of %d or data short",
-                    t->name ? t->name : "?", (long long)k, blk);
+                    "quant: tensor %s: k=%lld not a multiple of %d or data short", nm,
+                    (long long)k, blk);
     }
-    if (w->format != DSQ_WFMT_INT4) {
+    if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
         /* zero-copy view unless misaligned */
+        const size_t elem = w->format == DSQ_WFMT_F32 ? 4 : 2;
         if ((uintptr_t)src % elem == 0) {
             w->data = src;
         } else {
-            size_t db = dsq_weight_data_bytes(w->format, n, k, 0);
-            void *p = malloc(db);
+            void *p = malloc(lb.data);
             if (!p) {
                 memset(w, 0, sizeof(*w));
                 return fail(err, err_len, DSQ_ENOMEM, "quant: out of memory");
             }
-            memcpy(p, src, db);
+            memcpy(p, src, lb.data);
             w->data = p;
             *storage = p;
         }
         return DSQ_OK;
     }
-    rc = alloc_weight(w, storage, w->zp_mode != DSQ_ZP_SYM);
-    if (rc != DSQ_OK) {
+    /* one block: data | scales | zeros | super, each 64-byte aligned */
+    const size_t db = align64(lb.data), sb = align64(lb.scales), zb = align64(lb.zeros);
+    char *p = aligned_alloc(64, db + sb + zb + align64(lb.super));
+    if (!p) {
         memset(w, 0, sizeof(*w));
-        return fail(err, err_len, rc, "quant: out of memory");
+        return fail(err, err_len, DSQ_ENOMEM, "quant: out of memory");
     }
-    uint8_t *dst = (uint8_t *)w->data;
+    memset(p, 0, db + sb + zb + align64(lb.super));
+    *storage = p;
+    w->data = p;
+    if (w->scale_mode == DSQ_SCALE_SUPER) {
+        w->sub_scales = (const int8_t *)(p + db);
+        w->sub_zeros = lb.zeros ? (const int8_t *)(p + db + sb) : NULL;
+        w->super = (const uint16_t *)(p + db + sb + zb);
+    } else {
+        w->scales = (const uint16_t *)(p + db);
+        w->zeros = lb.zeros ? (const uint16_t *)(p + db + sb) : NULL;
+    }
+    uint8_t *dst = p;
     uint16_t *sc = (uint16_t *)w->scales, *zr = (uint16_t *)w->zeros;
-    const int64_t nb = k / 32;
-    if (t->type == DSQ_TYPE_Q4_0 || t->type == DSQ_TYPE_Q4_1) {
-        const size_t bb = t->type == DSQ_TYPE_Q4_0 ? 18 : 20;
-        for (int64_t i = 0; i < n * nb; i++) {
+    if (t->type == DSQ_TYPE_Q4_0 || t->type == DSQ_TYPE_Q4_1 || t->type == DSQ_TYPE_IQ4_NL) {
+        /* the native nibble order: a block copy */
+        const size_t bb = dsq_type_block_bytes(t->type);
+        for (int64_t i = 0; i < n * (k / 32); i++) {
             const uint8_t *b = src + (size_t)i * bb;
             sc[i] = rd16(b);
             if (zr)
                 zr[i] = rd16(b + 2);
             memcpy(dst + i * 16, b + bb - 16, 16);
         }
-    } else { /* Q4_K: 144-byte super-blocks of 256 */
-        for (int64_t i = 0; i < n * (k / 256); i++) {
-            const uint8_t *b = src + (size_t)i * 144;
-            float d = dsq_fp16_to_fp32(rd16(b)), dmin = dsq_fp16_to_fp32(rd16(b + 2));
-            const uint8_t *scl = b + 4, *qs = b + 16;
-            for (int j = 0; j < 8; j++) {
-                unsigned s6, m6;
-                q4k_scale_min(scl, j, &s6, &m6);
-                int64_t c = i * 8 + j;   /* global 32-chunk index */
-                sc[c] = dsq_fp32_to_fp16(d * (float)s6);
-                zr[c] = dsq_fp32_to_fp16(-(dmin * (float)m6));
-                const uint8_t *q = qs + 32 * (j / 2);
-                for (int e = 0; e < 16; e++) {
-                    unsigned lo = j % 2 ? q[e] >> 4 : q[e] & 15;
-                    unsigned hi = j % 2 ? q[e + 16] >> 4 : q[e + 16] & 15;
-                    dst[c * 16 + e] = (uint8_t)(lo | (hi << 4));
-                }
-            }
-        }
+        return DSQ_OK;
     }
+    struct gguf_rows c = {.src = src, .type = t->type, .w = w};
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 20))
+    for (int64_t r = 0; r < n; r++)
+        repack_rows(&c, r, r + 1);
     return DSQ_OK;
 }
 

@@ -24,21 +24,40 @@
 #include "kernels.h"
 #include "engine/io/tensor.h"
 
-/* Repack a GGUF tensor view (ggml block formats as in ggml-quants.h).
- *   Q4_0 -> INT4 SYM, group 32: nibbles copied byte for byte (GGML's order
- *           is the native order), scale = d. Exact.
- *   Q4_1 -> INT4 MIN, group 32: scale = d, zeros = m. Exact.
- *   Q4_K -> INT4 MIN, group 32: per 32-weight sub-block, scale = d*sc and
- *           min = -dmin*m (6-bit sc, m from the 12-byte packed scales),
- *           computed in fp32 and rounded to fp16. This is the ONE inexact
- *           case: each scale/min carries one fp16 rounding (rel. <= 2^-11).
+/* Repack a GGUF tensor view (ggml block formats: ggml-common.h structs,
+ * ggml-quants.c dequantize_row_*), always exactly: each weight the kernels
+ * see is the fp32 number ggml's dequantisation gives (kernels.h layouts).
+ *   Q4_0   -> INT4 SYM, F16, group 32: nibbles copied, scale = d.
+ *   Q4_1   -> INT4 MIN, F16, group 32: scale = d, zeros = m.
+ *   IQ4_NL -> INT4 LUT, F16, group 32: nibbles copied, scale = d.
+ *   Q4_K   -> INT4 MIN, SUPER, group 32: (d, -dmin), a = 6-bit sc, b = 6-bit m.
+ *   Q2_K   -> INT4 MIN, SUPER, group 16: (d, -dmin), a = sc & 15, b = sc >> 4.
+ *   Q3_K   -> INT4 INT, SUPER, group 16: nibble = low2 + 4*hbit, z = 4,
+ *             a = 6-bit sc - 32.
+ *   IQ4_XS -> INT4 LUT, SUPER, group 32: a = 6-bit ls - 32.
+ *   Q5_0   -> INT8G SYM, F16, group 32: q - 16, scale = d.
+ *   Q5_1   -> INT8G MIN, F16, group 32: q, scale = d, zeros = m.
+ *   Q5_K   -> INT8G MIN, SUPER, group 32: as Q4_K with 5-bit q.
+ *   Q6_K   -> INT8G SYM, SUPER, group 16: q - 32, a = int8 sc.
  *   Q8_0, F32, F16, BF16 -> the matching format as a zero-copy view
  *           (copied into storage only if the data is misaligned for its
  *           element type).
- * Returns 0, DSQ_EINVAL (NULL args, bad dims) or DSQ_EUNSUPPORTED (other
- * types), DSQ_ENOMEM. */
+ * Rows are repacked in parallel (OpenMP) for big tensors.
+ * Returns 0, DSQ_EINVAL (NULL args, bad dims), DSQ_EUNSUPPORTED (the IQ1/
+ * IQ2/IQ3, TQ, MXFP4, Q8_1/Q8_K and integer types; err names the tensor and
+ * its type), DSQ_ENOMEM. */
 int dsq_quant_from_gguf(const dsq_tensor_t *t, dsq_weight_t *w, void **storage,
                         char *err, size_t err_len);
+
+/* Whether dsq_quant_from_gguf reads tensors of this GGUF type. */
+bool dsq_quant_gguf_readable(dsq_type_t type);
+
+/* Bytes dsq_quant_from_gguf allocates for an [n, k] tensor of this type
+ * (data + scales + zeros + super of its native layout; for the types kept
+ * as zero-copy views, the bytes of the view), so the memory planner counts
+ * exactly what the load allocates. Returns 0, DSQ_EINVAL (NULL, shape not
+ * whole blocks) or DSQ_EUNSUPPORTED (type not read). */
+int dsq_quant_gguf_bytes(dsq_type_t type, int64_t n, int64_t k, size_t *bytes);
 
 /* AutoAWQ "GEMM" packing (AutoAWQ WQLinear_GEMM; dequant as in vLLM's
  * awq_dequantize): W[c][r] = (q - z) * s, 4-bit, group g along k.

@@ -7,6 +7,8 @@
  * enumerated from the config. */
 #include "planner.h"
 
+#include "engine/model/quant.h"
+
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,24 +144,23 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
     /* the MoE router stays in the file's precision (model_deepseek2.c) */
     bool linear = cls != DSQ_PLAN_EMBED && cls != DSQ_PLAN_OUTPUT &&
                   !strstr(t->name, "ffn_gate_inp");
-    switch (t->type) {
-    case DSQ_TYPE_Q4_0:
-        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, 32, false);
-        break;
-    case DSQ_TYPE_Q4_1:
-    case DSQ_TYPE_Q4_K:
-        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, 32, true);
-        break;
-    default:
-        if (linear && want_int4(o)) {
-            bytes = lin_bytes(DSQ_WFMT_INT4, n, k, g, true);
-        } else if (t->type == DSQ_TYPE_Q8_0) {
-            bytes = lin_bytes(DSQ_WFMT_Q8_0, n, k, 32, false);
-        } else if (t->type == DSQ_TYPE_F32) {
-            bytes = lin_bytes(DSQ_WFMT_F32, n, k, 0, false);
-        } else {
-            bytes = lin_bytes(DSQ_WFMT_F16, n, k, 0, false);
-        }
+    size_t native = 0;
+    const bool float_src = t->type == DSQ_TYPE_F32 || t->type == DSQ_TYPE_F16 ||
+                           t->type == DSQ_TYPE_BF16 || t->type == DSQ_TYPE_Q8_0;
+    if (float_src && linear && want_int4(o)) {
+        bytes = lin_bytes(DSQ_WFMT_INT4, n, k, g, true);
+    } else if (!float_src && dsq_quant_gguf_bytes(t->type, n, k, &native) == DSQ_OK) {
+        /* the GGUF's own quantisation, repacked exactly (quant.h): the
+         * bytes dsq_quant_from_gguf allocates */
+        bytes = native;
+    } else if (t->type == DSQ_TYPE_Q8_0) {
+        bytes = lin_bytes(DSQ_WFMT_Q8_0, n, k, 32, false);
+    } else if (t->type == DSQ_TYPE_F32) {
+        bytes = lin_bytes(DSQ_WFMT_F32, n, k, 0, false);
+    } else if (float_src) {
+        bytes = lin_bytes(DSQ_WFMT_F16, n, k, 0, false);
+    } else {
+        bytes = t->n_bytes;     /* a type the load refuses (quant.h) */
     }
     p->class_bytes[cls] += bytes;
 }

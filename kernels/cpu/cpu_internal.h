@@ -11,6 +11,7 @@
 #define DSQ_CPU_INTERNAL_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -115,6 +116,45 @@ static inline float dsq__bf2f(uint16_t h)
     return f;
 }
 
+/* Scale s and additive constant c of group g (of `groups`) of row `row` of
+ * an INT4 / INT8G weight, so that weight = s * v(q) + c with v(q) = q
+ * (LUT: dsq_iq4nl_values[q]); kernels.h dsq_zp_mode_t / dsq_scale_mode_t.
+ * SUPER: s = d*a is exact in fp32; c = -z*s (INT), dm*b (MIN). */
+static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
+                                 int64_t groups, float *s, float *c)
+{
+    const int64_t i = row * groups + g;
+    float sg, cg = 0.0f;
+    if (w->scale_mode == DSQ_SCALE_SUPER) {
+        const uint16_t *sb = w->super + 2 * (row * (w->k / 256) + g * w->group_size / 256);
+        sg = dsq__h2f(sb[0]) * (float)w->sub_scales[i];
+        if (w->zp_mode == DSQ_ZP_INT)
+            cg = -(float)w->sub_zeros[i] * sg;
+        else if (w->zp_mode == DSQ_ZP_MIN)
+            cg = dsq__h2f(sb[1]) * (float)w->sub_zeros[i];
+    } else {
+        sg = dsq__h2f(w->scales[i]);
+        if (w->zp_mode == DSQ_ZP_INT)
+            cg = -dsq__h2f(w->zeros[i]) * sg;
+        else if (w->zp_mode == DSQ_ZP_MIN)
+            cg = dsq__h2f(w->zeros[i]);
+    }
+    if (w->zp_mode == DSQ_ZP_SYM && w->format == DSQ_WFMT_INT4)
+        cg = -8.0f * sg;
+    *s = sg;
+    *c = cg;
+}
+
+/* True for the INT4 layouts the SIMD kernels of matmul*.c implement: F16
+ * scales, group_size >= 32, zp_mode SYM/INT/MIN. The other layouts (k-quant
+ * SUPER scales, group 16, the IQ4 codebook, INT8G) take the scalar
+ * kernels. */
+static inline bool dsq__int4_classic(const dsq_weight_t *w)
+{
+    return w->format == DSQ_WFMT_INT4 && w->scale_mode == DSQ_SCALE_F16 &&
+           w->group_size >= 32 && w->zp_mode != DSQ_ZP_LUT;
+}
+
 /* Activations of one matmul call, quantised per 32-block (see top). */
 typedef struct dsq__xq {
     const float *x;      /* fp32 [m][k] original activations               */
@@ -124,9 +164,10 @@ typedef struct dsq__xq {
     int8_t *q;           /* [m][k_pad], padding 0                            */
     float *d;            /* [m][nb] block scale: amax / 127                  */
     float *s;            /* [m][nb] d * sum(q of the block)                  */
-    int64_t n_groups;    /* INT4 only: groups of the weight (else 0)          */
-    int64_t cpg;         /* INT4 only: 32-blocks per group                    */
-    float *gsum;         /* INT4 only: [m][n_groups] sum of s over the group  */
+    int64_t n_groups;    /* INT4/INT8G: groups of the weight (else 0)         */
+    int64_t cpg;         /* INT4/INT8G: 32-blocks per group; 0 = group 16     */
+    float *gsum;         /* INT4/INT8G: [m][n_groups] sum of x^ over the group
+                            (group 16: d * sum(q) of the half block)          */
 } dsq__xq_t;
 
 /* Computes y[m0..m1)[n0..n1) (row stride ldy) for one weight. m1 - m0 <= 4
@@ -136,14 +177,14 @@ typedef void (*dsq__mm_tile_fn)(float *y, int64_t ldy, const dsq__xq_t *xq,
                                 int64_t n0, int64_t n1);
 
 /* Tile kernels by format: index DSQ_WFMT_*; NULL = use scalar. */
-void dsq__mm_scalar(dsq__mm_tile_fn tab[6]);
-void dsq__mm_avx2(dsq__mm_tile_fn tab[6]);
-void dsq__mm_avx512(dsq__mm_tile_fn tab[6]);
+void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
+void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
+void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
 /* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
  * variant then replaces the integer ones with SDOT versions. No-ops
  * elsewhere. */
-void dsq__mm_neon(dsq__mm_tile_fn tab[6]);
-void dsq__mm_neon_dot(dsq__mm_tile_fn tab[6]);
+void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
+void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
 
 /* The fp32-activation path of dsq_cpu_matmul (matmul_f32act.c) for
  * w->act == DSQ_ACT_F32 and an INT4/Q8_0/INT8 weight that dsq_cpu_matmul

@@ -36,36 +36,78 @@
 
 /* ------------------------------------------------------------ scalar tiles */
 
+/* Every INT4 layout (kernels.h): per group, s and c from dsq__group_sc,
+ * acc += s * sum_chunks d_c * dot(v(q), x^) and c * gsum. Group 16 is half
+ * a 32-chunk (low nibbles, then high nibbles). */
 static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                       int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
 {
-    const int64_t nb = xq->nb, kp = xq->k_pad;
-    const int cpg = w->group_size / 32;
-    const int64_t groups = (w->k + w->group_size - 1) / w->group_size;
+    const int64_t nb = xq->nb, kp = xq->k_pad, gs = w->group_size;
+    const int64_t groups = (w->k + gs - 1) / gs;
+    const bool lut = w->zp_mode == DSQ_ZP_LUT;
+    int8_t v[16];
+    for (int q = 0; q < 16; q++)
+        v[q] = lut ? dsq_iq4nl_values[q] : (int8_t)q;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wr = (const uint8_t *)w->data + n * nb * 16;
-        const uint16_t *sc = w->scales + n * groups;
-        const uint16_t *zr = w->zeros ? w->zeros + n * groups : NULL;
         for (int64_t r = m0; r < m1; r++) {
             const int8_t *xr = xq->q + r * kp;
             const float *d = xq->d + r * nb;
             const float *gsum = xq->gsum + r * groups;
             float acc = 0.0f, corr = 0.0f;
             for (int64_t g = 0; g < groups; g++) {
-                float sg = dsq__h2f(sc[g]);
-                float cg = w->zp_mode == DSQ_ZP_SYM ? -8.0f * sg
-                         : w->zp_mode == DSQ_ZP_INT ? -dsq__h2f(zr[g]) * sg
-                         : dsq__h2f(zr[g]);
-                int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
-                for (int64_t c = g * cpg; c < c1; c++) {
+                float sg, cg;
+                dsq__group_sc(w, n, g, groups, &sg, &cg);
+                if (gs == 16) {
+                    const int64_t c = g / 2, hi = g % 2;
                     const uint8_t *wc = wr + c * 16;
-                    const int8_t *xc = xr + c * 32;
+                    const int8_t *xc = xr + c * 32 + hi * 16;
                     int32_t dot = 0;
                     for (int j = 0; j < 16; j++)
-                        dot += (wc[j] & 15) * xc[j] + (wc[j] >> 4) * xc[j + 16];
+                        dot += v[hi ? wc[j] >> 4 : wc[j] & 15] * xc[j];
                     acc += (sg * d[c]) * (float)dot;
+                } else {
+                    const int64_t c0 = g * (gs / 32);
+                    const int64_t c1 = c0 + gs / 32 < nb ? c0 + gs / 32 : nb;
+                    for (int64_t c = c0; c < c1; c++) {
+                        const uint8_t *wc = wr + c * 16;
+                        const int8_t *xc = xr + c * 32;
+                        int32_t dot = 0;
+                        for (int j = 0; j < 16; j++)
+                            dot += v[wc[j] & 15] * xc[j] + v[wc[j] >> 4] * xc[j + 16];
+                        acc += (sg * d[c]) * (float)dot;
+                    }
                 }
                 corr += cg * gsum[g];
+            }
+            y[r * ldy + n] = acc + corr;
+        }
+    }
+}
+
+/* INT8G (kernels.h): int8 q per weight, groups of 16 or 32. */
+static void tile_int8g(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                       int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, gs = w->group_size;
+    const int64_t groups = (w->k + gs - 1) / gs;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *wr = (const int8_t *)w->data + n * kp;
+        for (int64_t r = m0; r < m1; r++) {
+            const int8_t *xr = xq->q + r * kp;
+            const float *d = xq->d + r * nb;
+            const float *gsum = xq->gsum + r * groups;
+            float acc = 0.0f, corr = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                float sg, cg;
+                dsq__group_sc(w, n, g, groups, &sg, &cg);
+                const int8_t *wg = wr + g * gs, *xg = xr + g * gs;
+                int32_t dot = 0;
+                for (int64_t j = 0; j < gs; j++)
+                    dot += wg[j] * xg[j];
+                acc += (sg * d[g * gs / 32]) * (float)dot;
+                if (cg != 0.0f)
+                    corr += cg * gsum[g];
             }
             y[r * ldy + n] = acc + corr;
         }
@@ -140,7 +182,7 @@ FLOAT_TILE(tile_f32, float, CONV_F32)
 FLOAT_TILE(tile_f16, uint16_t, dsq__h2f)
 FLOAT_TILE(tile_bf16, uint16_t, dsq__bf2f)
 
-void dsq__mm_scalar(dsq__mm_tile_fn tab[6])
+void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
 {
     tab[DSQ_WFMT_F32] = tile_f32;
     tab[DSQ_WFMT_F16] = tile_f16;
@@ -148,6 +190,7 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[6])
     tab[DSQ_WFMT_Q8_0] = tile_q8_0;
     tab[DSQ_WFMT_INT4] = tile_int4;
     tab[DSQ_WFMT_INT8] = tile_int8;
+    tab[DSQ_WFMT_INT8G] = tile_int8g;
 }
 
 /* ------------------------------------------------- activation quantisation */
@@ -182,7 +225,14 @@ static void quantize_tail(dsq__xq_t *xq, int64_t r, int64_t b0)
         xq->d[r * xq->nb + b] = d;
         xq->s[r * xq->nb + b] = d * (float)sum;
     }
-    if (xq->n_groups > 0) {
+    if (xq->n_groups > 0 && xq->cpg == 0) {       /* group 16: half blocks */
+        for (int64_t g = 0; g < xq->n_groups; g++) {
+            int32_t sum = 0;
+            for (int64_t j = 0; j < 16; j++)
+                sum += q[g * 16 + j];
+            xq->gsum[r * xq->n_groups + g] = xq->d[r * xq->nb + g / 2] * (float)sum;
+        }
+    } else if (xq->n_groups > 0) {
         const int64_t cpg = xq->cpg;
         for (int64_t g = 0; g < xq->n_groups; g++) {
             float gs = 0.0f;
@@ -275,26 +325,7 @@ static void quantize_any(dsq__xq_t *xq, int64_t r0, int64_t r1)
 
 static int check_weight(const dsq_weight_t *w)
 {
-    if (!w || !w->data || w->n <= 0 || w->k <= 0)
-        return DSQ_EINVAL;
-    switch (w->format) {
-    case DSQ_WFMT_F32: case DSQ_WFMT_F16: case DSQ_WFMT_BF16:
-        return DSQ_OK;
-    case DSQ_WFMT_Q8_0:
-        return w->k % 32 == 0 ? DSQ_OK : DSQ_EINVAL;
-    case DSQ_WFMT_INT8:
-        return w->scales ? DSQ_OK : DSQ_EINVAL;
-    case DSQ_WFMT_INT4:
-        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
-            return DSQ_EINVAL;
-        if (!w->scales || (w->zp_mode != DSQ_ZP_SYM && !w->zeros))
-            return DSQ_EINVAL;
-        if (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_INT &&
-            w->zp_mode != DSQ_ZP_MIN)
-            return DSQ_EINVAL;
-        return DSQ_OK;
-    }
-    return DSQ_EINVAL;
+    return dsq_weight_check(w);
 }
 
 static void quant_range(void *p, int64_t r0, int64_t r1)
@@ -340,24 +371,21 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
-    if (w->act == DSQ_ACT_F32 && (w->format == DSQ_WFMT_INT4 ||
-                                  w->format == DSQ_WFMT_Q8_0 ||
-                                  w->format == DSQ_WFMT_INT8))
+    const bool quantised = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G ||
+                           w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
+    if (w->act == DSQ_ACT_F32 && quantised)
         return dsq__matmul_f32act(y, x, m, w);
 
     dsq__xq_t xq = {.x = x, .m = m, .k = w->k};
     xq.k_pad = (w->k + 31) / 32 * 32;
     xq.nb = xq.k_pad / 32;
     void *buf = NULL;
-    const bool quantised = w->format == DSQ_WFMT_INT4 ||
-                           w->format == DSQ_WFMT_Q8_0 ||
-                           w->format == DSQ_WFMT_INT8;
     if (quantised) {
         size_t qb = (size_t)(m * xq.k_pad + 63) / 64 * 64;
         size_t fb = (size_t)(m * xq.nb) * sizeof(float);
-        if (w->format == DSQ_WFMT_INT4) {
+        if (w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G) {
             xq.n_groups = (w->k + w->group_size - 1) / w->group_size;
-            xq.cpg = w->group_size / 32;
+            xq.cpg = w->group_size / 32;        /* 0: group 16 */
         }
         size_t gb = (size_t)(m * xq.n_groups) * sizeof(float);
         buf = aligned_alloc(64, (qb + 2 * fb + gb + 63) / 64 * 64);
@@ -370,7 +398,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__parallel_for(m, 8, quant_range, &xq);
     }
 
-    dsq__mm_tile_fn tab[6], fast[6] = {0};
+    dsq__mm_tile_fn tab[DSQ_WFMT_COUNT], fast[DSQ_WFMT_COUNT] = {0};
     dsq__mm_scalar(tab);
     dsq__isa_t isa = dsq__cpu_isa_level();
     if (isa >= DSQ__ISA_AVX2)
@@ -383,7 +411,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__mm_neon_dot(fast);
 
     struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .m = m};
-    c.fn = fast[w->format] ? fast[w->format] : tab[w->format];
+    const bool simd_ok = w->format != DSQ_WFMT_INT4 || dsq__int4_classic(w);
+    c.fn = fast[w->format] && simd_ok ? fast[w->format] : tab[w->format];
     c.tn = (w->n + TILE_N - 1) / TILE_N;
     const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
     /* at least ~128k multiply-adds per thread, in whole tiles */

@@ -19,6 +19,7 @@
  */
 #include "cpu_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__)
@@ -527,6 +528,36 @@ FA_TILE(tile_int8_neon, int8_rows_neon, )
 
 /* ----------------------------------------------------------------- driver */
 
+/* Any layout (the k-quant SUPER scales, group 16, the IQ4 codebook,
+ * INT8G): each weight row is dequantised by dsq_weight_dequant_row (the
+ * format's own formula) into a scratch row, then dotted with the fp32
+ * activations. Not yet vectorised (docs/benchmarks.md). */
+static void tile_generic(float *y, int64_t ldy, const fa_t *a, int64_t m0, int64_t m1,
+                         const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    const int64_t k = w->k;
+    float stack[4096], *row = k <= 4096 ? stack : malloc((size_t)k * sizeof(*row));
+    if (!row) {
+        /* out of memory in a tile cannot be reported: poison the outputs */
+        for (int64_t r = m0; r < m1; r++)
+            for (int64_t n = n0; n < n1; n++)
+                y[r * ldy + n] = NAN;
+        return;
+    }
+    for (int64_t n = n0; n < n1; n++) {
+        dsq_weight_dequant_row(w, n, row);
+        for (int64_t r = m0; r < m1; r++) {
+            const float *xr = a->x + r * a->ldx;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < k; j++)
+                acc += row[j] * xr[j];
+            y[r * ldy + n] = acc;
+        }
+    }
+    if (row != stack)
+        free(row);
+}
+
 struct fa_ctx {
     float *y;
     const fa_t *a;
@@ -556,8 +587,11 @@ static void fa_tiles(void *p, int64_t t0, int64_t t1)
     }
 }
 
-static fa_tile_fn pick(dsq_wformat_t f)
+static fa_tile_fn pick(const dsq_weight_t *w)
 {
+    const dsq_wformat_t f = w->format;
+    if (f == DSQ_WFMT_INT8G || (f == DSQ_WFMT_INT4 && !dsq__int4_classic(w)))
+        return tile_generic;
     dsq__isa_t isa = dsq__cpu_isa_level();
     (void)isa;
 #ifdef FA_X86
@@ -593,7 +627,7 @@ int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *
         a.x = pad;
         a.ldx = kp;
     }
-    struct fa_ctx c = {.y = y, .a = &a, .w = w, .fn = pick(w->format), .m = m};
+    struct fa_ctx c = {.y = y, .a = &a, .w = w, .fn = pick(w), .m = m};
     c.tn = (w->n + TILE_N - 1) / TILE_N;
     const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
     /* at least ~64k multiply-adds per thread, in whole tiles */

@@ -1,7 +1,14 @@
-/* Byte sizes of the dsq_weight_t arrays, in one place so the memory planner,
- * the repackers (engine/model/quant.c) and the kernels agree on the layout
- * documented in kernels.h. */
+/* Byte sizes, validation and row views of the dsq_weight_t layouts, in one
+ * place so the memory planner, the repackers (engine/model/quant.c), the
+ * backends and the kernels agree on the layouts documented in kernels.h;
+ * and each format's reference dequantisation. */
 #include "kernels.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "engine/common/error.h"
 
 size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size)
 {
@@ -16,6 +23,7 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_Q8_0: return un * ((uk + 31) / 32) * 34;
     case DSQ_WFMT_INT4: return un * ((uk + 31) / 32) * 16;
     case DSQ_WFMT_INT8: return un * uk;
+    case DSQ_WFMT_INT8G: return un * ((uk + 31) / 32) * 32;
     }
     return 0;
 }
@@ -29,6 +37,10 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
         if (group_size <= 0)
             return 0;
         return (size_t)n * (size_t)((k + group_size - 1) / group_size) * 2;
+    case DSQ_WFMT_INT8G:
+        if (group_size <= 0)
+            return 0;
+        return (size_t)n * (size_t)((k + group_size - 1) / group_size) * 2;
     case DSQ_WFMT_INT8:
         return (size_t)n * 2;
     default:
@@ -36,10 +48,96 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
     }
 }
 
+
+const int8_t dsq_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+
+int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
+{
+    if (!w || !b || w->n < 1 || w->k < 1)
+        return DSQ_EINVAL;
+    memset(b, 0, sizeof(*b));
+    const size_t n = (size_t)w->n, kp = (size_t)((w->k + 31) / 32 * 32);
+    const int gs = w->group_size;
+    if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
+        if (w->scale_mode != DSQ_SCALE_F16)
+            return DSQ_EINVAL;
+        if (w->format == DSQ_WFMT_Q8_0 && w->k % 32)
+            return DSQ_EINVAL;
+        b->data = dsq_weight_data_bytes(w->format, w->n, w->k, gs);
+        b->scales = dsq_weight_scale_bytes(w->format, w->n, w->k, gs);
+        b->total = b->data + b->scales;
+        return b->data ? DSQ_OK : DSQ_EINVAL;
+    }
+    const bool int4 = w->format == DSQ_WFMT_INT4;
+    const dsq_zp_mode_t zp = w->zp_mode;
+    if (int4 ? (gs != 16 && gs != 32 && gs != 64 && gs != 128) : (gs != 16 && gs != 32))
+        return DSQ_EINVAL;
+    if (zp != DSQ_ZP_SYM && zp != DSQ_ZP_INT && zp != DSQ_ZP_MIN && zp != DSQ_ZP_LUT)
+        return DSQ_EINVAL;
+    if (!int4 && zp != DSQ_ZP_SYM && zp != DSQ_ZP_MIN)
+        return DSQ_EINVAL;
+    const size_t groups = (size_t)((w->k + gs - 1) / gs);
+    const bool has_zero = zp == DSQ_ZP_INT || zp == DSQ_ZP_MIN;
+    b->data = int4 ? n * kp / 2 : n * kp;
+    if (w->scale_mode == DSQ_SCALE_F16) {
+        b->scales = n * groups * 2;
+        b->zeros = has_zero ? b->scales : 0;
+    } else if (w->scale_mode == DSQ_SCALE_SUPER) {
+        if (w->k % 256 || gs > 32)
+            return DSQ_EINVAL;
+        b->scales = n * groups;
+        b->zeros = has_zero ? b->scales : 0;
+        b->super = n * (size_t)(w->k / 256) * 4;
+    } else {
+        return DSQ_EINVAL;
+    }
+    b->total = b->data + b->scales + b->zeros + b->super;
+    return DSQ_OK;
+}
+
+int dsq_weight_check(const dsq_weight_t *w)
+{
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(w, &b) != DSQ_OK || !w->data)
+        return DSQ_EINVAL;
+    if (w->format == DSQ_WFMT_INT8 && !w->scales)
+        return DSQ_EINVAL;
+    if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G)
+        return DSQ_OK;
+    if (w->scale_mode == DSQ_SCALE_SUPER)
+        return w->sub_scales && w->super && (!b.zeros || w->sub_zeros) ? DSQ_OK
+                                                                      : DSQ_EINVAL;
+    return w->scales && (!b.zeros || w->zeros) ? DSQ_OK : DSQ_EINVAL;
+}
+
+int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *out)
+{
+    dsq_weight_bytes_t b;
+    if (!out || dsq_weight_layout(w, &b) != DSQ_OK || r0 < 0 || n < 1 || r0 + n > w->n)
+        return DSQ_EINVAL;
+    const size_t rn = (size_t)w->n, o = (size_t)r0;
+    dsq_weight_t v = *w;
+    v.n = n;
+    v.data = (const uint8_t *)w->data + o * (b.data / rn);
+    if (w->scales)
+        v.scales = (const uint16_t *)((const uint8_t *)w->scales + o * (b.scales / rn));
+    if (w->zeros)
+        v.zeros = (const uint16_t *)((const uint8_t *)w->zeros + o * (b.zeros / rn));
+    if (w->sub_scales)
+        v.sub_scales = w->sub_scales + o * (b.scales / rn);
+    if (w->sub_zeros)
+        v.sub_zeros = w->sub_zeros + o * (b.zeros / rn);
+    if (w->super)
+        v.super = (const uint16_t *)((const uint8_t *)w->super + o * (b.super / rn));
+    if (w->bias)
+        v.bias = w->bias + r0;
+    *out = v;
+    return DSQ_OK;
+}
+
 /* Row dequantisation, the reference formula of each format (kernels.h).
  * Used by dsq_cpu_embed and by tests; not a hot path. */
-#include "cpu_internal.h"
-#include "engine/common/error.h"
 
 int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
 {
@@ -90,28 +188,40 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
             out[j] = (float)r[j] * s;
         break;
     }
-    case DSQ_WFMT_INT4: {
-        const int gs = w->group_size;
-        if ((gs != 32 && gs != 64 && gs != 128) || !w->scales ||
-            (w->zp_mode != DSQ_ZP_SYM && !w->zeros)) {
+    case DSQ_WFMT_INT4:
+    case DSQ_WFMT_INT8G: {
+        if (dsq_weight_check(w) != DSQ_OK) {
             rc = DSQ_EINVAL;
             break;
         }
-        const int64_t nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
-        const uint8_t *r = (const uint8_t *)w->data + row * nb * 16;
-        for (int64_t j = 0; j < k; j++) {
-            const uint8_t b = r[(j / 32) * 16 + (j % 16)];
-            int q = (j % 32) < 16 ? (b & 15) : (b >> 4);
-            int64_t g = j / gs;
-            float s = dsq__h2f(w->scales[row * groups + g]);
-            switch (w->zp_mode) {
-            case DSQ_ZP_SYM: out[j] = (float)(q - 8) * s; break;
-            case DSQ_ZP_INT:
-                out[j] = ((float)q - dsq__h2f(w->zeros[row * groups + g])) * s;
-                break;
-            default:
-                out[j] = (float)q * s + dsq__h2f(w->zeros[row * groups + g]);
-                break;
+        const int64_t gs = w->group_size, nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
+        const bool int4 = w->format == DSQ_WFMT_INT4;
+        const uint8_t *r4 = (const uint8_t *)w->data + row * nb * 16;
+        const int8_t *r8 = (const int8_t *)w->data + row * nb * 32;
+        for (int64_t g = 0; g < groups; g++) {
+            float s, c;
+            dsq__group_sc(w, row, g, groups, &s, &c);
+            const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
+            for (int64_t j = g * gs; j < j1; j++) {
+                int q;
+                if (int4) {
+                    const uint8_t b = r4[(j / 32) * 16 + (j % 16)];
+                    q = (j % 32) < 16 ? (b & 15) : (b >> 4);
+                } else {
+                    q = r8[j];
+                }
+                /* the formula of the source format, operation by operation
+                 * (ggml's dequantize_row_*): see kernels.h */
+                switch (w->zp_mode) {
+                case DSQ_ZP_SYM: out[j] = int4 ? (float)(q - 8) * s : (float)q * s; break;
+                case DSQ_ZP_INT:
+                    out[j] = w->scale_mode == DSQ_SCALE_SUPER
+                                 ? (float)(q - w->sub_zeros[row * groups + g]) * s
+                                 : ((float)q - dsq__h2f(w->zeros[row * groups + g])) * s;
+                    break;
+                case DSQ_ZP_LUT: out[j] = (float)dsq_iq4nl_values[q] * s; break;
+                default: out[j] = (float)q * s + c; break;
+                }
             }
         }
         break;

@@ -48,27 +48,53 @@ static __device__ __forceinline__ float dsq__bf2f(uint16_t b)
     return __uint_as_float((uint32_t)b << 16);
 }
 
-// Host-side validation of a weight, the checks dsq_cpu_matmul makes.
+// Host-side validation of a weight, the checks dsq_cpu_matmul makes
+// (kernels.h dsq_weight_check: every layout, pointers included).
 static inline bool dsq__cuda_weight_ok(const dsq_weight_t *w)
 {
-    if (!w || !w->data || w->n < 1 || w->k < 1)
-        return false;
-    switch (w->format) {
-    case DSQ_WFMT_F32:
-    case DSQ_WFMT_F16:
-    case DSQ_WFMT_BF16:
-        return true;
-    case DSQ_WFMT_Q8_0:
-        return w->k % 32 == 0;
-    case DSQ_WFMT_INT8:
-        return w->scales != NULL;
-    case DSQ_WFMT_INT4:
-        return (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
-               w->scales && (w->zp_mode == DSQ_ZP_SYM || w->zeros) &&
-               (w->zp_mode == DSQ_ZP_SYM || w->zp_mode == DSQ_ZP_INT ||
-                w->zp_mode == DSQ_ZP_MIN);
+    return dsq_weight_check(w) == DSQ_OK;
+}
+
+// True for the INT4 layouts gemv_int4_kernel reads (F16 scales, group >= 32,
+// SYM/INT/MIN); every other INT4 layout and INT8G take the generic kernels
+// through dsq__weight_at.
+static inline bool dsq__cuda_int4_classic(const dsq_weight_t *w)
+{
+    return w->format == DSQ_WFMT_INT4 && w->scale_mode == DSQ_SCALE_F16 &&
+           w->group_size >= 32 && w->zp_mode != DSQ_ZP_LUT;
+}
+
+// kernels.h dsq_iq4nl_values (IQ4_NL / IQ4_XS codebook), one copy per file.
+static __constant__ int8_t dsq__iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+// Weight value of stored integer q (INT4 nibble or INT8G byte) in group g
+// (of groups per row) of row r, by the formula of dsq_weight_dequant_row
+// (kernels.h: same operations in the same order, so the CPU and CUDA read
+// identical fp32 weights).
+static __device__ float dsq__group_value(const dsq_weight_t &w, int64_t r, int64_t g,
+                                         int64_t groups, int q)
+{
+    const int64_t i = r * groups + g;
+    const bool int4 = w.format == DSQ_WFMT_INT4;
+    float s;
+    if (w.scale_mode == DSQ_SCALE_SUPER) {
+        const uint16_t *sb = w.super + 2 * (r * (w.k / 256) + g * w.group_size / 256);
+        s = dsq__h2f(sb[0]) * (float)w.sub_scales[i];
+        switch (w.zp_mode) {
+        case DSQ_ZP_SYM: return int4 ? (float)(q - 8) * s : (float)q * s;
+        case DSQ_ZP_INT: return (float)(q - w.sub_zeros[i]) * s;
+        case DSQ_ZP_LUT: return (float)dsq__iq4nl[q] * s;
+        default: return (float)q * s + dsq__h2f(sb[1]) * (float)w.sub_zeros[i];
+        }
     }
-    return false;
+    s = dsq__h2f(w.scales[i]);
+    switch (w.zp_mode) {
+    case DSQ_ZP_SYM: return int4 ? (float)(q - 8) * s : (float)q * s;
+    case DSQ_ZP_INT: return ((float)q - dsq__h2f(w.zeros[i])) * s;
+    case DSQ_ZP_LUT: return (float)dsq__iq4nl[q] * s;
+    default: return (float)q * s + dsq__h2f(w.zeros[i]);
+    }
 }
 
 // INT4 weight value of nibble q in a group with scale s and zero z
@@ -104,9 +130,12 @@ static __device__ float dsq__weight_at(const dsq_weight_t &w, int64_t r, int64_t
         const int64_t nb = (k + 31) / 32, gs = w.group_size, groups = (k + gs - 1) / gs;
         const uint8_t b = ((const uint8_t *)w.data)[r * nb * 16 + (j / 32) * 16 + (j % 16)];
         const int q = (j % 32) < 16 ? (b & 15) : (b >> 4);
-        const int64_t g = r * groups + j / gs;
-        const float z = w.zp_mode == DSQ_ZP_SYM ? 0.0f : dsq__h2f(w.zeros[g]);
-        return dsq__int4_value(q, dsq__h2f(w.scales[g]), z, w.zp_mode);
+        return dsq__group_value(w, r, j / gs, groups, q);
+    }
+    case DSQ_WFMT_INT8G: {
+        const int64_t kp = (k + 31) / 32 * 32, gs = w.group_size, groups = (k + gs - 1) / gs;
+        const int q = ((const int8_t *)w.data)[r * kp + j];
+        return dsq__group_value(w, r, j / gs, groups, q);
     }
     }
     return 0.0f;

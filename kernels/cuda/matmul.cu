@@ -226,7 +226,7 @@ static void launch_gemv(TA *y, const TA *x, int m, const dsq_weight_t *w)
 {
     const unsigned grid = (unsigned)((w->n + 3) / 4);
     cudaStream_t st = dsq__cuda_stream();
-    if (w->format == DSQ_WFMT_INT4) {
+    if (dsq__cuda_int4_classic(w)) {
         const int align = sizeof(TA) == 4 ? 4 : 8;
         const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
         gemv_int4_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);

@@ -3,7 +3,9 @@
  * before each launch.
  *
  * Products: every weight format (F32, F16, BF16, Q8_0, INT8 per channel,
- * INT4 with each zero-point mode SYM/INT/MIN and group 32/64/128), k with a
+ * INT4 with each zero-point mode SYM/INT/MIN and group 32/64/128, and the
+ * layouts every GGUF type repacks into: INT4 group 16 / SUPER scales / the
+ * IQ4 codebook, INT8G), k with a
  * partial last group and a partial last 32-chunk (whose padding nibbles
  * hold garbage the kernels must ignore), m = 1, 5, 16 (the decode kernel)
  * and 37 (the prefill kernel), n not a multiple of the tiles, with and
@@ -17,6 +19,9 @@
 
 #include "engine/common/error.h"
 #include "kernels/kernels.h"
+#include "engine/backend/backend.h"
+#include "engine/io/tensor.h"
+#include "engine/model/quant.h"
 
 /* fp16 bits of a random value: sign, exponent in [e_lo, e_hi], mantissa */
 static uint16_t rand_h(int e_lo, int e_hi, bool sign)
@@ -83,6 +88,8 @@ static void make_weight(hw_t *h, dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int6
         scales = malloc(sizeof(*scales) * n);
         for (int64_t i = 0; i < n; i++)
             scales[i] = rand_h(8, 11, false);
+        break;
+    case DSQ_WFMT_INT8G:   /* built from GGUF blocks: tests/unit/test_gguf_quant.c */
         break;
     case DSQ_WFMT_INT4: {
         w->group_size = gs;
@@ -153,11 +160,12 @@ static void tolerances(const dsq_weight_t *w, const float *x, int64_t m, const f
 
 static const char *fmt_name(const dsq_weight_t *w)
 {
-    static const char *f[] = {"f32", "f16", "bf16", "q8_0", "int4", "int8"};
-    static const char *z[] = {"sym", "int", "min"};
+    static const char *f[] = {"f32", "f16", "bf16", "q8_0", "int4", "int8", "int8g"};
+    static const char *z[] = {"sym", "int", "min", "lut"};
     static char buf[32];
-    if (w->format == DSQ_WFMT_INT4)
-        snprintf(buf, sizeof(buf), "int4 %s g%d", z[w->zp_mode], w->group_size);
+    if (w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G)
+        snprintf(buf, sizeof(buf), "%s %s g%d%s", f[w->format], z[w->zp_mode], w->group_size,
+                 w->scale_mode == DSQ_SCALE_SUPER ? " super" : "");
     else
         snprintf(buf, sizeof(buf), "%s", f[w->format]);
     return buf;
@@ -277,6 +285,59 @@ static void test_matmul_other(void **state)
                 matmul_case(&h, ms[mm]);
             free_weight(&h);
         }
+}
+
+/* Every GGUF type that repacks into a new layout (engine/model/quant.h):
+ * random blocks (every quant bit random, fp16 scale fields random finite),
+ * repacked by dsq_quant_from_gguf and copied to the device by
+ * dsq_backend_weight_upload, then each product checked against the CPU as
+ * above (the layouts take the generic decode/prefill kernels). */
+static void test_matmul_gguf_layouts(void **state)
+{
+    (void)state;
+    static const struct { dsq_type_t t; int f16[2]; } types[] = {
+        {DSQ_TYPE_Q5_0, {0, -1}},   {DSQ_TYPE_Q5_1, {0, 2}},   {DSQ_TYPE_Q2_K, {80, 82}},
+        {DSQ_TYPE_Q3_K, {108, -1}}, {DSQ_TYPE_Q4_K, {0, 2}},   {DSQ_TYPE_Q5_K, {0, 2}},
+        {DSQ_TYPE_Q6_K, {208, -1}}, {DSQ_TYPE_IQ4_NL, {0, -1}}, {DSQ_TYPE_IQ4_XS, {0, -1}},
+    };
+    const int64_t n = 37, k = 512, ms[3] = {1, 5, 37};
+    char err[256] = "";
+    dsq_backend_t *be = dsq_backend_create(DSQ_BACKEND_CUDA, err, sizeof(err));
+    if (!be)
+        fail_msg("cuda backend: %s", err);
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const int be_ = dsq_type_block_elems(types[i].t);
+        const size_t bb = dsq_type_block_bytes(types[i].t), nblk = (size_t)(n * k / be_);
+        uint8_t *raw = malloc(nblk * bb);
+        for (size_t j = 0; j < nblk * bb; j++)
+            raw[j] = (uint8_t)(int)(urand() * 256);
+        for (size_t b = 0; b < nblk; b++)
+            for (int f = 0; f < 2; f++)
+                if (types[i].f16[f] >= 0) {
+                    uint16_t h = rand_h(8, 11, true);
+                    memcpy(raw + b * bb + types[i].f16[f], &h, 2);
+                }
+        dsq_tensor_t t = {.name = dsq_type_name(types[i].t), .type = types[i].t, .n_dims = 2,
+                          .ne = {k, n, 1, 1}, .data = raw, .n_bytes = nblk * bb};
+        hw_t h;
+        memset(&h, 0, sizeof(h));
+        void *storage = NULL;
+        assert_int_equal(dsq_quant_from_gguf(&t, &h.w, &storage, err, sizeof(err)), DSQ_OK);
+        h.w.act = DSQ_ACT_F32;
+        size_t bytes = 0;
+        assert_int_equal(dsq_backend_weight_upload(be, &h.w, &h.dw, &bytes), DSQ_OK);
+        dsq_weight_bytes_t lb;
+        assert_int_equal(dsq_weight_layout(&h.w, &lb), DSQ_OK);
+        assert_int_equal(bytes, lb.total);
+        assert_int_equal(dsq_backend_sync(be), DSQ_OK);
+        printf("# %s -> %s\n", dsq_type_name(types[i].t), fmt_name(&h.w));
+        for (int mm = 0; mm < 3; mm++)
+            matmul_case(&h, ms[mm]);
+        dsq_backend_weight_free(be, &h.dw);
+        free(storage);
+        free(raw);
+    }
+    dsq_backend_destroy(be);
 }
 
 static void test_matmul_f16act(void **state)
@@ -401,6 +462,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_int4),
         cmocka_unit_test(test_matmul_other),
+        cmocka_unit_test(test_matmul_gguf_layouts),
         cmocka_unit_test(test_matmul_f16act),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gather),

@@ -111,6 +111,8 @@ static inline built_t build_weights(uint64_t *rng, dsq_wformat_t f, dsq_zp_mode_
         b.data = d;
         break;
     }
+    case DSQ_WFMT_INT8G:   /* built from GGUF blocks: tests/unit/test_gguf_quant.c */
+        break;
     case DSQ_WFMT_INT4: {
         b.w.group_size = gs;
         b.w.zp_mode = zp;

@@ -445,11 +445,12 @@ static void test_errors(void **state)
     dsq_weight_t w;
     void *st;
     char err[256] = "";
-    uint8_t b[64] = {0};
-    dsq_tensor_t t = {.name = "x", .type = DSQ_TYPE_Q5_0, .n_dims = 2, .ne = {32, 1, 1, 1},
-                      .data = b, .n_bytes = sizeof(b)};
+    uint8_t b[128] = {0};
+    dsq_tensor_t t = {.name = "blk.0.x", .type = DSQ_TYPE_IQ2_XXS, .n_dims = 2,
+                      .ne = {256, 1, 1, 1}, .data = b, .n_bytes = sizeof(b)};
     assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_EUNSUPPORTED);
-    assert_true(strlen(err) > 0);
+    assert_non_null(strstr(err, "blk.0.x"));
+    assert_non_null(strstr(err, "IQ2_XXS"));
     t.type = DSQ_TYPE_Q4_0;
     t.ne[0] = 48;
     assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_EINVAL);

@@ -1,0 +1,314 @@
+/* tests for the exact repacking of every GGUF block type dsq reads
+ * (engine/model/quant.c dsq_quant_from_gguf) and the kernels on the layouts
+ * they land in (kernels.h: INT4 with group 16 / SUPER scales / the IQ4
+ * codebook, INT8G).
+ *
+ * Reference: tests/golden/gguf_quant_blocks.txt, random blocks of each type
+ * dequantised by gguf-py (tests/ref/make_gguf_quant_blocks.py), no code
+ * shared with dsq. Checks, per type:
+ *   - dsq_weight_dequant_row equals gguf-py's float32 bit for bit;
+ *   - dsq_quant_gguf_bytes (the planner's count) equals the layout's bytes;
+ *   - dsq_cpu_matmul at every ISA level the CPU has (DSQ_CPU_ISA levels via
+ *     dsq_cpu_force_isa) and both activation dtypes against y = W·x in FP64
+ *     with W the golden weights. Bounds: fp32 summation 2*(k+nb)*u*sum|w||x|
+ *     (Higham ch. 4) for both; the int8-activation path adds the rounding of
+ *     x to int8 per 32-block, sum_b amax_b/254 * sum_{j in b} |w_j|;
+ *   - row views (dsq_weight_rows) multiply like the rows of the whole;
+ * and the errors: a type dsq does not read names the tensor and the type;
+ * short data is refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/common/error.h"
+#include "engine/io/tensor.h"
+#include "engine/model/quant.h"
+#include "kernels.h"
+
+typedef struct golden {
+    char name[16];
+    int64_t n, k;
+    uint8_t *bytes;
+    size_t n_bytes;
+    float *values;
+} golden_t;
+
+#define MAX_TYPES 16
+static golden_t gold[MAX_TYPES];
+static int n_gold;
+
+static dsq_type_t type_of(const char *name)
+{
+    for (int t = 0; t < DSQ_TYPE_COUNT_; t++)
+        if (strcmp(dsq_type_name((dsq_type_t)t), name) == 0)
+            return (dsq_type_t)t;
+    return DSQ_TYPE_COUNT_;
+}
+
+static int load_golden(void **state)
+{
+    (void)state;
+    const char *root = getenv("DSQ_SOURCE_ROOT");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/golden/gguf_quant_blocks.txt", root ? root : ".");
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return -1;
+    }
+    size_t cap = 1 << 20;
+    char *line = malloc(cap);
+    while (fgets(line, (int)cap, f)) {
+        if (line[0] == '#')
+            continue;
+        if (strncmp(line, "type ", 5) == 0) {
+            golden_t *g = &gold[n_gold++];
+            long long n, k;
+            if (sscanf(line, "type %15s n %lld k %lld", g->name, &n, &k) != 3)
+                return -1;
+            g->n = n;
+            g->k = k;
+        } else if (strncmp(line, "bytes ", 6) == 0) {
+            golden_t *g = &gold[n_gold - 1];
+            size_t len = strcspn(line + 6, "\n");
+            g->n_bytes = len / 2;
+            g->bytes = aligned_alloc(64, (g->n_bytes + 63) / 64 * 64);
+            for (size_t i = 0; i < g->n_bytes; i++) {
+                unsigned v;
+                sscanf(line + 6 + 2 * i, "%2x", &v);
+                g->bytes[i] = (uint8_t)v;
+            }
+        } else if (strncmp(line, "values ", 7) == 0) {
+            golden_t *g = &gold[n_gold - 1];
+            g->values = malloc((size_t)(g->n * g->k) * sizeof(float));
+            const char *p = line + 7;
+            for (int64_t i = 0; i < g->n * g->k; i++) {
+                char *e;
+                uint32_t u = (uint32_t)strtoul(p, &e, 16);
+                memcpy(&g->values[i], &u, 4);
+                p = e;
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    return n_gold == 12 ? 0 : -1;
+}
+
+static int free_golden(void **state)
+{
+    (void)state;
+    for (int i = 0; i < n_gold; i++) {
+        free(gold[i].bytes);
+        free(gold[i].values);
+    }
+    return 0;
+}
+
+static dsq_tensor_t view_of(const golden_t *g)
+{
+    dsq_tensor_t t = {.name = g->name, .type = type_of(g->name), .n_dims = 2,
+                      .ne = {g->k, g->n, 1, 1}, .data = g->bytes, .n_bytes = g->n_bytes};
+    return t;
+}
+
+static void test_dequant_exact(void **state)
+{
+    (void)state;
+    for (int i = 0; i < n_gold; i++) {
+        const golden_t *g = &gold[i];
+        dsq_tensor_t t = view_of(g);
+        assert_true(t.type != DSQ_TYPE_COUNT_);
+        assert_true(dsq_quant_gguf_readable(t.type));
+        dsq_weight_t w;
+        void *st = NULL;
+        char err[256] = "";
+        assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
+        dsq_weight_bytes_t b;
+        assert_int_equal(dsq_weight_layout(&w, &b), DSQ_OK);
+        size_t planned = 0;
+        assert_int_equal(dsq_quant_gguf_bytes(t.type, g->n, g->k, &planned), DSQ_OK);
+        assert_int_equal(planned, b.total);
+        float *row = malloc((size_t)g->k * sizeof(float));
+        int64_t bad = 0;
+        for (int64_t r = 0; r < g->n; r++) {
+            assert_int_equal(dsq_weight_dequant_row(&w, r, row), DSQ_OK);
+            for (int64_t j = 0; j < g->k; j++) {
+                uint32_t a, e;
+                memcpy(&a, &row[j], 4);
+                memcpy(&e, &g->values[r * g->k + j], 4);
+                if (a != e && bad++ < 4)
+                    fprintf(stderr, "%s row %lld col %lld: dsq %.9g, gguf-py %.9g\n", g->name,
+                            (long long)r, (long long)j, row[j], g->values[r * g->k + j]);
+            }
+        }
+        if (bad)
+            fprintf(stderr, "%s: %lld weights differ\n", g->name, (long long)bad);
+        assert_int_equal(bad, 0);
+        free(row);
+        free(st);
+    }
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float rndf(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+}
+
+/* max over outputs of |y - ref| / bound (must be <= 1) for one weight */
+static double check_matmul(const dsq_weight_t *w, const float *wv, int64_t m,
+                           dsq_act_dtype_t act)
+{
+    const int64_t n = w->n, k = w->k, nb = (k + 31) / 32;
+    float *x = malloc((size_t)(m * k) * 4), *y = malloc((size_t)(m * n) * 4);
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = rndf() * (i % 13 == 0 ? 3.0f : 1.0f);
+    dsq_weight_t wa = *w;
+    wa.act = act;
+    assert_int_equal(dsq_cpu_matmul(y, x, m, &wa), DSQ_OK);
+    const double u = ldexp(1.0, -24);
+    double worst = 0.0;
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        for (int64_t c = 0; c < n; c++) {
+            const float *wr = wv + c * k;
+            double ref = 0.0, mag = 0.0, qerr = 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                double amax = 0.0, wsum = 0.0;
+                for (int64_t j = b * 32; j < (b + 1) * 32 && j < k; j++) {
+                    ref += (double)wr[j] * xr[j];
+                    mag += fabs((double)wr[j] * xr[j]);
+                    amax = fmax(amax, fabs(xr[j]));
+                    wsum += fabs(wr[j]);
+                }
+                qerr += amax / 254.0 * wsum;
+            }
+            /* the scale/zero-point split (s*dot + c*sum) sums terms up to
+             * twice |w||x|: count it in the magnitude */
+            double bound = 2.0 * (double)(k + nb) * u * 3.0 * mag + 1e-30;
+            if (act == DSQ_ACT_INT8)
+                bound += qerr * (1.0 + 1e-6) + 2.0 * (double)(k + nb) * u * 3.0 * qerr;
+            double e = fabs((double)y[r * n + c] - ref) / bound;
+            worst = fmax(worst, e);
+        }
+    }
+    free(x);
+    free(y);
+    return worst;
+}
+
+static const char *isas[] = {"scalar", "avx2", "avx512", "neon", "neon_dotprod"};
+
+static void test_matmul_every_isa(void **state)
+{
+    (void)state;
+    const char *best = dsq_cpu_isa();
+    const int64_t ms[] = {1, 3, 8, 17, 70};
+    int levels = 0;
+    for (size_t li = 0; li < sizeof(isas) / sizeof(isas[0]); li++) {
+        if (dsq_cpu_force_isa(isas[li]) != DSQ_OK)
+            continue;
+        levels++;
+        for (int i = 0; i < n_gold; i++) {
+            const golden_t *g = &gold[i];
+            dsq_tensor_t t = view_of(g);
+            dsq_weight_t w;
+            void *st = NULL;
+            char err[256];
+            assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
+            for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++)
+                for (int a = 0; a < 2; a++) {
+                    double e = check_matmul(&w, g->values, ms[mi], a ? DSQ_ACT_F32
+                                                                     : DSQ_ACT_INT8);
+                    if (e > 1.0)
+                        fprintf(stderr, "%s isa %s m %lld act %s: error %.3g x bound\n",
+                                g->name, isas[li], (long long)ms[mi], a ? "fp32" : "int8",
+                                e);
+                    assert_true(e <= 1.0);
+                }
+            free(st);
+        }
+    }
+    assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
+    assert_true(levels >= 1);
+    fprintf(stderr, "gguf_quant: matmul checked on %d ISA levels\n", levels);
+}
+
+static void test_row_views(void **state)
+{
+    (void)state;
+    for (int i = 0; i < n_gold; i++) {
+        const golden_t *g = &gold[i];
+        dsq_tensor_t t = view_of(g);
+        dsq_weight_t w, v;
+        void *st = NULL;
+        char err[256];
+        assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
+        assert_int_equal(dsq_weight_rows(&w, 1, 1, &v), DSQ_OK);
+        assert_int_equal(v.n, 1);
+        float *row = malloc((size_t)g->k * sizeof(float));
+        assert_int_equal(dsq_weight_dequant_row(&v, 0, row), DSQ_OK);
+        assert_memory_equal(row, g->values + g->k, (size_t)g->k * sizeof(float));
+        assert_int_equal(dsq_weight_rows(&w, 1, 2, &v), DSQ_EINVAL);
+        assert_int_equal(dsq_weight_rows(&w, -1, 1, &v), DSQ_EINVAL);
+        free(row);
+        free(st);
+    }
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    static uint8_t buf[4096];
+    const dsq_type_t refused[] = {DSQ_TYPE_IQ2_XXS, DSQ_TYPE_IQ2_XS, DSQ_TYPE_IQ3_XXS,
+                                  DSQ_TYPE_IQ1_S, DSQ_TYPE_IQ3_S, DSQ_TYPE_IQ2_S,
+                                  DSQ_TYPE_IQ1_M, DSQ_TYPE_TQ1_0, DSQ_TYPE_TQ2_0,
+                                  DSQ_TYPE_Q8_1, DSQ_TYPE_Q8_K};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        dsq_tensor_t t = {.name = "blk.3.ffn_down.weight", .type = refused[i], .n_dims = 2,
+                          .ne = {256, 1, 1, 1}, .data = buf, .n_bytes = sizeof(buf)};
+        dsq_weight_t w;
+        void *st = (void *)1;
+        char err[256] = "";
+        assert_false(dsq_quant_gguf_readable(refused[i]));
+        assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)),
+                         DSQ_EUNSUPPORTED);
+        assert_null(st);
+        assert_non_null(strstr(err, "blk.3.ffn_down.weight"));
+        assert_non_null(strstr(err, dsq_type_name(refused[i])));
+        size_t bytes = 1;
+        assert_int_equal(dsq_quant_gguf_bytes(refused[i], 1, 256, &bytes), DSQ_EUNSUPPORTED);
+    }
+    for (int i = 0; i < n_gold; i++) {
+        dsq_tensor_t t = view_of(&gold[i]);
+        t.n_bytes -= 1;                        /* one byte short */
+        dsq_weight_t w;
+        void *st = NULL;
+        char err[256];
+        assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_EINVAL);
+        assert_null(st);
+        t = view_of(&gold[i]);
+        t.ne[0] = 16;                          /* not whole blocks */
+        t.ne[1] = 1;
+        assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_EINVAL);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dequant_exact),
+        cmocka_unit_test(test_matmul_every_isa),
+        cmocka_unit_test(test_row_views),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, load_golden, free_golden);
+}
