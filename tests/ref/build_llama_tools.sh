@@ -15,6 +15,12 @@
 #   LLAMA_CPP_SDIST   a local llama_cpp_python-0.3.16.tar.gz to use instead
 #                     of `pip download` (the only network access)
 #   JOBS              parallel compile jobs (default 2)
+#   LLAMA_PORTABLE=1  a portable build instead (-DGGML_NATIVE=OFF, baseline
+#                     x86-64 / AArch64, -ffp-contract=off, default folder
+#                     build-llama-portable): what tests/ref/make_smollm2_quants.sh
+#                     quantizes with, so its files are byte-identical on
+#                     every machine (no FMA contraction, no CPU-dependent
+#                     code paths in the reference quantizers)
 # The build is native (-DGGML_NATIVE=ON, i.e. -march=native, as a user who
 # builds llama.cpp for their own box gets) with llama.cpp's defaults
 # otherwise (OpenMP thread pool, Release), static, without libcurl.
@@ -23,7 +29,13 @@
 set -eu
 VERSION=0.3.16
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-bench}
+if [ "${LLAMA_PORTABLE:-}" = 1 ]; then
+    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-portable}
+    FLAGS="-DGGML_NATIVE=OFF -DCMAKE_C_FLAGS=-ffp-contract=off -DCMAKE_CXX_FLAGS=-ffp-contract=off"
+else
+    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-bench}
+    FLAGS="-DGGML_NATIVE=ON"
+fi
 if [ $# -eq 0 ]; then
     echo "usage: $0 TARGET... (e.g. llama-server llama-bench)" >&2
     exit 2
@@ -46,7 +58,7 @@ build() {
     if [ ! -f "$DIR/llama.cpp-build/CMakeCache.txt" ]; then
         cmake -S "$DIR/llama_cpp_python-$VERSION/vendor/llama.cpp" \
               -B "$DIR/llama.cpp-build" \
-              -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=ON \
+              -DCMAKE_BUILD_TYPE=Release $FLAGS -DLLAMA_BUILD_TOOLS=ON \
               -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
               -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
               -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log" 2>&1

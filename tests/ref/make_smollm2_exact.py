@@ -29,12 +29,10 @@ PROMPT_IDS = [504, 2365, 6354, 16438, 27003, 690, 260, 23790]  # as in smollm2_l
 STRIDE, COUNT = 48, 1024
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", default="tests/golden/smollm2_logits_exact.txt")
-    a = ap.parse_args()
-    r = gguf.GGUFReader(a.model)
+def exact_logits(model, ids):
+    """float64 logits [len(ids), n_vocab] of the llama GGUF `model` for ids
+    (one causal batch from position 0), weights dequantized by gguf-py."""
+    r = gguf.GGUFReader(model)
     T = {t.name: t for t in r.tensors}
 
     def W(name):
@@ -51,9 +49,9 @@ def main():
     eps = float(kv("llama.attention.layer_norm_rms_epsilon"))
     theta = float(kv("llama.rope.freq_base"))
     hd = d // nh
-    ids = PROMPT_IDS
     n = len(ids)
     emb = W("token_embd.weight")
+    out_w = W("output.weight") if "output.weight" in T else emb
     x = emb[ids]
     inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
     ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
@@ -88,7 +86,17 @@ def main():
         gt = h @ W(p + "ffn_gate.weight").T
         up = h @ W(p + "ffn_up.weight").T
         x = x + (gt / (1 + np.exp(-gt)) * up) @ W(p + "ffn_down.weight").T
-    lg = rms(x, W("output_norm.weight")) @ emb.T
+    return rms(x, W("output_norm.weight")) @ out_w.T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", default="tests/golden/smollm2_logits_exact.txt")
+    a = ap.parse_args()
+    ids = PROMPT_IDS
+    n = len(ids)
+    lg = exact_logits(a.model, ids)
 
     sha = hashlib.sha256(open(a.model, "rb").read()).hexdigest()
     with open(a.out, "w") as f:
