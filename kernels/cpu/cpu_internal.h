@@ -176,15 +176,20 @@ typedef void (*dsq__mm_tile_fn)(float *y, int64_t ldy, const dsq__xq_t *xq,
                                 int64_t m0, int64_t m1, const dsq_weight_t *w,
                                 int64_t n0, int64_t n1);
 
-/* Tile kernels by format: index DSQ_WFMT_*; NULL = use scalar. */
-void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
-void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
-void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
+/* Tile kernels by format: index DSQ_WFMT_*, plus slot DSQ__MM_INT4_GEN for
+ * the INT4 layouts that are not dsq__int4_classic; NULL = use scalar. */
+#define DSQ__MM_INT4_GEN DSQ_WFMT_COUNT
+#define DSQ__MM_SLOTS (DSQ_WFMT_COUNT + 1)
+void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
+void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
+/* The scalar tile of w's format (the SIMD tiles' fallback). */
+dsq__mm_tile_fn dsq__mm_scalar_tile(const dsq_weight_t *w);
+void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
 /* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
  * variant then replaces the integer ones with SDOT versions. No-ops
  * elsewhere. */
-void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
-void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]);
+void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
+void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
 
 /* The fp32-activation path of dsq_cpu_matmul (matmul_f32act.c) for
  * w->act == DSQ_ACT_F32 and an INT4/Q8_0/INT8 weight that dsq_cpu_matmul

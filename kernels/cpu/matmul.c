@@ -182,7 +182,7 @@ FLOAT_TILE(tile_f32, float, CONV_F32)
 FLOAT_TILE(tile_f16, uint16_t, dsq__h2f)
 FLOAT_TILE(tile_bf16, uint16_t, dsq__bf2f)
 
-void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
+void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
 {
     tab[DSQ_WFMT_F32] = tile_f32;
     tab[DSQ_WFMT_F16] = tile_f16;
@@ -191,6 +191,14 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
     tab[DSQ_WFMT_INT4] = tile_int4;
     tab[DSQ_WFMT_INT8] = tile_int8;
     tab[DSQ_WFMT_INT8G] = tile_int8g;
+    tab[DSQ__MM_INT4_GEN] = tile_int4;
+}
+
+dsq__mm_tile_fn dsq__mm_scalar_tile(const dsq_weight_t *w)
+{
+    dsq__mm_tile_fn tab[DSQ__MM_SLOTS];
+    dsq__mm_scalar(tab);
+    return tab[w->format];
 }
 
 /* ------------------------------------------------- activation quantisation */
@@ -398,7 +406,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__parallel_for(m, 8, quant_range, &xq);
     }
 
-    dsq__mm_tile_fn tab[DSQ_WFMT_COUNT], fast[DSQ_WFMT_COUNT] = {0};
+    dsq__mm_tile_fn tab[DSQ__MM_SLOTS], fast[DSQ__MM_SLOTS] = {0};
     dsq__mm_scalar(tab);
     dsq__isa_t isa = dsq__cpu_isa_level();
     if (isa >= DSQ__ISA_AVX2)
@@ -411,8 +419,9 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__mm_neon_dot(fast);
 
     struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .m = m};
-    const bool simd_ok = w->format != DSQ_WFMT_INT4 || dsq__int4_classic(w);
-    c.fn = fast[w->format] && simd_ok ? fast[w->format] : tab[w->format];
+    const int slot = w->format == DSQ_WFMT_INT4 && !dsq__int4_classic(w) ? DSQ__MM_INT4_GEN
+                                                                          : (int)w->format;
+    c.fn = fast[slot] ? fast[slot] : tab[w->format];
     c.tn = (w->n + TILE_N - 1) / TILE_N;
     const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
     /* at least ~128k multiply-adds per thread, in whole tiles */

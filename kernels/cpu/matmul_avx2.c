@@ -19,5 +19,5 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8_avx2(__m256i a, __
 #include "matmul_x86.inc"
 
 #else
-void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]) { (void)tab; }
+void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
 #endif

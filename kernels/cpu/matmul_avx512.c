@@ -201,7 +201,7 @@ static void tile_q8_0_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
         q8_0_block1(y, xq, m0, w, n, 1, ldy);
 }
 
-void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
+void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
 {
     mm_avx512_base(tab);
     tab[DSQ_WFMT_INT4] = tile_int4_512;
@@ -209,5 +209,5 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
 }
 
 #else
-void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]) { (void)tab; }
+void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
 #endif

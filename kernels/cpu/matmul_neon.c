@@ -172,7 +172,7 @@ INLINE int32x4_t dot2_dp(int8x16_t a0, int8x16_t b0, int8x16_t a1, int8x16_t b1)
 
 #pragma GCC pop_options
 
-void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
+void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
 {
     tab[DSQ_WFMT_F32] = tile_f32;
     tab[DSQ_WFMT_F16] = tile_f16;
@@ -180,16 +180,20 @@ void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
     tab[DSQ_WFMT_Q8_0] = tile_q8_0_neon;
     tab[DSQ_WFMT_INT4] = tile_int4_neon;
     tab[DSQ_WFMT_INT8] = tile_int8_neon;
+    tab[DSQ_WFMT_INT8G] = tile_gen_neon;
+    tab[DSQ__MM_INT4_GEN] = tile_gen_neon;
 }
 
-void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT])
+void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
 {
     tab[DSQ_WFMT_Q8_0] = tile_q8_0_dp;
     tab[DSQ_WFMT_INT4] = tile_int4_dp;
     tab[DSQ_WFMT_INT8] = tile_int8_dp;
+    tab[DSQ_WFMT_INT8G] = tile_gen_dp;
+    tab[DSQ__MM_INT4_GEN] = tile_gen_dp;
 }
 
 #else
-void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]) { (void)tab; }
-void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ_WFMT_COUNT]) { (void)tab; }
+void dsq__mm_neon(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
+void dsq__mm_neon_dot(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
 #endif
