@@ -96,6 +96,7 @@ def one(path, out):
         lines.append("prompt_ids: " + " ".join(map(str, pids)))
         lines.append("output_ids: " + " ".join(map(str, outs)))
         lines.append("second_ids: " + " ".join(str(y[0]) for _, y in tops))
+        lines.append("gaps: " + " ".join(f9(x[1] - y[1]) for x, y in tops))
         lines.append("first_close_step: %d" % (close[0] if close else N_NEW))
         lines.append("end")
     with open(out, "w", encoding="ascii", newline="\n") as f:
