@@ -6,10 +6,10 @@
 //
 // Decode (m <= 16): one warp per output feature, all m activation rows at
 // once (MT accumulators in registers), so each weight byte is read once.
-// INT4: each lane takes whole 32-weight chunks, one 16-byte load (the
-// native layout's chunk) dequantised into 32 registers with the group's
-// scale and zero point, then FMA'd with each row's 32 activations (16-byte
-// loads when k allows). Other formats: lanes stride over k one element at a
+// INT4 (every layout) and INT8G: each lane takes whole 32-weight chunks,
+// one 16-byte load (the native layout's chunk; INT8G two) dequantised into
+// 32 registers with the group's scale and zero point, then FMA'd with each
+// row's 32 activations (16-byte loads when k allows). Other formats: lanes stride over k one element at a
 // time (coalesced), F32/F16 read directly, the rest dequantised each.
 //
 // Prefill (m > 16): 64x64 output tiles, k in steps of 32, x and the
@@ -104,6 +104,66 @@ gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
             const uint32_t byte = (word[b / 4] >> (8 * (b % 4))) & 0xffu;
             wv[b] = dsq__int4_value((int)(byte & 15u), s, z, mode);
             wv[b + 16] = dsq__int4_value((int)(byte >> 4), s, z, mode);
+        }
+        const int64_t j0 = c * 32;
+        const int nj = k - j0 < 32 ? (int)(k - j0) : 32;
+#pragma unroll
+        for (int r = 0; r < MT; r++)
+            if (r < m)
+                acc[r] += chunk_dot(wv, x + r * k + j0, nj, vec);
+    }
+    const float bias = w.bias ? w.bias[n] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < MT; r++) {
+        const float v = warp_sum(acc[r]);
+        if (r < m && lane == 0)
+            from_f(y + r * w.n + n, v + bias);
+    }
+}
+
+// The GGUF layouts (kernels.h: INT4 with super-block scales, group 16 or
+// the IQ4 codebook; INT8G): as gemv_int4_kernel, each lane a whole
+// 32-weight chunk (16 bytes of nibbles or 32 int8), dequantised into 32
+// registers by dsq__group_value's formula, whose scale and zero point are
+// taken once per group: with group 16 the chunk's first 16 weights (the
+// low nibbles) are one group and the last 16 the next.
+template <int MT, typename TA>
+static __global__ void __launch_bounds__(128)
+gemv_gguf_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t n = (int64_t)blockIdx.x * 4 + warp;
+    if (n >= w.n)
+        return;
+    const int64_t k = w.k, nb = (k + 31) / 32, gs = w.group_size,
+                  groups = (k + gs - 1) / gs, kp = nb * 32;
+    const bool int4 = w.format == DSQ_WFMT_INT4;
+    float acc[MT];
+#pragma unroll
+    for (int r = 0; r < MT; r++)
+        acc[r] = 0.0f;
+    for (int64_t c = lane; c < nb; c += 32) {
+        const int64_t g_lo = gs == 16 ? 2 * c : c * 32 / gs;
+        const int64_t g_hi = gs == 16 ? 2 * c + 1 : g_lo;
+        float wv[32];
+        if (int4) {
+            const uint4 q4 = __ldg((const uint4 *)((const uint8_t *)w.data + n * nb * 16) + c);
+            const uint32_t word[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int b = 0; b < 16; b++) {
+                const uint32_t byte = (word[b / 4] >> (8 * (b % 4))) & 0xffu;
+                wv[b] = dsq__group_value(w, n, g_lo, groups, (int)(byte & 15u));
+                wv[b + 16] = dsq__group_value(w, n, g_hi, groups, (int)(byte >> 4));
+            }
+        } else {
+            const uint4 *p = (const uint4 *)((const int8_t *)w.data + n * kp + c * 32);
+            const uint4 a = __ldg(p), b2 = __ldg(p + 1);
+            const uint32_t word[8] = {a.x, a.y, a.z, a.w, b2.x, b2.y, b2.z, b2.w};
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const int q = (int)(int8_t)((word[j / 4] >> (8 * (j % 4))) & 0xffu);
+                wv[j] = dsq__group_value(w, n, j < 16 ? g_lo : g_hi, groups, q);
+            }
         }
         const int64_t j0 = c * 32;
         const int nj = k - j0 < 32 ? (int)(k - j0) : 32;
@@ -230,6 +290,10 @@ static void launch_gemv(TA *y, const TA *x, int m, const dsq_weight_t *w)
         const int align = sizeof(TA) == 4 ? 4 : 8;
         const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
         gemv_int4_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
+    } else if (w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G) {
+        const int align = sizeof(TA) == 4 ? 4 : 8;
+        const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
+        gemv_gguf_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
     } else if (w->format == DSQ_WFMT_F32) {
         gemv_generic_kernel<MT, TA, DSQ_WFMT_F32><<<grid, 128, 0, st>>>(y, x, m, *w);
     } else if (w->format == DSQ_WFMT_F16) {
