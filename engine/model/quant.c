@@ -292,8 +292,13 @@ struct gguf_rows {
     dsq_weight_t *w;
 };
 
-/* Rows [r0, r1) of a block type that needs decoding (quant.h). */
-static void repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
+static bool fp16_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
+
+/* Rows [r0, r1) of a block type that needs decoding (quant.h). Returns the
+ * index of the first block whose fp16 scale or min is not finite (then
+ * the file is malformed: every weight of the block would be NaN / inf),
+ * or -1. */
+static int64_t repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
 {
     const dsq_weight_t *w = c->w;
     const int64_t k = w->k, be = dsq_type_block_elems(c->type);
@@ -308,6 +313,8 @@ static void repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t i = 0; i < nblk; i++) {
             decode_block(c->type, c->src + (size_t)(r * nblk + i) * bb, &o);
+            if (!fp16_finite(o.d) || !fp16_finite(o.dm))
+                return r * nblk + i;
             const int64_t e0 = i * be;
             if (int4) {
                 uint8_t *p = d4 + (r * k + e0) / 2;
@@ -333,6 +340,19 @@ static void repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
             }
         }
     }
+    return -1;
+}
+
+/* A block with a non-finite fp16 scale or min: undo the repack, say which. */
+static int bad_scale(const dsq_tensor_t *t, dsq_weight_t *w, void **storage, int64_t block,
+                     char *err, size_t err_len)
+{
+    free(*storage);
+    *storage = NULL;
+    memset(w, 0, sizeof(*w));
+    return fail(err, err_len, DSQ_EFORMAT, "quant: tensor %s (%s): block %lld has a "
+                "non-finite fp16 scale or min (the file is damaged)",
+                t->name ? t->name : "?", dsq_type_name(t->type), (long long)block);
 }
 
 int dsq_quant_from_gguf(const dsq_tensor_t *t, dsq_weight_t *w, void **storage,
@@ -405,20 +425,27 @@ int dsq_quant_from_gguf(const dsq_tensor_t *t, dsq_weight_t *w, void **storage,
     if (t->type == DSQ_TYPE_Q4_0 || t->type == DSQ_TYPE_Q4_1 || t->type == DSQ_TYPE_IQ4_NL) {
         /* the native nibble order: a block copy */
         const size_t bb = dsq_type_block_bytes(t->type);
-        for (int64_t i = 0; i < n * (k / 32); i++) {
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n * (k / 32) && bad < 0; i++) {
             const uint8_t *b = src + (size_t)i * bb;
             sc[i] = rd16(b);
             if (zr)
                 zr[i] = rd16(b + 2);
+            if (!fp16_finite(sc[i]) || (zr && !fp16_finite(zr[i])))
+                bad = i;
             memcpy(dst + i * 16, b + bb - 16, 16);
         }
-        return DSQ_OK;
+        return bad < 0 ? DSQ_OK : bad_scale(t, w, storage, bad, err, err_len);
     }
     struct gguf_rows c = {.src = src, .type = t->type, .w = w};
-#pragma omp parallel for schedule(static) if (n * k >= (1 << 20))
-    for (int64_t r = 0; r < n; r++)
-        repack_rows(&c, r, r + 1);
-    return DSQ_OK;
+    int64_t bad = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n * k >= (1 << 20))
+    for (int64_t r = 0; r < n; r++) {
+        int64_t b = repack_rows(&c, r, r + 1);
+        if (b >= 0 && b < bad)
+            bad = b;
+    }
+    return bad == INT64_MAX ? DSQ_OK : bad_scale(t, w, storage, bad, err, err_len);
 }
 
 /* ------------------------------------------------------------- AWQ, GPTQ */

@@ -43,7 +43,9 @@
  *           (copied into storage only if the data is misaligned for its
  *           element type).
  * Rows are repacked in parallel (OpenMP) for big tensors.
- * Returns 0, DSQ_EINVAL (NULL args, bad dims), DSQ_EUNSUPPORTED (the IQ1/
+ * Returns 0, DSQ_EINVAL (NULL args, bad dims), DSQ_EFORMAT (a block of a
+ * repacked type whose fp16 scale or min is inf/NaN: err names the tensor
+ * and the block), DSQ_EUNSUPPORTED (the IQ1/
  * IQ2/IQ3, TQ, MXFP4, Q8_1/Q8_K and integer types; err names the tensor and
  * its type), DSQ_ENOMEM. */
 int dsq_quant_from_gguf(const dsq_tensor_t *t, dsq_weight_t *w, void **storage,

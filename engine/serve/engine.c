@@ -823,6 +823,13 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
                               r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
                               n_top ? top : NULL, n_top);
+    if (rc == DSQ_ERANGE) {
+        /* every logit NaN: this sequence cannot go on, the others can */
+        dsq_log(DSQ_LOG_ERROR, "event=nonfinite_logits req=%llu (the model's weights or "
+                "activations are not finite)", (unsigned long long)r->id);
+        finish_seq(e, s, DSQ_FINISH_ABORT, true);
+        return DSQ_OK;
+    }
     if (!rc)
         rc = accept_token(e, s, tok, lp, top);
     return rc;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/common/error.h"
+#include "engine/common/log.h"
 
 struct dsq_sampler {
     int n_vocab;
@@ -17,6 +18,7 @@ struct dsq_sampler {
     float *raw;         /* copy of the raw logits for logprobs */
     int32_t *count;     /* output token counts for penalties */
     uint8_t *in_prompt;
+    bool warned_nan;    /* the NaN-logits warning was logged once */
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -178,6 +180,22 @@ int dsq_sampler_pick(dsq_sampler_t *s, const dsq_sampling_t *sp,
     if (sp->temperature < 0 || sp->top_p <= 0 || sp->top_p > 1 ||
         sp->min_p < 0 || sp->min_p > 1)
         return DSQ_EINVAL;
+    /* a NaN logit (non-finite weights or activations) is an impossible
+     * token, not a candidate: NaN would win or poison every comparison and
+     * turn the logprobs into NaN (JSON null) */
+    int n_nan = 0;
+    for (int i = 0; i < n; i++)
+        if (isnan(logits[i])) {
+            logits[i] = -INFINITY;
+            n_nan++;
+        }
+    if (n_nan && !s->warned_nan) {
+        s->warned_nan = true;
+        dsq_log(DSQ_LOG_WARN, "event=nan_logits count=%d n_vocab=%d (treated as -inf; the "
+                "model's weights or activations are not finite)", n_nan, n);
+    }
+    if (n_nan == n)
+        return DSQ_ERANGE;
     bool want_lp = out_logprob || (top && n_top > 0);
     double lse = 0;
     if (want_lp) {

@@ -45,7 +45,10 @@ void dsq_sampler_destroy(dsq_sampler_t *s);
  * out_logprob (may be NULL): raw log-probability of the chosen token.
  * top (may be NULL): receives the n_top most likely tokens under the raw
  * distribution, most likely first.
- * Returns 0, or DSQ_EINVAL for invalid parameters. */
+ * NaN logits (non-finite weights or activations) are taken as -inf: never
+ * picked, probability 0 in the logprobs (logged once per sampler).
+ * Returns 0, DSQ_EINVAL for invalid parameters, or DSQ_ERANGE when every
+ * logit is NaN (nothing can be sampled). */
 int dsq_sampler_pick(dsq_sampler_t *s, const dsq_sampling_t *sp,
                      const dsq_sampler_hist_t *hist, float *logits,
                      dsq_rng_t *rng, int32_t *out_token, float *out_logprob,

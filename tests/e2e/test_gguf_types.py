@@ -2,7 +2,8 @@
 SmolLM2 (made by tests/ref/make_smollm2_quants.sh in scripts/test) over
 HTTP, and a GGUF holding a type dsq does not read (IQ2_XXS) fails at start
 with a one-line reason naming the tensor and the type, exit status 1,
-before any weight is loaded; dsq-inspect flags the same file."""
+before any weight is loaded; dsq-inspect flags the same file; a block with
+a NaN scale fails the load naming tensor and block."""
 import os
 import subprocess
 import time
@@ -109,3 +110,23 @@ def test_unreadable_type_fails_at_start(tmp_path):
     assert i.returncode == 0, i.stderr
     assert "IQ2_XXS" in i.stdout and "NOT READ by dsq" in i.stdout
     assert "readable:         no: tensor blk.0.ffn_down.weight" in i.stdout
+
+
+def test_nonfinite_scale_fails_at_start(tmp_path):
+    """A Q4_K block whose fp16 d is NaN (a damaged file): dsqd names the
+    tensor and the block and exits 1, instead of serving NaN logits."""
+    import shutil
+    import gguf
+    path = str(tmp_path / "smollm2-nan.gguf")
+    shutil.copy(quant_file("Q4_K_M"), path)
+    r = gguf.GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == "blk.3.ffn_down.weight")
+    assert t.tensor_type == gguf.GGMLQuantizationType.Q4_K
+    blocks = t.data.reshape(-1, 144)
+    blocks[5, 0:2] = np.frombuffer(np.array([np.nan], dtype=np.float16).tobytes(), np.uint8)
+    del r
+    p = subprocess.run([os.environ["DSQD"], "--model", path, "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr[-2000:]
+    line = [ln for ln in p.stderr.splitlines() if "non-finite" in ln]
+    assert line and "blk.3.ffn_down.weight" in line[0] and "block 5 " in line[0], p.stderr[-2000:]

@@ -302,6 +302,44 @@ static void test_errors(void **state)
     }
 }
 
+/* A block whose fp16 scale (d, or Q4_1/Q5_1's m) is inf or NaN makes the
+ * repack fail with DSQ_EFORMAT naming the tensor and the block, freeing
+ * what it allocated; Q8_0 (a zero-copy view) is not scanned. */
+static void test_nonfinite_scale(void **state)
+{
+    (void)state;
+    static const struct { const char *name; int off; } f16[] = {
+        {"Q4_0", 0}, {"Q4_1", 2}, {"Q5_0", 0}, {"Q5_1", 2}, {"Q2_K", 80}, {"Q3_K", 108},
+        {"Q4_K", 0}, {"Q5_K", 2}, {"Q6_K", 208}, {"IQ4_NL", 0}, {"IQ4_XS", 0},
+    };
+    for (size_t i = 0; i < sizeof(f16) / sizeof(f16[0]); i++) {
+        const golden_t *g = NULL;
+        for (int j = 0; j < n_gold; j++)
+            if (!strcmp(gold[j].name, f16[i].name))
+                g = &gold[j];
+        assert_non_null(g);
+        const dsq_type_t ty = type_of(g->name);
+        const size_t bb = dsq_type_block_bytes(ty);
+        for (int v = 0; v < 2; v++) {
+            uint8_t *copy = malloc(g->n_bytes);
+            memcpy(copy, g->bytes, g->n_bytes);
+            const uint16_t bad = v ? 0x7E00 : 0xFC00;       /* NaN, -inf */
+            memcpy(copy + 3 * bb + (size_t)f16[i].off, &bad, 2);
+            dsq_tensor_t t = view_of(g);
+            t.data = copy;
+            dsq_weight_t w;
+            void *st = (void *)1;
+            char err[256] = "";
+            assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_EFORMAT);
+            assert_null(st);
+            assert_non_null(strstr(err, g->name));
+            assert_non_null(strstr(err, "block 3 "));
+            assert_non_null(strstr(err, "non-finite"));
+            free(copy);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_matmul_every_isa),
         cmocka_unit_test(test_row_views),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_nonfinite_scale),
     };
     return cmocka_run_group_tests(tests, load_golden, free_golden);
 }

@@ -168,12 +168,54 @@ static void test_temperature_topk_topp_minp(void **state)
     dsq_sampler_destroy(s);
 }
 
+/* NaN logits are impossible tokens: never picked (greedy or sampled), no
+ * NaN in the logprobs; all NaN is DSQ_ERANGE. */
+static void test_nan_logits(void **state)
+{
+    (void)state;
+    dsq_sampler_t *s = dsq_sampler_create(V);
+    const float raw[V] = {NAN, 1, 3, 2, NAN, -1, 0.5f, 0};
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        if (!isnan(raw[i]))
+            z += exp(raw[i]);
+    dsq_rng_t rng;
+    dsq_rng_seed(&rng, 7);
+    for (int temp = 0; temp < 2; temp++) {
+        dsq_sampling_t sp = greedy();
+        sp.temperature = temp ? 1.5f : 0.0f;
+        for (int rep = 0; rep < 200; rep++) {
+            float lg[V];
+            memcpy(lg, raw, sizeof(lg));
+            int32_t t = -1;
+            float lp = NAN;
+            dsq_top_logprob_t top[3];
+            assert_int_equal(dsq_sampler_pick(s, &sp, NULL, lg, &rng, &t, &lp, top, 3), DSQ_OK);
+            assert_true(t != 0 && t != 4);
+            assert_false(isnan(lp));
+            assert_float_equal(lp, raw[t] - log(z), 1e-5);
+            assert_int_equal(top[0].token, 2);
+            if (!temp)
+                assert_int_equal(t, 2);
+        }
+    }
+    float all[V];
+    for (int i = 0; i < V; i++)
+        all[i] = NAN;
+    dsq_sampling_t sp = greedy();
+    int32_t t;
+    float lp;
+    assert_int_equal(dsq_sampler_pick(s, &sp, NULL, all, &rng, &t, &lp, NULL, 0), DSQ_ERANGE);
+    dsq_sampler_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_logprobs),
         cmocka_unit_test(test_bias_and_penalties),
         cmocka_unit_test(test_temperature_topk_topp_minp),
+        cmocka_unit_test(test_nan_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
