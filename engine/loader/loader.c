@@ -494,7 +494,12 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
         set_err(err, err_len, "%s: out of memory", f->path);
         return DSQ_ENOMEM;
     }
-    if (want_tok && dsq_gguf_find_key(f->gguf, "tokenizer.ggml.model") >= 0) {
+    size_t ml = 0;
+    const char *tm = dsq_gguf_get_str(f->gguf, "tokenizer.ggml.model", &ml);
+    /* llama.cpp's "no_vocab" (LLAMA_VOCAB_TYPE_NONE): a model without a
+     * tokenizer, fed token ids, as a GGUF with no tokenizer keys at all */
+    const bool no_vocab = tm && ml == 8 && memcmp(tm, "no_vocab", 8) == 0;
+    if (want_tok && !no_vocab && dsq_gguf_find_key(f->gguf, "tokenizer.ggml.model") >= 0) {
         f->tok = dsq_tokenizer_from_gguf(f->gguf, cerr, sizeof(cerr));
         if (!f->tok) {
             set_err(err, err_len, "%s: tokenizer: %s", f->path, cerr);

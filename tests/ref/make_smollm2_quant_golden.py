@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Goldens of the llama-quantize-made SmolLM2 GGUFs: tests/golden/smollm2_quants/.
 
-For every file tests/ref/make_smollm2_quants.sh writes (Q4_K_M, Q5_K_M,
+For every file tests/ref/make_smollm2_quants.sh writes (SmolLM2: Q4_K_M, Q5_K_M,
 Q6_K, Q5_0, Q5_1, Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q8_0, Q2_K-down,
-Q5_0-pure, IQ4_NL-pure) one golden NAME.txt with two independent references:
+Q5_0-pure, IQ4_NL-pure; llama-k256 --pure Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+IQ4_XS: fixed token ids, no tokenizer) one golden NAME.txt with two independent references:
   - llama.cpp (llama-cpp-python 0.3.16, the llama.cpp that quantized the
     files, one thread, CPU): the logits of the 8 positions of the prompt of
     smollm2_logits.txt, and 16 greedy tokens of two prompts with the top-2
@@ -14,6 +15,7 @@ tests/unit/test_smollm2_quants.c reads them.
 
 usage (repo root; tests/ref/.venv from tests/ref/README.md, llama section):
   tests/ref/.venv/bin/python tests/ref/make_smollm2_quant_golden.py models/smollm2-quants
+  (--k256-only: just the llama-k256 goldens)
 """
 import hashlib
 import os
@@ -28,6 +30,11 @@ import make_smollm2_golden as lg  # noqa: E402
 STRIDE = 384          # logits of ids 0, 384, ... (128 ids for vocab 49152)
 N_NEW = 16
 GREEDY_PROMPTS = ["short_en", "code", "numbers", "long_en"]
+# the 256-wide random llama (make_llama_k256_gguf.py), --pure per k-quant
+K256_VARIANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+K256_IDS = [1, 17, 42, 300, 511, 8, 99, 256]
+K256_GREEDY = [("k256_a", [3, 141, 59, 26]), ("k256_b", [500, 7, 7, 7, 7, 7]),
+               ("k256_c", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])]
 VARIANTS = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q5_0", "Q5_1", "Q3_K_M", "Q2_K", "IQ4_XS",
             "IQ4_NL", "Q8_0", "Q2_K-down", "Q5_0-pure", "IQ4_NL-pure"]
 
@@ -49,8 +56,10 @@ def gap(row):
     return int(i[0]), float(row[i[0]]), float(row[i[0]] - row[i[1]])
 
 
-def one(path, out):
-    ids = ex.PROMPT_IDS
+def one(path, out, ids=None, greedy_ids=None):
+    """greedy_ids: [(name, prompt ids)] (files without a tokenizer), else the
+    GREEDY_PROMPTS of make_smollm2_golden tokenized by llama.cpp."""
+    ids = ids or ex.PROMPT_IDS
     exact = ex.exact_logits(path, ids)
     llm = lg.load(path, logits_all=True)
     n_vocab = llm.n_vocab()
@@ -86,10 +95,10 @@ def one(path, out):
         lines.append("exact: " + " ".join(f9(exact[p][i]) for i in subset))
     llm = lg.load(path, logits_all=False)
     lg.N_NEW = N_NEW
-    for name, text, special in lg.PROMPTS:
-        if name not in GREEDY_PROMPTS:
-            continue
-        pids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+    prompts = greedy_ids or [
+        (name, llm.tokenize(text.encode("utf-8"), add_bos=True, special=special))
+        for name, text, special in lg.PROMPTS if name in GREEDY_PROMPTS]
+    for name, pids in prompts:
         outs, tops = lg.greedy(llm, pids)
         close = [k for k, (x, y) in enumerate(tops) if x[1] - y[1] < lg.CLOSE_GAP]
         lines.append("greedy: %s" % name)
@@ -108,13 +117,17 @@ def one(path, out):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if a != "--k256-only"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    src = sys.argv[1]
+    src = args[0]
     dst = "tests/golden/smollm2_quants"
     os.makedirs(dst, exist_ok=True)
-    for v in VARIANTS:
+    for v in VARIANTS if "--k256-only" not in sys.argv else []:
         one(os.path.join(src, "SmolLM2-135M-Instruct.%s.gguf" % v), os.path.join(dst, v + ".txt"))
+    for v in K256_VARIANTS:
+        one(os.path.join(src, "llama-k256.%s.gguf" % v), os.path.join(dst, "k256-%s.txt" % v),
+            K256_IDS, K256_GREEDY)
 
 
 if __name__ == "__main__":

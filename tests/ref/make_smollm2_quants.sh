@@ -24,7 +24,9 @@
 # no Q2_K on this model at all (ffn_down gets Q3_K), so Q2_K-down forces it
 # there with --tensor-type. Together they cover every type on every tensor
 # shape where llama.cpp itself can store it (Q5_0-pure and IQ4_NL-pure also
-# hold the token embedding / tied output in those types).
+# hold the token embedding / tied output in those types). The k-quant types
+# on every tensor role come from llama-k256 (256-wide rows, random weights),
+# quantized --pure into each of them.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:?usage: $0 OUT_DIR --check|--manifest MANIFEST}
@@ -37,6 +39,11 @@ BASE=SmolLM2-135M-Instruct
 VARIANTS="Q4_K_M:Q4_K_M Q5_K_M:Q5_K_M Q6_K:Q6_K Q5_0:Q5_0 Q5_1:Q5_1 Q3_K_M:Q3_K_M
 Q2_K:Q2_K IQ4_XS:IQ4_XS IQ4_NL:IQ4_NL Q8_0:Q8_0 Q2_K-down:--tensor-type,ffn_down=q2_k,Q2_K
 Q5_0-pure:--pure,Q5_0 IQ4_NL-pure:--pure,IQ4_NL"
+
+# a tiny random llama with 256-wide rows (tests/ref/make_llama_k256_gguf.py):
+# --pure puts each k-quant type on every tensor, embedding and output too
+K256=llama-k256
+K256_VARIANTS="Q2_K:Q2_K Q3_K:Q3_K_S Q4_K:Q4_K_S Q5_K:Q5_K_S Q6_K:Q6_K IQ4_XS:IQ4_XS"
 
 case $MODE in --check|--manifest) ;; *) echo "$0: mode must be --check or --manifest" >&2; exit 2 ;; esac
 [ -f "$SRC" ] || { echo "$0: $SRC missing (scripts/fetch-model smollm2-135m-instruct)" >&2; exit 1; }
@@ -72,9 +79,30 @@ for v in $VARIANTS; do
     mv "$OUT/$BASE.$name.gguf.tmp" "$OUT/$BASE.$name.gguf"
 done
 
+KF16=$K256.F16.gguf
+if ! fresh "$KF16"; then
+    "$PY" "$ROOT/tests/ref/make_llama_k256_gguf.py" "$OUT/$KF16"
+fi
+for v in $K256_VARIANTS; do
+    name=${v%%:*}
+    fresh "$K256.$name.gguf" && continue
+    if [ -z "$QUANTIZE" ]; then
+        QUANTIZE=$(LLAMA_PORTABLE=1 "$ROOT/tests/ref/build_llama_tools.sh" llama-quantize | tail -n 1)
+    fi
+    "$QUANTIZE" --pure "$OUT/$KF16" "$OUT/$K256.$name.gguf.tmp" "${v#*:}" 2 \
+        >"$OUT/$K256.$name.log" 2>&1 || { tail -n 20 "$OUT/$K256.$name.log" >&2; exit 1; }
+    mv "$OUT/$K256.$name.gguf.tmp" "$OUT/$K256.$name.gguf"
+done
+all_files() {
+    echo "$F16"
+    for v in $VARIANTS; do echo "$BASE.${v%%:*}.gguf"; done
+    echo "$KF16"
+    for v in $K256_VARIANTS; do echo "$K256.${v%%:*}.gguf"; done
+}
+
 if [ "$MODE" = --manifest ]; then
     : >"$MANIFEST.tmp"
-    for f in "$F16" $(for v in $VARIANTS; do echo "$BASE.${v%%:*}.gguf"; done); do
+    for f in $(all_files); do
         echo "$(have "$OUT/$f")  $f" >>"$MANIFEST.tmp"
     done
     mv "$MANIFEST.tmp" "$MANIFEST"
@@ -82,7 +110,7 @@ if [ "$MODE" = --manifest ]; then
     exit 0
 fi
 bad=0
-for f in "$F16" $(for v in $VARIANTS; do echo "$BASE.${v%%:*}.gguf"; done); do
+for f in $(all_files); do
     w=$(want "$f")
     h=$(have "$OUT/$f")
     if [ -z "$w" ]; then

@@ -1,7 +1,9 @@
 /* End-to-end checks of the GGUF types users download, on SmolLM2-135M-
  * Instruct quantized by llama.cpp's own llama-quantize into Q4_K_M, Q5_K_M,
  * Q6_K, Q5_0, Q5_1, Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q8_0, Q2_K on ffn_down,
- * --pure Q5_0 and IQ4_NL (tests/ref/make_smollm2_quants.sh, run by scripts/test;
+ * --pure Q5_0 and IQ4_NL, and a 256-wide random llama --pure in each of
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, so every k-quant sits on every
+ * tensor role (tests/ref/make_smollm2_quants.sh, run by scripts/test;
  * byte-identical to the files the goldens were made from). References
  * (tests/golden/smollm2_quants/NAME.txt, tests/ref/make_smollm2_quant_golden.py):
  * llama.cpp's logits and greedy tokens, and an exact float64 forward of the
@@ -19,7 +21,7 @@
  *   - greedy (int8, FP16 KV, one sequence, 4 prompts x 16 steps): fed
  *     llama.cpp's own continuation token by token (teacher forcing), dsq's
  *     argmax equals llama.cpp's pick at every step where llama.cpp is
- *     stable (top-2 gap >= STABLE_GAP), so the free-running greedy text is
+ *     stable (top-2 gap >= STABLE_GAP / _K256), so the free-running greedy text is
  *     identical up to llama.cpp's first unstable step. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,10 +42,13 @@
 #include "test_common.h"
 
 #define MAX_POS 8
-/* top-2 logit gap at which llama.cpp's pick counts as stable: the int8
- * path's logits (dsq's and llama.cpp's alike) sit 1-3.4 from the exact
- * forward at worst on these files, so smaller gaps are noise */
+/* top-2 logit gap at which llama.cpp's pick counts as stable: on SmolLM2
+ * the int8 path's logits (dsq's and llama.cpp's alike) sit 1-3.4 from the
+ * exact forward at worst, so smaller gaps are noise; the random llama-k256
+ * has logits of magnitude ~5 and that noise at 0.1-0.25, so 0.25 there
+ * (smollm2_greedy.txt's CLOSE_GAP) */
 #define STABLE_GAP 1.0
+#define STABLE_GAP_K256 0.25
 #define MAX_SUB 256
 #define MAX_IDS 160
 
@@ -185,12 +190,15 @@ static const char *variants[] = {"Q4_K_M", "Q5_K_M", "Q6_K", "Q5_0", "Q5_1",
                                  "Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL", "Q8_0",
                                  "Q2_K-down", "Q5_0-pure", "IQ4_NL-pure"};
 
-static void check_variant(const char *name)
+/* file: models/smollm2-quants/<file>.gguf; golden:
+ * tests/golden/smollm2_quants/<golden>.txt; name: for messages */
+static void check_variant(const char *name, const char *file, const char *golden,
+                          double stable_gap)
 {
     char rel[256], err[512] = "";
-    snprintf(rel, sizeof(rel), "smollm2-quants/SmolLM2-135M-Instruct.%s.gguf", name);
+    snprintf(rel, sizeof(rel), "smollm2-quants/%s.gguf", file);
     char *path = path_join("DSQ_MODELS_DIR", "models", rel);
-    snprintf(rel, sizeof(rel), "tests/golden/smollm2_quants/%s.txt", name);
+    snprintf(rel, sizeof(rel), "tests/golden/smollm2_quants/%s.txt", golden);
     char *gpath = path_join("DSQ_SOURCE_ROOT", ".", rel);
     require_file_hint(path, "made by tests/ref/make_smollm2_quants.sh (scripts/test)");
     static golden_t g;
@@ -258,7 +266,7 @@ static void check_variant(const char *name)
         run_tokens(&r, gr->prompt, gr->n_prompt, 0, false, last);
         for (int s = 0; s < gr->n_out; s++) {
             const int32_t id = argmax(last, r.n_vocab);
-            if (gr->gap[s] >= STABLE_GAP) {
+            if (gr->gap[s] >= stable_gap) {
                 greedy_checked++;
                 if (id != gr->out[s] && !greedy_bad++)
                     snprintf(why, sizeof(why), "greedy %s step %d: %d (logit %.4f), llama.cpp "
@@ -286,11 +294,24 @@ static void check_variant(const char *name)
     free(gpath);
 }
 
+/* llama-k256 (random weights, 256-wide rows) --pure: each k-quant type on
+ * every tensor, the token embedding and the untied output included */
+static const char *k256_variants[] = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"};
+
 static void test_every_variant(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)
-        check_variant(variants[i]);
+    char file[128], golden[64], name[64];
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+        snprintf(file, sizeof(file), "SmolLM2-135M-Instruct.%s", variants[i]);
+        check_variant(variants[i], file, variants[i], STABLE_GAP);
+    }
+    for (size_t i = 0; i < sizeof(k256_variants) / sizeof(k256_variants[0]); i++) {
+        snprintf(file, sizeof(file), "llama-k256.%s", k256_variants[i]);
+        snprintf(golden, sizeof(golden), "k256-%s", k256_variants[i]);
+        snprintf(name, sizeof(name), "k256 %s", k256_variants[i]);
+        check_variant(name, file, golden, STABLE_GAP_K256);
+    }
 }
 
 int main(void)
