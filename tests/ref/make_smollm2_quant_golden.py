@@ -17,7 +17,6 @@ usage (repo root; tests/ref/.venv from tests/ref/README.md, llama section):
   tests/ref/.venv/bin/python tests/ref/make_smollm2_quant_golden.py models/smollm2-quants
   (--k256-only: just the llama-k256 goldens)
 """
-import hashlib
 import os
 import sys
 
@@ -37,14 +36,6 @@ K256_GREEDY = [("k256_a", [3, 141, 59, 26]), ("k256_b", [500, 7, 7, 7, 7, 7]),
                ("k256_c", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])]
 VARIANTS = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q5_0", "Q5_1", "Q3_K_M", "Q2_K", "IQ4_XS",
             "IQ4_NL", "Q8_0", "Q2_K-down", "Q5_0-pure", "IQ4_NL-pure"]
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def f9(v):
@@ -72,7 +63,7 @@ def one(path, out, ids=None, greedy_ids=None):
         "# what: %s: llama.cpp and exact float64 logits, llama.cpp greedy" % os.path.basename(path),
         "# regenerate: tests/ref/.venv/bin/python tests/ref/make_smollm2_quant_golden.py "
         "models/smollm2-quants",
-        "# model sha256: %s" % sha256(path),
+        "# model sha256: %s" % lg.sha256(path),
         "# tools: llama-cpp-python %s, numpy %s, python %s" % (
             lg.llama_cpp.__version__, np.__version__, sys.version.split()[0]),
         "# tolerance: see tests/unit/test_smollm2_quants.c (bounds relative to llama.cpp's own"
