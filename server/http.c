@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,23 +37,53 @@
 #include "server/openai.h"
 #include "server/reasoning.h"
 
-#define WAIT_SLICE_MS 100
 #define CANCEL_GRACE_S 5.0
 
 /* ------------------------------------------------------------ waiters */
 
-/* A wake-up target for the engine's notify callback. Waiters are recycled
- * through a free list and only freed with the daemon (after the engine is
- * gone), because the engine may call notify for a request whose connection
- * already ended: such a late call then only causes a spurious wake-up of a
- * recycled waiter, which every waiter tolerates (it re-checks its state). */
+/* A wake-up target for the engine's notify callback, one per request being
+ * answered. libmicrohttpd runs its connections on a small pool of polling
+ * threads (http.h), so a request that has nothing to send parks: its
+ * connection is suspended (MHD_suspend_connection, from its own handler or
+ * stream reader) and `parked` set, both under `mu`; whoever wakes it (the
+ * engine's notify, the ticker thread on a hang-up or deadline, the stop
+ * path) bumps `seq` and, if parked, resumes the connection under the same
+ * lock, so a wake-up between a handler's last look and its suspend is never
+ * lost (the handler re-checks `seq` under `mu` before it suspends).
+ *
+ * Waiters are recycled through a free list and only freed with the daemon
+ * (after the engine is gone), because the engine may call notify for a
+ * request whose connection already ended: such a late call then only
+ * causes a spurious wake-up of a recycled waiter (a parked one re-checks its
+ * state and parks again), never a resume of a closed connection, because a
+ * waiter is parked only while its current connection is suspended. */
 typedef struct waiter {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t seq;                /* bumped by every notify                  */
+    uint64_t seq;                /* bumped by every wake-up                 */
+    bool parked;                 /* mc is suspended, waiting for seq        */
+    struct MHD_Connection *mc;   /* valid while parked                      */
+    int fd;                      /* mc's socket, for the ticker's hang-up poll */
+    double wake_at;              /* monotonic s: the ticker wakes it then
+                                    (request timeout, cancel grace); 0 = no */
     struct waiter *next_free;
     struct waiter *next_all;
 } waiter_t;
+
+/* hardening: one per open connection (MHD_OPTION_NOTIFY_CONNECTION), for
+ * the request-head and body deadlines the ticker enforces. */
+enum sock_phase {
+    S_HEAD = 0,                  /* connected, the request head not in yet  */
+    S_IDLE,                      /* kept alive after an answer               */
+    S_BODY,                      /* head in, reading the body                */
+    S_BUSY,                      /* answering: no deadline but the request's */
+};
+typedef struct sock_rec {
+    int fd;
+    enum sock_phase phase;
+    double t0;                   /* monotonic s the phase began             */
+    bool cut;                    /* shut down by the ticker already         */
+    struct sock_rec *prev, *next;
+} sock_rec_t;
 
 struct dsq_http {
     struct MHD_Daemon *d;
@@ -62,6 +93,7 @@ struct dsq_http {
     _Atomic(dsq_engine_t *) engine;
     atomic_bool draining;
     atomic_bool stopping;
+    atomic_bool no_park;         /* stop: handlers answer now, never park  */
     atomic_int n_inflight;
     int port;
     unsigned char key_hash[SHA256_DIGEST_LENGTH];
@@ -69,6 +101,14 @@ struct dsq_http {
     pthread_mutex_t pool_mu;
     waiter_t *pool_free, *pool_all;
     dsq_chat_t *chat;            /* set once before the engine, then read-only */
+    /* hardening: open connections and the ticker thread */
+    pthread_mutex_t sock_mu;
+    sock_rec_t *socks;
+    int n_socks;
+    pthread_t ticker;
+    bool ticker_started;
+    atomic_bool ticker_stop;
+    atomic_llong n_cut_head, n_cut_body;
 };
 
 static double now_s(void)
@@ -86,12 +126,8 @@ static waiter_t *waiter_get(dsq_http_t *h)
     if (w) {
         h->pool_free = w->next_free;
     } else if ((w = calloc(1, sizeof(*w)))) {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_mutex_init(&w->mu, NULL);
-        pthread_cond_init(&w->cv, &ca);
-        pthread_condattr_destroy(&ca);
+        w->fd = -1;
         w->next_all = h->pool_all;
         h->pool_all = w;
     }
@@ -103,21 +139,37 @@ static void waiter_put(dsq_http_t *h, waiter_t *w)
 {
     if (!w)
         return;
+    pthread_mutex_lock(&w->mu);
+    w->parked = false;           /* a completed connection is never parked */
+    w->mc = NULL;
+    w->fd = -1;
+    w->wake_at = 0;
+    pthread_mutex_unlock(&w->mu);
     pthread_mutex_lock(&h->pool_mu);
     w->next_free = h->pool_free;
     h->pool_free = w;
     pthread_mutex_unlock(&h->pool_mu);
 }
 
-/* Engine thread: must not block (a short critical section only). */
-static void on_notify(dsq_req_t *req, void *user)
+/* Bump seq and resume the connection if it is parked. Never blocks for
+ * long (one mutex, MHD_resume_connection's own short lock and a write to
+ * libmicrohttpd's wake-up pipe): safe on the engine thread. */
+static void waiter_wake(waiter_t *w)
 {
-    waiter_t *w = user;
-    (void)req;
     pthread_mutex_lock(&w->mu);
     w->seq++;
-    pthread_cond_broadcast(&w->cv);
+    if (w->parked) {
+        w->parked = false;
+        MHD_resume_connection(w->mc);
+    }
     pthread_mutex_unlock(&w->mu);
+}
+
+/* Engine thread: must not block (waiter_wake). */
+static void on_notify(dsq_req_t *req, void *user)
+{
+    (void)req;
+    waiter_wake(user);
 }
 
 static uint64_t waiter_seq(waiter_t *w)
@@ -127,21 +179,6 @@ static uint64_t waiter_seq(waiter_t *w)
     s = w->seq;
     pthread_mutex_unlock(&w->mu);
     return s;
-}
-
-/* Wait until seq moves past `seen` or ms pass. */
-static void waiter_wait(waiter_t *w, uint64_t seen, int ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)ms * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_mutex_lock(&w->mu);
-    while (w->seq == seen)
-        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT)
-            break;
-    pthread_mutex_unlock(&w->mu);
 }
 
 /* ------------------------------------------------------------ per request */
@@ -825,41 +862,70 @@ static void usage_of(conn_t *c, dsq_usage_t *u)
     u->has_cached = c->h->cfg.prefix_caching;
 }
 
-typedef enum { W_DONE, W_DATA, W_GONE, W_TIMEOUT, W_STOPPING } wait_result_t;
+typedef enum { W_PENDING, W_DONE, W_DATA, W_GONE, W_TIMEOUT, W_STOPPING } wait_result_t;
 
-/* Block until every request ended (or, streaming, until there is something
- * to send), watching the client, the timeout and the drain/stop flags. */
-static wait_result_t wait_progress(conn_t *c)
+/* One look at a request being answered, never blocking: drain the engine's
+ * events, then watch the client, the timeout and the drain/stop flags.
+ * W_PENDING: nothing to do until the next wake-up (the caller parks). */
+static wait_result_t poll_progress(conn_t *c)
 {
     dsq_http_t *h = c->h;
-    for (;;) {
-        uint64_t seen = waiter_seq(c->w);
-        bool done = drain_events(c);
-        if (done)
-            return W_DONE;
-        if (c->req.stream && c->pend_len > c->pend_off)
-            return W_DATA;
-        if (c->cancelled) {
-            if (now_s() - c->t_cancel > CANCEL_GRACE_S)
-                return W_STOPPING;
-        } else if (atomic_load(&h->stopping)) {
-            cancel_all(c);
-        } else if (client_gone(c)) {
-            /* users: a client hang-up is normal: info, with the request id
-             * (libmicrohttpd's own "application error" line that follows
-             * a stream's end is logged at debug, log_mhd) */
-            log_disconnect(c, "client closed the connection; its sequences are cancelled");
-            tl_client_gone = true;
-            cancel_all(c);
-            return W_GONE;
-        } else if (h->cfg.request_timeout_s > 0 &&
-                   now_s() - c->t_start > h->cfg.request_timeout_s) {
-            cancel_all(c);
-            if (!c->req.stream)
-                return W_TIMEOUT;
-        }
-        waiter_wait(c->w, seen, WAIT_SLICE_MS);
+    bool done = drain_events(c);
+    if (done)
+        return W_DONE;
+    if (c->req.stream && c->pend_len > c->pend_off)
+        return W_DATA;
+    if (atomic_load(&h->no_park)) {
+        cancel_all(c);
+        return W_STOPPING;
     }
+    if (c->cancelled) {
+        if (now_s() - c->t_cancel > CANCEL_GRACE_S)
+            return W_STOPPING;
+    } else if (atomic_load(&h->stopping)) {
+        cancel_all(c);
+    } else if (client_gone(c)) {
+        /* users: a client hang-up is normal: info, with the request id
+         * (libmicrohttpd's own "application error" line that follows
+         * a stream's end is logged at debug, log_mhd) */
+        log_disconnect(c, "client closed the connection; its sequences are cancelled");
+        tl_client_gone = true;
+        cancel_all(c);
+        return W_GONE;
+    } else if (h->cfg.request_timeout_s > 0 &&
+               now_s() - c->t_start > h->cfg.request_timeout_s) {
+        cancel_all(c);
+        if (!c->req.stream)
+            return W_TIMEOUT;
+    }
+    return W_PENDING;
+}
+
+/* Suspend c's connection until the next wake-up, unless one came since
+ * `seen` (then false: look again). Only from c's access handler or stream
+ * reader (libmicrohttpd's rule for MHD_suspend_connection). */
+static bool park(conn_t *c, uint64_t seen)
+{
+    waiter_t *w = c->w;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    double wake_at = 0;
+    if (c->cancelled)
+        wake_at = c->t_cancel + CANCEL_GRACE_S + 0.01;
+    else if (c->h->cfg.request_timeout_s > 0)
+        wake_at = c->t_start + c->h->cfg.request_timeout_s + 0.01;
+    pthread_mutex_lock(&w->mu);
+    if (w->seq != seen || atomic_load(&c->h->no_park)) {
+        pthread_mutex_unlock(&w->mu);
+        return false;
+    }
+    w->mc = c->mc;
+    w->fd = ci ? ci->connect_fd : -1;
+    w->wake_at = wake_at;
+    w->parked = true;
+    MHD_suspend_connection(c->mc);
+    pthread_mutex_unlock(&w->mu);
+    return true;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
@@ -879,9 +945,15 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (c->stream_finished)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        wait_result_t w = wait_progress(c);
+        uint64_t seen = waiter_seq(c->w);
+        wait_result_t w = poll_progress(c);
         if (w == W_GONE)
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w == W_PENDING) {
+            if (park(c, seen))
+                return 0;    /* resumed by the next wake-up */
+            continue;
+        }
         if (w == W_DONE || w == W_STOPPING || w == W_TIMEOUT) {
             if (c->req.include_usage) {
                 dsq_usage_t u;
@@ -961,12 +1033,22 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
     return send_body(c, 200, body, "application/json");
 }
 
+/* A non-streaming request after its submit, and again at each resume: the
+ * answer once every sequence ended (or the request timed out, the client
+ * left, the server stops), else park the connection. */
 static enum MHD_Result finish_nonstream(conn_t *c)
 {
-    wait_result_t w = wait_progress(c);
+    wait_result_t w;
     dsq_choice_out_t *outs;
     dsq_usage_t u;
     char *body;
+    for (;;) {
+        uint64_t seen = waiter_seq(c->w);
+        if ((w = poll_progress(c)) != W_PENDING)
+            break;
+        if (park(c, seen))
+            return MHD_YES;      /* the access handler runs again on resume */
+    }
     if (w == W_GONE)
         return MHD_NO;
     if (w == W_TIMEOUT)
@@ -1377,6 +1459,20 @@ static unsigned busy_timeout_s(const dsq_http_t *h)
     return t > 300 ? (unsigned)t : 300;
 }
 
+/* hardening: the deadline phase of mc's connection (sock_rec_t). */
+static void sock_phase(dsq_http_t *h, struct MHD_Connection *mc, enum sock_phase ph)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sock_rec_t *r = ci ? ci->socket_context : NULL;
+    if (!r)
+        return;
+    pthread_mutex_lock(&h->sock_mu);
+    r->phase = ph;
+    r->t0 = now_s();
+    pthread_mutex_unlock(&h->sock_mu);
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
                                  const char *url, const char *method,
                                  const char *version, const char *upload_data,
@@ -1408,8 +1504,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
                 *q == '\\')
                 *q = '?';
         *con_cls = c;
+        sock_phase(h, mc, S_BODY);
         return on_headers(c);
     }
+    if (c->inflight && !c->responded && !c->req.stream)
+        return finish_nonstream(c);          /* resumed (waiters) */
     if (c->responded) {
         /* response already queued (413/415/...): drop the rest unread */
         *upload_data_size = 0;
@@ -1448,6 +1547,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
      * timeout must not apply (MHD counts it from the last byte exchanged,
      * also while our handler or stream reader waits for the engine) */
     MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, busy_timeout_s(h));
+    sock_phase(h, mc, S_BUSY);
     return on_request(c);
 }
 
@@ -1460,8 +1560,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         return;
     *con_cls = NULL;
     /* api: back to the idle timeout for a kept-alive connection */
-    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, idle_timeout_s(h));
+        sock_phase(h, mc, S_IDLE);
+    }
     if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         /* users: a reset seen by libmicrohttpd's write, not our poll */
         if (toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
@@ -1528,6 +1630,143 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 
 /* ------------------------------------------------------------ daemon */
 
+/* hardening: MHD_OPTION_NOTIFY_CONNECTION: track every open connection for
+ * the head/body deadlines. libmicrohttpd calls CLOSED before it closes the
+ * socket, and the ticker only shuts a socket down under sock_mu, so it never
+ * touches a descriptor number that was closed and reused. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    dsq_http_t *h = cls;
+    sock_rec_t *r;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci || !(r = calloc(1, sizeof(*r))))
+            return;
+        r->fd = ci->connect_fd;
+        r->phase = S_HEAD;
+        r->t0 = now_s();
+        pthread_mutex_lock(&h->sock_mu);
+        r->next = h->socks;
+        if (h->socks)
+            h->socks->prev = r;
+        h->socks = r;
+        h->n_socks++;
+        pthread_mutex_unlock(&h->sock_mu);
+        *socket_context = r;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && (r = *socket_context)) {
+        pthread_mutex_lock(&h->sock_mu);
+        if (r->prev)
+            r->prev->next = r->next;
+        else
+            h->socks = r->next;
+        if (r->next)
+            r->next->prev = r->prev;
+        h->n_socks--;
+        pthread_mutex_unlock(&h->sock_mu);
+        free(r);
+        *socket_context = NULL;
+    }
+}
+
+/* The ticker, part 1: shut down connections past their head or body
+ * deadline (libmicrohttpd then sees the end of the stream and closes them;
+ * its own timeout is an idle one that a byte every few seconds resets).
+ * One log line per tick that closed any. */
+static void tick_deadlines(dsq_http_t *h, double t)
+{
+    double head = h->cfg.header_timeout_s, body = h->cfg.body_timeout_s;
+    double idle = idle_timeout_s(h) + head;
+    long n_head = 0, n_body = 0;
+    pthread_mutex_lock(&h->sock_mu);
+    for (sock_rec_t *r = h->socks; r; r = r->next) {
+        double lim = r->phase == S_HEAD ? head : r->phase == S_IDLE ? idle
+                   : r->phase == S_BODY ? body : 0;
+        if (r->cut || lim <= 0 || t - r->t0 <= lim)
+            continue;
+        shutdown(r->fd, SHUT_RDWR);
+        r->cut = true;
+        if (r->phase == S_BODY)
+            n_body++;
+        else
+            n_head++;
+    }
+    pthread_mutex_unlock(&h->sock_mu);
+    if (n_head || n_body) {
+        atomic_fetch_add(&h->n_cut_head, n_head);
+        atomic_fetch_add(&h->n_cut_body, n_body);
+        dsq_log(DSQ_LOG_INFO, "event=deadline_close head=%ld body=%ld reason=\"request head "
+                "not in within --header-timeout %.0f s / body within --body-timeout %.0f s\"",
+                n_head, n_body, head, body);
+    }
+}
+
+/* The ticker, part 2: wake parked requests that need a look without an
+ * engine event: a hang-up (one poll() over every parked socket), a deadline
+ * (request timeout, cancel grace) or the stop flag. */
+static void tick_waiters(dsq_http_t *h, double t)
+{
+    bool stop = atomic_load(&h->stopping);
+    size_t n = 0, cap = 0;
+    waiter_t **ws = NULL;
+    struct pollfd *pf = NULL;
+    pthread_mutex_lock(&h->pool_mu);
+    for (waiter_t *w = h->pool_all; w; w = w->next_all) {
+        pthread_mutex_lock(&w->mu);
+        bool parked = w->parked, due = stop || (w->wake_at > 0 && t >= w->wake_at);
+        int fd = w->fd;
+        pthread_mutex_unlock(&w->mu);
+        if (!parked)
+            continue;
+        if (due || fd < 0) {
+            if (due)
+                waiter_wake(w);
+            continue;
+        }
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            waiter_t **a = realloc(ws, nc * sizeof(*a));
+            struct pollfd *b = a ? realloc(pf, nc * sizeof(*b)) : NULL;
+            if (a)
+                ws = a;
+            if (!b)
+                break;
+            pf = b;
+            cap = nc;
+        }
+        ws[n] = w;
+        pf[n].fd = fd;
+        pf[n].events = POLLRDHUP;
+        pf[n].revents = 0;
+        n++;
+    }
+    pthread_mutex_unlock(&h->pool_mu);
+    /* waiters are never freed while the daemon runs; a waiter that was
+     * resumed (and even recycled) meanwhile only gets a spurious wake-up */
+    if (n && poll(pf, (nfds_t)n, 0) > 0)
+        for (size_t i = 0; i < n; i++)
+            if (pf[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+                waiter_wake(ws[i]);
+    free(ws);
+    free(pf);
+}
+
+#define TICK_MS 50
+
+static void *ticker_main(void *arg)
+{
+    dsq_http_t *h = arg;
+    while (!atomic_load(&h->ticker_stop)) {
+        struct timespec ts = {0, TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        double t = now_s();
+        tick_waiters(h, t);
+        tick_deadlines(h, t);
+    }
+    return NULL;
+}
+
 static char *dupstr(dsq_http_t *h, int slot, const char *s)
 {
     if (!s)
@@ -1573,6 +1812,11 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
      * event=disconnect at info: not a warning */
     bool gone = tl_client_gone;
     tl_client_gone = false;
+    /* hardening: a client that closes (or is cut at its head/body deadline,
+     * logged once per tick as event=deadline_close) before its request is
+     * in is the client's business: debug */
+    if (!strncmp(line, "Connection socket is closed when reading request", 48))
+        gone = true;
     dsq_log(gone ? DSQ_LOG_DEBUG : DSQ_LOG_WARN, "mhd: %s", line);
 }
 
@@ -1638,18 +1882,54 @@ static int listen_socket(const struct addrinfo *ai, const char *host, int port, 
     return fd;
 }
 
+/* hardening: the connection limit: --max-connections, or what the process
+ * may open (RLIMIT_NOFILE, whose soft limit is first raised to the hard
+ * one, as nginx's worker_rlimit_nofile would be set) less 256 descriptors
+ * for model files, logs and the engine, at most 65536. */
+static unsigned connection_limit(const dsq_http_t *h)
+{
+    struct rlimit rl;
+    rlim_t n = 4096;
+    if (h->cfg.max_connections > 0)
+        return (unsigned)h->cfg.max_connections;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rlim_t want = rl.rlim_max == RLIM_INFINITY ? 65536 + 256 : rl.rlim_max;
+            struct rlimit nr = {want, rl.rlim_max};
+            if (setrlimit(RLIMIT_NOFILE, &nr) == 0)
+                rl.rlim_cur = want;
+        }
+        n = rl.rlim_cur == RLIM_INFINITY ? 65536 + 256 : rl.rlim_cur;
+        n = n > 512 ? n - 256 : n / 2;
+    }
+    return n > 65536 ? 65536u : (unsigned)n;
+}
+
+/* hardening: --http-threads, or 2 per online CPU, 4 to 32: the threads run
+ * parsing, tokenization and JSON rendering, never a wait. */
+static unsigned http_threads(const dsq_http_t *h)
+{
+    long n = h->cfg.http_threads > 0 ? h->cfg.http_threads : 2 * sysconf(_SC_NPROCESSORS_ONLN);
+    if (h->cfg.http_threads <= 0)
+        n = n < 4 ? 4 : n > 32 ? 32 : n;
+    return (unsigned)n;
+}
+
 dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
                             char *err, size_t err_len)
 {
     dsq_http_t *h = calloc(1, sizeof(*h));
     struct addrinfo hints = {0}, *ai = NULL;
     char port[16];
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
-    /* attack2: poll(), not select(): with select() every socket number
-     * >= FD_SETSIZE (1024) is refused, so ~1000 idle connections locked
-     * everyone else out long before MHD_OPTION_CONNECTION_LIMIT */
-    if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
+    /* hardening: a pool of polling threads (epoll on Linux, else poll;
+     * never select(), which refused every socket numbered 1024 or more),
+     * requests that wait park their connection (suspend/resume), so open
+     * connections cost memory, not threads (http.h) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
+    if (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES)
+        flags |= MHD_USE_EPOLL;
+    else
         flags |= MHD_USE_POLL;
     int gai;
 
@@ -1667,6 +1947,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     h->cfg.served_model_name = dupstr(h, 5, cfg->served_model_name ? cfg->served_model_name : "");
     h->metrics = m;
     pthread_mutex_init(&h->pool_mu, NULL);
+    pthread_mutex_init(&h->sock_mu, NULL);
     if (cfg->api_key && *cfg->api_key) {
         SHA256((const unsigned char *)cfg->api_key, strlen(cfg->api_key),
                h->key_hash);
@@ -1706,6 +1987,9 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     /* api: the idle timeout; on_access switches a connection to the busy
      * one while it answers a request */
     unsigned idle_s = idle_timeout_s(h);
+    unsigned max_conn = connection_limit(h), n_threads = http_threads(h);
+    unsigned per_ip = h->cfg.max_connections_per_client > 0
+                          ? (unsigned)h->cfg.max_connections_per_client : 0;
     if (h->cfg.tls_cert_pem)
         h->d = MHD_start_daemon(
             flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
@@ -1713,8 +1997,11 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
             MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+            MHD_OPTION_CONNECTION_LIMIT, max_conn,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+            MHD_OPTION_THREAD_POOL_SIZE, n_threads,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
             MHD_OPTION_HTTPS_MEM_CERT, h->cfg.tls_cert_pem,
             MHD_OPTION_HTTPS_MEM_KEY, h->cfg.tls_key_pem,
@@ -1726,8 +2013,11 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
             MHD_OPTION_LISTEN_SOCKET, lfd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
             MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+            MHD_OPTION_CONNECTION_LIMIT, max_conn,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+            MHD_OPTION_THREAD_POOL_SIZE, n_threads,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
             MHD_OPTION_END);
     if (!h->d) {
@@ -1736,6 +2026,14 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
                  h->cfg.tls_cert_pem ? "bad TLS certificate or key" : "libmicrohttpd failed");
         goto fail;
     }
+    if (pthread_create(&h->ticker, NULL, ticker_main, h) != 0) {
+        snprintf(err, err_len, "cannot start the HTTP ticker thread");
+        goto fail;
+    }
+    h->ticker_started = true;
+    dsq_log(DSQ_LOG_DEBUG, "event=http_threads pool=%u max_connections=%u per_client=%u "
+            "header_timeout_s=%.1f body_timeout_s=%.1f", n_threads, max_conn, per_ip,
+            h->cfg.header_timeout_s, h->cfg.body_timeout_s);
     struct sockaddr_storage sa;
     socklen_t sl = sizeof(sa);
     h->port = cfg->port;
@@ -1788,10 +2086,10 @@ void dsq_http_stop(dsq_http_t *h)
         return;
     atomic_store(&h->draining, true);
     atomic_store(&h->stopping, true);
-    /* wake every waiter so it sees `stopping` now, not in 100 ms */
+    /* wake every waiter so it sees `stopping` now, not at the next tick */
     pthread_mutex_lock(&h->pool_mu);
     for (waiter_t *w = h->pool_all; w; w = w->next_all)
-        on_notify(NULL, w);
+        waiter_wake(w);
     pthread_mutex_unlock(&h->pool_mu);
     /* Let the cancelled requests end properly (final chunk with
      * finish_reason "abort", then [DONE]) before MHD_stop_daemon shuts
@@ -1800,6 +2098,23 @@ void dsq_http_stop(dsq_http_t *h)
                     atomic_load(&h->n_inflight) > 0; i++) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
+    }
+    /* libmicrohttpd must not be stopped with a suspended connection: from
+     * here on nothing parks, and whatever is parked is resumed (it then
+     * answers at once) */
+    atomic_store(&h->no_park, true);
+    pthread_mutex_lock(&h->pool_mu);
+    for (waiter_t *w = h->pool_all; w; w = w->next_all)
+        waiter_wake(w);
+    pthread_mutex_unlock(&h->pool_mu);
+    for (int i = 0; i < 40 && atomic_load(&h->n_inflight) > 0; i++) {
+        struct timespec ts = {0, 25 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (h->ticker_started) {
+        atomic_store(&h->ticker_stop, true);
+        pthread_join(h->ticker, NULL);
+        h->ticker_started = false;
     }
     MHD_stop_daemon(h->d);
     h->d = NULL;
@@ -1814,10 +2129,14 @@ void dsq_http_destroy(dsq_http_t *h)
     for (w = h->pool_all; w; w = next) {
         next = w->next_all;
         pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
         free(w);
     }
+    if (h->ticker_started) {     /* create failed after the ticker began */
+        atomic_store(&h->ticker_stop, true);
+        pthread_join(h->ticker, NULL);
+    }
     pthread_mutex_destroy(&h->pool_mu);
+    pthread_mutex_destroy(&h->sock_mu);
     dsq_chat_destroy(h->chat);
     for (size_t i = 0; i < sizeof(h->cfg_strings) / sizeof(h->cfg_strings[0]); i++)
         free(h->cfg_strings[i]);

@@ -1,17 +1,18 @@
 /* The HTTP daemon: routes, auth, limits, CORS, TLS, streaming, drain.
  *
- * Threading (why THREAD_PER_CONNECTION): libmicrohttpd runs with
- * MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, so each
- * open connection has its own thread and may block. A completion waits on a
- * per-connection condition variable that the engine's notify callback
- * signals (never blocking the engine thread: a short mutex + broadcast), with
- * a 100 ms timeout during which it also polls the socket for a hang-up, the
- * request timeout and the drain flag. Concurrency is therefore bounded only
- * by the connection limit, not by a worker-pool size, and a client that goes
- * away is noticed within 100 ms even during a long non-streaming request or
- * a long prefill (suspend/resume could not notice that: MHD does not poll a
- * suspended connection). The cost is one thread (small stack) per open
- * connection, which is fine for the hundreds of clients one engine serves.
+ * Threading (hardening, issue 20): libmicrohttpd runs a small pool of
+ * polling threads (MHD_OPTION_THREAD_POOL_SIZE, --http-threads; epoll on
+ * Linux) that parse, authorize, tokenize and render, and never wait. A
+ * request that has nothing to send parks: its connection is suspended
+ * (MHD_suspend_connection) and resumed by the engine's notify callback
+ * (never blocking the engine thread: a short mutex + MHD_resume_connection)
+ * or by a ticker thread every 50 ms, which polls every parked socket for a
+ * hang-up (libmicrohttpd does not watch suspended ones), wakes requests at
+ * their timeout or cancel grace, and shuts down connections whose request
+ * head (--header-timeout) or body (--body-timeout) is not in by its
+ * deadline. So an open connection costs its buffers, never a thread: slow
+ * or idle clients cannot take the threads that serve others, and the only
+ * bounds are --max-connections and --max-connections-per-client.
  *
  * Lifecycle: create (listening; /health says 503) -> set_engine (ready) ->
  * drain (new requests get 503; in-flight ones continue) -> stop (aborts
@@ -45,6 +46,20 @@ typedef struct dsq_http_config {
                                         that sends nothing / half a request);
                                         a running request is never cut by
                                         it. 0 = 5 (uvicorn's default)        */
+    double header_timeout_s;         /* hardening: the whole request head
+                                        (request line + headers) must be in
+                                        within this from connect (kept-alive:
+                                        from the previous answer, plus
+                                        timeout_keep_alive_s); <= 0 = none */
+    double body_timeout_s;           /* hardening: the whole body within this
+                                        from the end of its head; <= 0 = none */
+    int max_connections;             /* hardening: open connections at once;
+                                        0 = from RLIMIT_NOFILE (raised to its
+                                        hard limit) less 256, at most 65536 */
+    int max_connections_per_client;  /* hardening: per client IP address
+                                        (libmicrohttpd's per-IP limit); 0 = none */
+    int http_threads;                /* hardening: polling threads; 0 = 2 per
+                                        online CPU, 4 to 32 */
     int max_seqs_per_request;        /* api: prompts x max(n, best_of) cap;
                                         0 = DSQ_OPENAI_MAX_SEQS             */
     int64_t default_seed;            /* users: --seed, the seed of requests

@@ -264,6 +264,11 @@ int main(int argc, char **argv)
     hc.max_request_bytes = o.max_request_bytes;
     hc.request_timeout_s = o.request_timeout;
     hc.timeout_keep_alive_s = o.timeout_keep_alive;     /* api */
+    hc.header_timeout_s = o.header_timeout;             /* hardening */
+    hc.body_timeout_s = o.body_timeout;
+    hc.max_connections = o.max_connections;
+    hc.max_connections_per_client = o.max_connections_per_client;
+    hc.http_threads = o.http_threads;
     hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
     hc.default_seed = o.seed;                           /* users */
     hc.allowed_origins = o.allowed_origins;

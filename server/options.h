@@ -36,6 +36,11 @@ typedef struct dsq_options {
     int max_waiting_requests;
     double shutdown_timeout;     /* s                                      */
     double request_timeout;      /* s, 0 = none                            */
+    double header_timeout;       /* hardening: s, request head deadline    */
+    double body_timeout;         /* hardening: s, request body deadline    */
+    int max_connections;         /* hardening: 0 = from RLIMIT_NOFILE      */
+    int max_connections_per_client; /* hardening: 0 = no limit         */
+    int http_threads;            /* hardening: 0 = 2 per CPU, 4..32        */
     int timeout_keep_alive;      /* api: s, idle connection timeout        */
     int max_seqs_per_request;    /* api: prompts x max(n, best_of) cap     */
     int threads;

@@ -308,6 +308,8 @@ static void test_help(void **state)
         "--block-size", "--enable-prefix-caching", "--max-request-bytes",
         "--max-waiting-requests", "--shutdown-timeout", "--request-timeout",
         "--timeout-keep-alive", "--max-seqs-per-request",   /* api */
+        "--header-timeout", "--body-timeout", "--max-connections",  /* hardening */
+        "--max-connections-per-client", "--http-threads",
         "--threads", "--device", "--quantize", "--group-size", "--activation-dtype",
         "--memory-limit", "--kv-cache-memory", "--log-level",
         "--ssl-certfile", "--ssl-keyfile", "--allowed-origins",

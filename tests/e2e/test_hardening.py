@@ -1,0 +1,181 @@
+"""Hardening (issue 20): slow and hostile clients cannot lock the server.
+
+Every test is bounded in time and uses loopback only. Slow clients connect
+from other loopback addresses (127.0.0.2, ...: Linux routes all of
+127.0.0.0/8 to lo) so that the per-client connection cap does not hide the
+serving model behind it: the normal client is 127.0.0.1.
+"""
+import resource
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import MODEL_NAME, post
+
+
+def raise_nofile(want):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return soft, hard
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return soft, hard
+
+
+def connect_from(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((addr, 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def closed_by_peer(s):
+    """True when the server closed s (EOF or reset), False while it is open."""
+    s.setblocking(False)
+    try:
+        return s.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.setblocking(True)
+
+
+class Trickler:
+    """Sends one header byte per socket every `period` s (slowloris): the
+    idle timeout never fires, only a deadline for the whole head can."""
+
+    def __init__(self, socks, period=1.0, byte=b"a"):
+        self.socks, self.period, self.byte = socks, period, byte
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.wait(self.period):
+            for s in self.socks:
+                try:
+                    s.send(self.byte)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop.set()
+        self.t.join()
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    r = fn()
+    return r, time.monotonic() - t0
+
+
+def test_slowloris_does_not_lock_out(daemon_factory):
+    """4,200 connections trickling their request head one byte a second
+    (more than the old fixed cap of 4,096 threads-per-connection): /health
+    and a completion from a normal client still answer within 1 s, and
+    every slow connection is closed at its --header-timeout deadline."""
+    n_slow, n_addr, deadline = 4200, 12, 6.0
+    old = raise_nofile(n_slow + 400)
+    try:
+        d = daemon_factory("--header-timeout", str(deadline),   # inherits the limit
+                           env={"DSQ_LOG_LEVEL": "info"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+    # warm the model so the timed completion measures serving, not first use
+    post(d, "/v1/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2})
+    socks = []
+    try:
+        t_first = time.monotonic()
+        for i in range(n_slow):
+            s = connect_from(f"127.0.0.{2 + i % n_addr}", d.port)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        t_last = time.monotonic()
+        assert t_last - t_first < deadline - 2, "setup too slow for the deadline"
+        tr = Trickler(socks)
+        try:
+            r, dt = timed(lambda: requests.get(d.url("/health"), timeout=10))
+            assert r.status_code == 200 and dt < 1.0, (r.status_code, dt)
+            r, dt = timed(lambda: post(d, "/v1/completions", {
+                "model": MODEL_NAME, "prompt": "The capital of France is",
+                "max_tokens": 4, "temperature": 0}))
+            assert r.status_code == 200 and dt < 1.0, (r.status_code, dt, r.text[:200])
+            # before the deadline the slow ones are still open (held, not refused)
+            early = [s for s in socks[-200:] if closed_by_peer(s)]
+            assert time.monotonic() - t_last < deadline - 0.5
+            assert not early, f"{len(early)} slow connections closed before the deadline"
+            # after it (plus one 50 ms tick and slack) every one is closed
+            time.sleep(max(0.0, t_last + deadline + 1.5 - time.monotonic()))
+        finally:
+            tr.close()
+        still = sum(1 for s in socks if not closed_by_peer(s))
+        assert still == 0, f"{still} of {n_slow} slow connections still open past the deadline"
+        r = requests.get(d.url("/health"), timeout=10)
+        assert r.status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+    with open(d.log_path, "rb") as f:
+        log = f.read().decode("utf-8", "replace")
+    assert "event=deadline_close" in log
+    # a connection cut at its deadline is an info event, not a warning each
+    assert "level=warn mhd: Connection socket is closed" not in log
+
+
+def test_slow_body_closed_at_deadline(daemon_factory):
+    """A body trickled a byte every 0.5 s is cut at --body-timeout from the
+    end of its head, although each byte resets the idle timeout."""
+    d = daemon_factory("--body-timeout", "2")
+    s = connect_from("127.0.0.2", d.port)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        t0 = time.monotonic()
+        closed_at = None
+        while time.monotonic() - t0 < 6:
+            time.sleep(0.5)
+            if closed_by_peer(s):
+                closed_at = time.monotonic() - t0
+                break
+            try:
+                s.send(b" ")
+            except OSError:
+                closed_at = time.monotonic() - t0
+                break
+        assert closed_at is not None, "a trickled body was never cut"
+        assert 1.5 <= closed_at <= 3.5, closed_at
+    finally:
+        s.close()
+    assert requests.get(d.url("/health"), timeout=10).status_code == 200
+
+
+def test_per_client_connection_cap(daemon_factory):
+    """--max-connections-per-client: one address cannot take more; another
+    address is still served."""
+    d = daemon_factory("--max-connections-per-client", "8")
+    socks = [connect_from("127.0.0.3", d.port) for _ in range(8)]
+    try:
+        time.sleep(0.3)
+        extra = connect_from("127.0.0.3", d.port)
+        try:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            extra.settimeout(5)
+            try:
+                got = extra.recv(4096)
+            except OSError:
+                got = b""
+            assert got == b"", f"the 9th connection of one client was answered: {got[:80]!r}"
+        finally:
+            extra.close()
+        r = requests.get(d.url("/health"), timeout=10)    # 127.0.0.1
+        assert r.status_code == 200
+    finally:
+        for s in socks:
+            s.close()
