@@ -32,10 +32,11 @@ static const struct {
                               "request_too_large"},
     [DSQ_APIERR_MEDIA_TYPE] = {415, "invalid_request_error",
                                "unsupported_media_type"},
-    [DSQ_APIERR_RATE_LIMIT] = {429, "rate_limit_error", "queue_full"},
+    [DSQ_APIERR_RATE_LIMIT] = {429, "rate_limit_error", "rate_limit_exceeded"},
     [DSQ_APIERR_INTERNAL] = {500, "internal_error", NULL},
     [DSQ_APIERR_UNAVAILABLE] = {503, "service_unavailable",
                                 "service_unavailable"},
+    [DSQ_APIERR_OVERLOADED] = {503, "service_unavailable", "queue_full"},
 };
 
 static int valid(dsq_apierr_t k)
@@ -75,7 +76,7 @@ dsq_apierr_t dsq_apierr_from_code(int dsq_err)
     switch (dsq_err) {
     case DSQ_EINVAL: return DSQ_APIERR_INVALID_REQUEST;
     case DSQ_ERANGE: return DSQ_APIERR_CONTEXT_LENGTH;
-    case DSQ_EFULL: return DSQ_APIERR_RATE_LIMIT;
+    case DSQ_EFULL: return DSQ_APIERR_OVERLOADED;
     case DSQ_ESTATE: return DSQ_APIERR_UNAVAILABLE;
     case DSQ_ENOTFOUND: return DSQ_APIERR_NOT_FOUND;
     case DSQ_EUNSUPPORTED: return DSQ_APIERR_UNSUPPORTED;

@@ -21,9 +21,14 @@ typedef enum dsq_apierr {
     DSQ_APIERR_TIMEOUT,             /* 408 request ran past its timeout    */
     DSQ_APIERR_TOO_LARGE,           /* 413 body above --max-request-bytes  */
     DSQ_APIERR_MEDIA_TYPE,          /* 415 POST body not application/json  */
-    DSQ_APIERR_RATE_LIMIT,          /* 429 waiting queue full (Retry-After)*/
+    DSQ_APIERR_RATE_LIMIT,          /* 429 a per-client rate limit (none yet:
+                                       OpenAI clients read 429 as "you send too
+                                       much" and back off per client)       */
     DSQ_APIERR_INTERNAL,            /* 500 our bug or out of memory        */
     DSQ_APIERR_UNAVAILABLE,         /* 503 loading or draining             */
+    DSQ_APIERR_OVERLOADED,          /* 503, code queue_full: the engine's
+                                       queue is full or a request waited past
+                                       --max-queue-wait (Retry-After)       */
     DSQ_APIERR_COUNT_
 } dsq_apierr_t;
 
@@ -49,7 +54,7 @@ const char *dsq_apierr_type(dsq_apierr_t kind);
 const char *dsq_apierr_code(dsq_apierr_t kind);
 
 /* Kind for a negative DSQ_E* code (engine/common/error.h):
- * EINVAL -> INVALID_REQUEST, ERANGE -> CONTEXT_LENGTH, EFULL -> RATE_LIMIT,
+ * EINVAL -> INVALID_REQUEST, ERANGE -> CONTEXT_LENGTH, EFULL -> OVERLOADED,
  * ESTATE -> UNAVAILABLE, ENOTFOUND -> NOT_FOUND, EUNSUPPORTED -> UNSUPPORTED,
  * ECANCELLED -> TIMEOUT, anything else -> INTERNAL. */
 dsq_apierr_t dsq_apierr_from_code(int dsq_err);

@@ -38,6 +38,8 @@
 #include "server/reasoning.h"
 
 #define CANCEL_GRACE_S 5.0
+#define QUEUE_TIMEOUT_MSG "the request waited past --max-queue-wait without being " \
+                          "scheduled (the server is overloaded); retry later"
 
 /* ------------------------------------------------------------ waiters */
 
@@ -243,6 +245,7 @@ typedef struct conn {
     double t_cancel;
     double t_first;
     double queue_ms;             /* from the engine, -1 until reported      */
+    bool queue_timeout;          /* hardening: aborted after --max-queue-wait */
     /* streaming */
     char *pend;
     size_t pend_len, pend_off, pend_cap;
@@ -383,7 +386,8 @@ static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", "application/json");
-    if (kind == DSQ_APIERR_RATE_LIMIT || kind == DSQ_APIERR_UNAVAILABLE)
+    if (kind == DSQ_APIERR_RATE_LIMIT || kind == DSQ_APIERR_UNAVAILABLE ||
+        kind == DSQ_APIERR_OVERLOADED)
         MHD_add_response_header(r, "Retry-After", "1");
     if (kind == DSQ_APIERR_AUTH)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -739,6 +743,8 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
         echo_prompt_logprobs(c, p, o);
     }
     if (o->finish != DSQ_FINISH_NONE) {
+        if (o->queue_timeout)
+            c->queue_timeout = true;
         ch->finish = o->finish;
         if (o->completion_tokens > 0)
             ch->final_tokens = o->completion_tokens;
@@ -955,6 +961,19 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             continue;
         }
         if (w == W_DONE || w == W_STOPPING || w == W_TIMEOUT) {
+            if (c->queue_timeout) {
+                /* hardening: the 200 and its headers are out: the refusal
+                 * is an error event (as vLLM streams errors), then [DONE] */
+                char *e = dsq_apierr_json(DSQ_APIERR_OVERLOADED, QUEUE_TIMEOUT_MSG, NULL);
+                size_t n = e ? strlen(e) + 16 : 0;
+                char *ev = e ? malloc(n) : NULL;
+                if (ev)
+                    snprintf(ev, n, "data: %s\n\n", e);
+                free(e);
+                pend_add(c, ev);
+                c->err_code = "queue_full";
+                snprintf(c->err_msg, sizeof(c->err_msg), "%s", QUEUE_TIMEOUT_MSG);
+            }
             if (c->req.include_usage) {
                 dsq_usage_t u;
                 usage_of(c, &u);
@@ -1057,6 +1076,8 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     if (w == W_STOPPING)
         return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
                           "server is shutting down");
+    if (c->queue_timeout)
+        return send_error(c, DSQ_APIERR_OVERLOADED, NULL, QUEUE_TIMEOUT_MSG);
     if (c->req.chat)
         return finish_chat_nonstream(c);
     outs = calloc((size_t)c->n_choices, sizeof(*outs));
@@ -1253,7 +1274,7 @@ static enum MHD_Result start_requests(conn_t *c)
                 return send_api_error(c, &err);
             }
             if (rc == DSQ_EFULL)
-                return send_error(c, DSQ_APIERR_RATE_LIMIT, NULL,
+                return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
                                   "the server's waiting queue is full; retry later");
             return send_error(c, dsq_apierr_from_code(rc), NULL, dsq_strerror(rc));
         }

@@ -93,6 +93,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->admission_defer_steps = o->admission_defer_steps > 0 ? o->admission_defer_steps : -1;
     eo->admission_window_ms = o->admission_window_ms > 0 ? o->admission_window_ms : -1;
     eo->max_waiting_requests = o->max_waiting_requests;
+    eo->max_queue_wait_s = o->max_queue_wait;               /* hardening */
     eo->block_size = o->block_size;
     eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_KV_INT8
                          : !strcmp(o->kv_cache_dtype, "fp32") ? DSQ_KV_F32

@@ -34,6 +34,7 @@ typedef struct dsq_options {
     bool enable_prefix_caching;
     int64_t max_request_bytes;
     int max_waiting_requests;
+    double max_queue_wait;       /* hardening: s, 0 = none                 */
     double shutdown_timeout;     /* s                                      */
     double request_timeout;      /* s, 0 = none                            */
     double header_timeout;       /* hardening: s, request head deadline    */

@@ -96,6 +96,7 @@ struct dsq_req {
     bool forked;
     bool counted_waiting;
     bool queue_reported;           /* queue_us sent on the first event        */
+    bool queue_timeout;            /* hardening: expired in the queue          */
     double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
@@ -501,6 +502,7 @@ static void flush_event(eseq_t *s)
         r->plp_top = NULL;
     }
     if (ev->finish != DSQ_FINISH_NONE) {
+        ev->queue_timeout = s->req->queue_timeout;
         ev->prompt_tokens = s->req->n_prompt;
         ev->completion_tokens = s->n_generated;
         ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
@@ -615,6 +617,7 @@ static void publish(dsq_engine_t *e)
                 ev.index = i;
                 ev.text = strdup("");
                 ev.finish = r->scored ? DSQ_FINISH_LENGTH : DSQ_FINISH_ABORT;
+                ev.queue_timeout = r->queue_timeout;
                 ev.prompt_tokens = r->n_prompt;
                 req_push(r, &ev);
                 any = true;
@@ -702,8 +705,28 @@ static void admit_new(dsq_engine_t *e)
     free(q);
 }
 
+/* hardening: max_queue_wait_s: a request never scheduled that long after
+ * its submit is cancelled, marked so that its final events say why. */
+static void expire_waiting(dsq_engine_t *e)
+{
+    double t = now_s();
+    if (e->o.max_queue_wait_s <= 0)
+        return;
+    for (dsq_req_t *r = e->active; r; r = r->next_active) {
+        if (r->t_sched > 0 || !r->counted_waiting || atomic_load(&r->cancelled) ||
+            t - r->t_arrival <= e->o.max_queue_wait_s)
+            continue;
+        r->queue_timeout = true;
+        atomic_store(&r->cancelled, true);
+        dsq_log(DSQ_LOG_INFO, "event=queue_timeout req=%llu waited_ms=%.0f "
+                "reason=\"not scheduled within --max-queue-wait\"",
+                (unsigned long long)r->id, (t - r->t_arrival) * 1e3);
+    }
+}
+
 static void reap_cancelled(dsq_engine_t *e)
 {
+    expire_waiting(e);
     for (dsq_req_t *r = e->active; r; r = r->next_active) {
         if (!atomic_load(&r->cancelled))
             continue;

@@ -249,15 +249,18 @@ def test_tls(daemon_factory, tmp_path):
         requests.get(f"http://127.0.0.1:{d.port}/health", timeout=5)
 
 
-def test_429_queue_full(daemon_factory):
+def test_503_queue_full(daemon_factory):
+    """hardening: an engine overload is 503 + Retry-After (429 tells OpenAI
+    clients that they, not the server, send too much)."""
     d = daemon_factory("--max-num-seqs", "1", "--max-waiting-requests", "1")
     body = dict(P, max_tokens=48, ignore_eos=True, temperature=0)
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
         rs = list(ex.map(lambda _: post(d, "/v1/completions", body), range(8)))
     codes = sorted(r.status_code for r in rs)
-    assert 429 in codes and 200 in codes, codes
+    assert 503 in codes and 200 in codes and 429 not in codes, codes
     for r in rs:
-        if r.status_code == 429:
-            err(r, 429)
+        if r.status_code == 503:
+            e = err(r, 503)
+            assert e["code"] == "queue_full", e
             assert int(r.headers["Retry-After"]) >= 1
     assert requests.get(d.url("/health")).status_code == 200

@@ -179,3 +179,42 @@ def test_per_client_connection_cap(daemon_factory):
     finally:
         for s in socks:
             s.close()
+
+
+def test_max_queue_wait_refuses_with_503(daemon_factory):
+    """--max-queue-wait: a request not scheduled in time is refused with 503
+    + Retry-After (non-streaming) or an error event before [DONE]
+    (streaming), while the running one completes."""
+    d = daemon_factory("--max-num-seqs", "1", "--max-queue-wait", "0.5",
+                       env={"DSQ_LOG_LEVEL": "info"})
+    long_body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 1000,
+                 "ignore_eos": True, "temperature": 0}
+    short = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    out = {}
+
+    def run_long():
+        out["long"] = post(d, "/v1/completions", long_body)
+    t = threading.Thread(target=run_long)
+    t.start()
+    try:
+        time.sleep(0.3)          # the long one is running: the next ones queue
+        r, dt = timed(lambda: post(d, "/v1/completions", short))
+        assert r.status_code == 503, (r.status_code, r.text[:200])
+        e = r.json()["error"]
+        assert e["code"] == "queue_full" and "--max-queue-wait" in e["message"], e
+        assert int(r.headers["Retry-After"]) >= 1
+        assert 0.4 <= dt < 5, dt
+        with requests.post(d.url("/v1/completions"), json=dict(short, stream=True),
+                           stream=True, timeout=30) as rs:
+            assert rs.status_code == 200
+            data = [ln[6:] for ln in rs.iter_lines() if ln.startswith(b"data: ")]
+        assert data[-1] == b"[DONE]", data
+        import json
+        errs = [json.loads(x)["error"] for x in data[:-1] if b'"error"' in x]
+        assert errs and errs[0]["code"] == "queue_full", data
+    finally:
+        t.join()
+    assert out["long"].status_code == 200, out["long"].text[:200]
+    assert out["long"].json()["usage"]["completion_tokens"] == 1000
+    with open(d.log_path, "rb") as f:
+        assert b"event=queue_timeout" in f.read()

@@ -364,7 +364,10 @@ static void test_error_table(void **state)
     assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ERANGE)), 400);
     assert_string_equal(dsq_apierr_code(dsq_apierr_from_code(DSQ_ERANGE)),
                         "context_length_exceeded");
-    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_EFULL)), 429);
+    /* hardening: an overloaded engine is 503 (OpenAI clients read 429 as a
+     * per-client rate limit) */
+    assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_EFULL)), 503);
+    assert_string_equal(dsq_apierr_code(dsq_apierr_from_code(DSQ_EFULL)), "queue_full");
     assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ESTATE)), 503);
     assert_int_equal(dsq_apierr_status(dsq_apierr_from_code(DSQ_ENOMEM)), 500);
     assert_int_equal(dsq_apierr_status(DSQ_APIERR_AUTH), 401);
