@@ -1667,6 +1667,13 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
             return;
         r->fd = ci->connect_fd;
         r->phase = S_HEAD;
+        if (h->cfg.max_undelivered_bytes > 0) {
+            /* hardening: the kernel's send buffer is undelivered output
+             * too (it autotunes up to MiBs per socket otherwise) */
+            int64_t b = h->cfg.max_undelivered_bytes / 2;
+            int sb = (int)(b < 4096 ? 4096 : b > (4 << 20) ? (4 << 20) : b);
+            setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb));
+        }
         r->t0 = now_s();
         pthread_mutex_lock(&h->sock_mu);
         r->next = h->socks;

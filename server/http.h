@@ -58,6 +58,12 @@ typedef struct dsq_http_config {
                                         hard limit) less 256, at most 65536 */
     int max_connections_per_client;  /* hardening: per client IP address
                                         (libmicrohttpd's per-IP limit); 0 = none */
+    int64_t max_undelivered_bytes;   /* hardening: the engine's bound on a
+                                        request's unread output; each socket's
+                                        kernel send buffer is capped to half of
+                                        it (SO_SNDBUF; Linux doubles it), so a
+                                        client that stops reading holds at most
+                                        about twice this; 0 = the kernel's  */
     int http_threads;                /* hardening: polling threads; 0 = 2 per
                                         online CPU, 4 to 32 */
     int max_seqs_per_request;        /* api: prompts x max(n, best_of) cap;

@@ -94,6 +94,8 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->admission_window_ms = o->admission_window_ms > 0 ? o->admission_window_ms : -1;
     eo->max_waiting_requests = o->max_waiting_requests;
     eo->max_queue_wait_s = o->max_queue_wait;               /* hardening */
+    eo->max_undelivered_bytes = o->max_undelivered_bytes;
+    eo->undelivered_timeout_s = o->stream_stall_timeout > 0 ? o->stream_stall_timeout : -1;
     eo->block_size = o->block_size;
     eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_KV_INT8
                          : !strcmp(o->kv_cache_dtype, "fp32") ? DSQ_KV_F32
@@ -270,6 +272,7 @@ int main(int argc, char **argv)
     hc.max_connections = o.max_connections;
     hc.max_connections_per_client = o.max_connections_per_client;
     hc.http_threads = o.http_threads;
+    hc.max_undelivered_bytes = o.max_undelivered_bytes;
     hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
     hc.default_seed = o.seed;                           /* users */
     hc.allowed_origins = o.allowed_origins;

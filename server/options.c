@@ -47,6 +47,8 @@ static const opt_t table[] = {
     {"enable-prefix-caching", T_BOOL, O(enable_prefix_caching), "false", 0, 0, NULL, "reuse the KV blocks of prompt prefixes seen before (automatic prefix caching; usage reports cached_tokens)", NULL},
     {"max-request-bytes", T_BYTES, O(max_request_bytes), "1MiB", 1, 1073741824.0, NULL, "largest request body accepted (413 above)", NULL},
     {"max-waiting-requests", T_INT, O(max_waiting_requests), "0", 0, 1 << 24, NULL, "waiting queue size, 503 with Retry-After when full (0 = engine default, 1024)", NULL},
+    {"max-undelivered-bytes", T_BYTES, O(max_undelivered_bytes), "256KiB", 4096, 1073741824.0, NULL, "output a request may have generated but its client not yet read (a stream whose client stopped reading): beyond it the request is not scheduled (its KV is kept) until the client catches up; each socket's kernel send buffer is capped to half of it", NULL},
+    {"stream-stall-timeout", T_FLOAT, O(stream_stall_timeout), "30", 0, 86400, NULL, "seconds a request may stay held by --max-undelivered-bytes; then it is aborted and logged (0 = never)", NULL},
     {"max-queue-wait", T_FLOAT, O(max_queue_wait), "0", 0, 86400 * 7, NULL, "seconds a request may wait to be scheduled; then it is refused with 503 and Retry-After (streams: an error event) (0 = no limit)", NULL},
     {"shutdown-timeout", T_FLOAT, O(shutdown_timeout), "30", 0, 86400, NULL, "seconds in-flight requests may finish after SIGTERM", NULL},
     {"request-timeout", T_FLOAT, O(request_timeout), "0", 0, 86400 * 7, NULL, "seconds a request may run (0 = no limit)", NULL},

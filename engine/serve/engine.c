@@ -77,6 +77,9 @@ struct dsq_req {
     pthread_mutex_t mu;            /* guards the output queue below           */
     dsq_output_t *q;
     int q_head, q_n, q_cap;
+    int64_t q_bytes;               /* hardening: memory the queued events hold */
+    atomic_bool held;              /* hardening: not scheduled: output unread  */
+    struct dsq_engine *eng;        /* hardening: set at submit, for wake-ups   */
     int n_final_pushed;            /* choices whose final event was queued    */
     int n_final_popped;
 
@@ -97,6 +100,7 @@ struct dsq_req {
     bool counted_waiting;
     bool queue_reported;           /* queue_us sent on the first event        */
     bool queue_timeout;            /* hardening: expired in the queue          */
+    double t_held;                 /* hardening: when it was last held back    */
     double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
@@ -128,6 +132,8 @@ struct dsq_engine {
     uv_idle_t idle;
     bool idle_on;
     uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
+    int n_held;                    /* hardening: requests held (hold_unread)   */
+    bool held_idle;                /* hardening: the last step had only those  */
     /* itl: admission window (engine.h admission_window_ms) */
     uv_timer_t burst;
     double t_last_submit;          /* under mu                                */
@@ -295,12 +301,31 @@ void dsq_req_unref(dsq_req_t *r)
 
 uint64_t dsq_req_id(const dsq_req_t *r) { return r->id; }
 
+/* hardening: bytes an event holds (its struct, text and per-token arrays),
+ * the measure of a request's undelivered output. */
+static int64_t event_bytes(const dsq_output_t *o)
+{
+    int64_t n = (int64_t)sizeof(*o) + (int64_t)o->text_len;
+    n += (int64_t)o->n_tokens * (int64_t)(sizeof(int32_t) + sizeof(size_t) +
+                                          (o->logprobs ? sizeof(float) : 0) +
+                                          (o->top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
+    n += (int64_t)o->n_prompt_logprobs * (int64_t)(sizeof(float) +
+         (o->prompt_top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
+    return n;
+}
+
+static void wake_engine(struct dsq_engine *e);
+
 int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
 {
     int rc;
+    bool wake = false;
     pthread_mutex_lock(&r->mu);
     if (r->q_n > 0) {
         *out = r->q[r->q_head];
+        r->q_bytes -= event_bytes(out);
+        /* hardening: the reader caught up: let the engine schedule it */
+        wake = atomic_load(&r->held) && r->eng;
         memset(&r->q[r->q_head], 0, sizeof(r->q[0]));
         r->q_head = (r->q_head + 1) % r->q_cap;
         r->q_n--;
@@ -313,6 +338,8 @@ int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
         rc = 0;
     }
     pthread_mutex_unlock(&r->mu);
+    if (wake)
+        wake_engine(r->eng);
     return rc;
 }
 
@@ -337,6 +364,7 @@ static int req_push(dsq_req_t *r, dsq_output_t *ev)
     }
     r->q[(r->q_head + r->q_n) % r->q_cap] = *ev;
     r->q_n++;
+    r->q_bytes += event_bytes(ev);
     if (ev->finish != DSQ_FINISH_NONE)
         r->n_final_pushed++;
     memset(ev, 0, sizeof(*ev));
@@ -724,6 +752,45 @@ static void expire_waiting(dsq_engine_t *e)
     }
 }
 
+/* hardening: backpressure. A request whose undelivered output (events
+ * queued, not popped by its reader) reaches max_undelivered_bytes is held:
+ * its sequences are paused (not scheduled, KV kept) until the reader has
+ * popped it down to half; held for undelivered_timeout_s, it is aborted
+ * with a logged reason. Returns the number of requests held. */
+static int hold_unread(dsq_engine_t *e)
+{
+    int64_t hi = e->o.max_undelivered_bytes > 0 ? e->o.max_undelivered_bytes : 256 * 1024;
+    double tmo = e->o.undelivered_timeout_s == 0 ? 30.0 : e->o.undelivered_timeout_s;
+    double t = now_s();
+    int n_held = 0;
+    for (dsq_req_t *r = e->active; r; r = r->next_active) {
+        if (atomic_load(&r->cancelled))
+            continue;
+        pthread_mutex_lock(&r->mu);
+        int64_t b = r->q_bytes;
+        pthread_mutex_unlock(&r->mu);
+        bool was = atomic_load(&r->held);
+        bool hold = b >= hi || (was && b > hi / 2);
+        if (hold && !was) {
+            r->t_held = t;
+            dsq_log(DSQ_LOG_DEBUG, "event=hold req=%llu undelivered_bytes=%lld",
+                    (unsigned long long)r->id, (long long)b);
+        }
+        if (hold && tmo > 0 && t - r->t_held > tmo) {
+            dsq_log(DSQ_LOG_INFO, "event=abort req=%llu undelivered_bytes=%lld held_s=%.1f "
+                    "reason=\"the client did not read its stream\"",
+                    (unsigned long long)r->id, (long long)b, t - r->t_held);
+            atomic_store(&r->cancelled, true);
+            hold = false;
+        }
+        atomic_store(&r->held, hold);
+        for (int i = 0; i < r->n_seqs; i++)
+            r->seqs[i]->seq.paused = hold;
+        n_held += hold;
+    }
+    return n_held;
+}
+
 static void reap_cancelled(dsq_engine_t *e)
 {
     expire_waiting(e);
@@ -954,6 +1021,7 @@ static bool engine_step(dsq_engine_t *e)
     bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
     double t0 = timed ? now_s() : 0, t_fwd = 0, t_smp = 0;
     admit_new(e);
+    e->n_held = hold_unread(e);
     reap_cancelled(e);
     int rc = dsq_sched_step(e->sched, &out);
     int n_x = 0;                   /* api: prompt-logprob rows */
@@ -1070,10 +1138,23 @@ static bool engine_step(dsq_engine_t *e)
                 dsq_sched_n_waiting(e->sched), (t_fwd - t0) * 1e3, (t_smp - t_fwd) * 1e3,
                 (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3);
     }
-    return dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
+    bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
+    if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {
+        /* hardening: only held requests are left: sleep until a reader
+         * pops (wake_engine), a submit or cancel, or the next check */
+        e->held_idle = true;
+        return false;
+    }
+    return more;
 }
 
 static void on_idle(uv_idle_t *h);
+
+/* hardening: any thread: a held request's reader popped output. */
+static void wake_engine(dsq_engine_t *e)
+{
+    uv_async_send(&e->async);
+}
 
 /* itl: milliseconds to hold back the first step of a burst. With nothing
  * running, new requests wait until no request arrived and no step ended for
@@ -1139,6 +1220,15 @@ static void on_idle(uv_idle_t *h)
     /* == end deploy == */
     bool busy = engine_step(e);
     e->t_last_step = now_s();
+    if (!busy && e->held_idle) {
+        /* hardening: every request left is held (hold_unread): look again
+         * in 100 ms (timeouts) unless a reader's pop wakes the loop first */
+        e->held_idle = false;
+        uv_idle_stop(&e->idle);
+        e->idle_on = false;
+        uv_timer_start(&e->burst, on_burst, 100, 0);
+        return;
+    }
     if (!busy) {
         pthread_mutex_lock(&e->mu);
         bool more = e->subq_n > 0;
@@ -1666,6 +1756,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
         }
         if (!rc) {
             dsq_req_ref(r);
+            r->eng = e;
             r->t_arrival = now_s();
             e->t_last_submit = r->t_arrival;   /* itl */
             e->subq[e->subq_n++] = r;

@@ -50,6 +50,13 @@ typedef struct dsq_engine_opts {
                                         DSQ_ENGINE_ADMISSION_WINDOW_MS,
                                         < 0 = off                            */
     int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
+    int64_t max_undelivered_bytes;   /* hardening: a request whose queued, not
+                                        yet popped output (dsq_req_next) holds
+                                        this many bytes is not scheduled until
+                                        its reader catches up to half of it;
+                                        0 = 256 KiB                          */
+    double undelivered_timeout_s;    /* hardening: a request held that long is
+                                        aborted (logged); 0 = 30 s, < 0 = never */
     double max_queue_wait_s;         /* hardening: a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */

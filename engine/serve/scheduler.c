@@ -273,6 +273,8 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
 
     for (int i = 0; i < s->running.n && budget > 0; i++) {
         dsq_seq_t *seq = s->running.v[i];
+        if (seq->paused)
+            continue;            /* hardening: its client is not reading */
         int want = seq->n_tokens - seq->n_computed;
         bool decode = seq->n_computed >= seq->n_prompt && want == 1;
         bool plr = seq->prompt_logits && seq->n_computed < seq->n_prompt;

@@ -65,6 +65,10 @@ typedef struct dsq_seq {
     bool prompt_logits;       /* attack2: every prompt position needs its
                                  logits (prompt logprobs): its prompt chunks
                                  count against max_prompt_logit_rows      */
+    bool paused;              /* hardening: held back by the engine (its client
+                                 is not reading its output): never scheduled,
+                                 keeps its KV blocks (it may still be
+                                 preempted), still counts as running        */
     int sched_tokens;         /* tokens scheduled in the current step           */
     int sched_row;            /* first batch row of this sequence in the step   */
 } dsq_seq_t;

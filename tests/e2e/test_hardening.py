@@ -218,3 +218,116 @@ def test_max_queue_wait_refuses_with_503(daemon_factory):
     assert out["long"].json()["usage"]["completion_tokens"] == 1000
     with open(d.log_path, "rb") as f:
         assert b"event=queue_timeout" in f.read()
+
+
+def metric(d, name):
+    for ln in requests.get(d.url("/metrics"), timeout=10).text.splitlines():
+        if ln.startswith(name + " ") or ln.startswith(name + "{"):
+            return float(ln.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def open_unread_stream(port, body, addr="127.0.0.1"):
+    """A streaming request whose client never reads (small receive buffer)."""
+    import json
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.bind((addr, 0))
+    s.connect(("127.0.0.1", port))
+    raw = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+    return s
+
+
+def test_unread_streams_do_not_grow_memory(daemon_factory):
+    """32 streams whose clients never read: generation stops once each has
+    filled its socket and --max-undelivered-bytes of engine queue (KV
+    kept), RSS stays within 10% of the server's RSS after the same load
+    read normally, and a normal client is then served at its unloaded pace.
+    (32, not the issue's 100, bounds the test's time on 2 cores: the 100
+    figure is measured by hand, docs/benchmarks.md.)"""
+    n = 32
+    d = daemon_factory("--max-num-seqs", "128", "--max-undelivered-bytes", "8KiB",
+                       "--stream-stall-timeout", "0")
+    body = {"model": MODEL_NAME, "prompt": "Write a long story about a dragon.",
+            "max_tokens": 3000, "ignore_eos": True, "temperature": 0.8, "stream": True}
+    normal = {"model": MODEL_NAME, "prompt": "Count: one, two,", "max_tokens": 48,
+              "ignore_eos": True, "temperature": 0}
+
+    def normal_time():
+        return timed(lambda: post(d, "/v1/completions", normal))[1]
+    # the same load, read (at least as many tokens each, so as many KV
+    # blocks touched): every allocation such a batch makes
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        rs = list(ex.map(lambda _: post(d, "/v1/completions",
+                                        dict(body, stream=False, max_tokens=200)), range(n)))
+    assert all(r.status_code == 200 for r in rs)
+    base_t = min(normal_time() for _ in range(2))
+    rss_idle = rss_bytes(d.proc.pid)
+    g_start = metric(d, "dsq:generation_tokens_total")
+    socks = [open_unread_stream(d.port, body, f"127.0.0.{2 + i % 4}") for i in range(n)]
+    try:
+        # each stream fills its socket and its engine queue, then is held:
+        # generation stops (bounded wait; n x ~100 tokens at batch n)
+        g0, t0 = metric(d, "dsq:generation_tokens_total"), time.monotonic()
+        while time.monotonic() - t0 < 90:
+            time.sleep(3)
+            g1 = metric(d, "dsq:generation_tokens_total")
+            if g1 == g0:
+                break
+            g0 = g1
+        assert metric(d, "dsq:num_requests_running") == n
+        per_stream = (g1 - g_start) / n
+        assert per_stream < 400, f"{per_stream:.0f} tokens per unread stream before it was held"
+        busy_t = normal_time()
+        time.sleep(3)
+        g2 = metric(d, "dsq:generation_tokens_total")
+        rss = rss_bytes(d.proc.pid)
+        # held: generation stopped (the normal request's 48 tokens aside)
+        assert g2 - g1 <= 48 + n, (g1, g2)
+        assert rss <= rss_idle * 1.10, (rss_idle, rss)
+        # the held sequences cost other clients nothing per step
+        assert busy_t < 3 * base_t + 0.5, (base_t, busy_t)
+    finally:
+        for s in socks:
+            s.close()
+    deadline = time.monotonic() + 10
+    while metric(d, "dsq:num_requests_running") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(d, "dsq:num_requests_running") == 0
+    assert metric(d, "dsq:kv_cache_blocks_used") == 0
+
+
+def test_stalled_stream_aborted_after_timeout(daemon_factory):
+    """--stream-stall-timeout: a stream held because its client does not
+    read is aborted (its KV freed) and logged with the reason."""
+    d = daemon_factory("--max-undelivered-bytes", "8KiB", "--stream-stall-timeout", "2",
+                       env={"DSQ_LOG_LEVEL": "info"})
+    body = {"model": MODEL_NAME, "prompt": "Tell me a story.", "max_tokens": 4000,
+            "ignore_eos": True, "temperature": 0.8, "stream": True}
+    s = open_unread_stream(d.port, body)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if metric(d, "dsq:num_requests_running") == 0 and \
+               metric(d, "dsq:generation_tokens_total") > 0:
+                break
+        assert metric(d, "dsq:num_requests_running") == 0
+        assert metric(d, "dsq:kv_cache_blocks_used") == 0
+        assert metric(d, "dsq:generation_tokens_total") < 4000
+    finally:
+        s.close()
+    with open(d.log_path, "rb") as f:
+        log = f.read()
+    assert b"reason=\"the client did not read its stream\"" in log, log[-2000:]
