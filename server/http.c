@@ -34,6 +34,7 @@
 #include "engine/text/tokenizer.h"
 #include "server/chat.h"
 #include "server/error.h"
+#include "server/json.h"
 #include "server/openai.h"
 #include "server/reasoning.h"
 
@@ -1434,20 +1435,14 @@ static enum MHD_Result on_request(conn_t *c)
     default: break;
     }
     if (c->ct_other && is_post_route(c->route)) {
-        const char *end = NULL;
-        cJSON *j = c->body_len ? cJSON_ParseWithLengthOpts(c->body, c->body_len, &end, false)
-                               : NULL;
-        /* the whole body, as the request parser will read it (trailing
-         * bytes other than whitespace make it not JSON) */
-        while (j && end < c->body + c->body_len && strchr(" \t\r\n", *end))
-            end++;
-        if (j && end != c->body + c->body_len) {
-            cJSON_Delete(j);
-            j = NULL;
-        }
-        bool ok = j != NULL;
-        cJSON_Delete(j);
-        if (!ok)
+        /* the same strict check the request parser runs first
+         * (server/json.h), so "is JSON" means one thing here and there; a
+         * U+0000 goes on to the parser, whose 400 names it */
+        dsq_json_error_t je;
+        int rc = dsq_json_check(c->body, c->body_len, &je);
+        if (rc == DSQ_ENOMEM)
+            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        if (rc != DSQ_OK && je.fault != DSQ_JSON_NUL)
             return send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
                               "Content-Type must be application/json (a body of another "
                               "type is taken only when it is JSON)");

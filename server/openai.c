@@ -12,6 +12,7 @@
 #include <openssl/rand.h>
 
 #include "engine/common/error.h"
+#include "server/json.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -94,30 +95,6 @@ static int get_bool(const cJSON *obj, const char *name, bool *out,
     return DSQ_OK;
 }
 
-/* cJSON ends a string at a \u0000 escape, so "a\u0000b" would silently
- * become "a": true when the body holds one (a backslash that is not itself
- * escaped, then u0000), or a raw NUL byte before the end of the value. */
-static bool has_nul_escape(const char *body, size_t len)
-{
-    /* attack2: a raw NUL byte inside a string is cut the same way (and is
-     * not JSON: control characters must be escaped); NULs after the value
-     * (a C string's terminator) are tolerated below */
-    const char *z = memchr(body, '\0', len);
-    for (; z && z < body + len; z++)
-        if (*z != '\0' && *z != ' ' && *z != '\n' && *z != '\r' && *z != '\t')
-            return true;
-    for (size_t i = 0; i + 6 <= len; i++) {
-        size_t k = 0;
-        if (memcmp(body + i, "\\u0000", 6))
-            continue;
-        while (k < i && body[i - 1 - k] == '\\')
-            k++;
-        if (k % 2 == 0)
-            return true;
-    }
-    return false;
-}
-
 static size_t utf8_seq(const unsigned char *s, size_t n, bool *ok);
 
 /* api: true when s is valid UTF-8 (RFC 3629). */
@@ -171,27 +148,51 @@ static bool reject_bad_utf8(const cJSON *root, dsq_api_error_t *err)
     return false;
 }
 
+/* 400 for a body the strict check refused. Bad UTF-8 still names the
+ * top-level field that holds it (docs/api.md): jansson stops at the first
+ * bad byte and all before it is valid JSON, so cJSON's tree of the same
+ * body finds that string first. */
+static void refuse_json(const char *body, size_t len, const dsq_json_error_t *je,
+                        dsq_api_error_t *err)
+{
+    cJSON *root = NULL;
+    const char *what = "";
+    if (je->fault == DSQ_JSON_BAD_UTF8)
+        root = cJSON_ParseWithLengthOpts(body, len, NULL, false);
+    if (cJSON_IsObject(root) && reject_bad_utf8(root, err)) {
+        size_t n = strlen(err->message);
+        snprintf(err->message + n, sizeof(err->message) - n, " %s", je->where);
+    } else {
+        if (je->fault == DSQ_JSON_SYNTAX || je->fault == DSQ_JSON_BAD_UTF8)
+            what = "request body is not valid JSON: ";
+        else if (je->fault == DSQ_JSON_DUPLICATE_KEY)
+            what = "request body has a ";
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL, "%s%s", what,
+                          je->message);
+    }
+    cJSON_Delete(root);
+}
+
+/* Every request body comes in here. First the strict check (server/json.h:
+ * RFC 8259, no key twice, no U+0000), whose message names the byte and
+ * line:column; then cJSON builds the tree the validators read. */
 static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
 {
     const char *end = NULL;
-    cJSON *root;
-    if (has_nul_escape(body, len)) {
+    cJSON *root = NULL;
+    dsq_json_error_t je;
+    int rc = dsq_json_check(body, len, &je);
+    if (rc == DSQ_ENOMEM) {
+        dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    } else if (rc != DSQ_OK) {
+        refuse_json(body, len, &je, err);
+    } else if (!(root = cJSON_ParseWithLengthOpts(body, len, &end, false))) {
+        /* the check took it, so cJSON's own limit refused it: nesting
+         * deeper than CJSON_NESTING_LIMIT (or out of memory) */
+        dsq_json_locate(body, len, end ? (size_t)(end - body) : 0, &je);
         dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
-                          "strings must not contain U+0000 (\\u0000)");
-        return NULL;
-    }
-    root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    while (root && end && end < body + len &&
-           (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t' ||
-            *end == '\0'))
-        end++;
-    if (root && end && end < body + len) {
-        cJSON_Delete(root);
-        root = NULL;
-    }
-    if (!root) {
-        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
-                          "request body is not valid JSON");
+                          "request body is not valid JSON: nested deeper than "
+                          "%d levels %s", CJSON_NESTING_LIMIT, je.where);
     } else if (!cJSON_IsObject(root)) {
         dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
                           "request body must be a JSON object, got %s",
@@ -199,6 +200,8 @@ static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
         cJSON_Delete(root);
         root = NULL;
     } else if (reject_bad_utf8(root, err)) {
+        /* the check has read the UTF-8 already; this walk over what the
+         * validators will read stays as a second line */
         cJSON_Delete(root);
         root = NULL;
     }

@@ -73,6 +73,73 @@ def test_invalid_json(server):
         err(post(server, "/v1/completions", raw=raw), 400, None)
 
 
+
+# issue #20: a request body is JSON as RFC 8259 defines it, and no object
+# holds a key twice (a proxy in front may read the other one). Each case is
+# (the rest of a body that starts with STRICT, the offset in that rest where
+# the error is reported, a piece of the message, param): the 400 names the
+# byte offset (0-based) and line:column (1-based).
+STRICT = b'{"model":"%s","prompt":"Hi","max_tokens":1,' % MODEL_NAME.encode()
+
+
+@pytest.mark.parametrize("rest,at,what,param", [
+    (b'"seed":01}', 8, "invalid token", None),
+    (b'"seed":-01}', 9, "invalid token", None),
+    (b'"seed":1.}', 9, "invalid token", None),
+    (b'"seed":.5}', 8, "invalid token", None),
+    (b'"seed":1e}', 9, "invalid token", None),
+    (b'"seed":+1}', 8, "invalid token", None),
+    (b'"seed":-}', 8, "invalid token", None),
+    (b'"user":"a\tb"}', 9, "control character", None),
+    (b'"user":"a\x01b"}', 9, "control character", None),
+    (b'"user":"\\x"}', 10, "invalid escape", None),
+    (b'"user":"\\ud800"}', 15, "invalid Unicode", None),
+    (b'"user":"a\xff"}', 9, "not valid UTF-8", "user"),
+    (b'"stream":false,"stream":true}', 15, 'duplicate key "stream"', None),
+    (b'"logit_bias":{"1":1,"1":2}}', 20, 'duplicate key "1"', None),
+    (b'"n":1} x', 8, "end of file expected", None),
+    (b'"n":1,}', 7, "expected", None),
+])
+def test_strict_json(server, rest, at, what, param):
+    e = err(post(server, "/v1/completions", raw=STRICT + rest), 400, param)
+    assert e["type"] == "invalid_request_error"
+    pos = len(STRICT) + at
+    assert what in e["message"], e
+    assert "at byte %d (line 1, column %d)" % (pos, pos + 1) in e["message"], e
+
+
+def test_strict_json_every_route(server):
+    # a duplicate inside a chat message object, over two lines
+    body = (b'{"model":"%s",\n"messages":[{"role":"user","content":"hi",\n'
+            b' "role":"system"}]}' % MODEL_NAME.encode())
+    e = err(post(server, "/v1/chat/completions", raw=body), 400)
+    assert 'duplicate key "role" at byte %d (line 3, column 2)' % body.rindex(b'"role"') \
+        in e["message"], e
+    e = err(post(server, "/tokenize", raw=b'{"prompt":"a","prompt":"b"}'), 400)
+    assert 'duplicate key "prompt" at byte 14 (line 1, column 15)' in e["message"], e
+    e = err(post(server, "/detokenize", raw=b'{"tokens":[01]}'), 400)
+    assert "at byte 12 (line 1, column 13)" in e["message"], e
+    # a body sent as another Content-Type is taken only when it is strict JSON
+    r = post(server, "/v1/completions", raw=STRICT + b'"stream":false,"stream":true}',
+             headers={"Content-Type": "text/plain"})
+    err(r, 415)
+    r = post(server, "/v1/completions", raw=STRICT + b'"seed":1}',
+             headers={"Content-Type": "text/plain"})
+    assert r.status_code == 200, r.text
+
+
+def test_strict_json_still_takes(server):
+    # integers past 2^64, the edges of a double, -0, surrogate pairs,
+    # whitespace around the value, a C string's NUL terminator after it
+    for rest in [b'"x":18446744073709551615,"y":123456789012345678901234567890}',
+                 b'"x":1e308,"y":-0,"z":4.9e-324,"w":-0.0E+0}',
+                 b'"user":"\\u00e9\\ud83d\\ude00\\/\\"\\\\"}',
+                 b'"x":{"model":1,"y":{"model":2}}}',
+                 b'"seed":1} \r\n\t',
+                 b'"seed":1}\x00']:
+        r = post(server, "/v1/completions", raw=b" \n" + STRICT + rest)
+        assert r.status_code == 200, (rest, r.text)
+
 def test_context_length(server):
     mml = requests.get(server.url("/v1/models")).json()["data"][0]["max_model_len"]
     n = post(server, "/tokenize", {"prompt": P["prompt"]}).json()["count"]

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -856,6 +857,162 @@ static void test_prompt_logprobs(void **state)
     cJSON_Delete(lp);
 }
 
+/* issue #20: request bodies are JSON as RFC 8259 defines it, and no object
+ * holds a key twice. Each of these cJSON alone took (or refused without
+ * saying where); now each is a 400 whose message names the byte offset
+ * (0-based) and line:column (1-based, columns in characters). The offsets
+ * are counted by hand: S is 36 bytes, so a seed value starts at byte 36;
+ * P is 29 bytes and ends with the comma after "prompt":"a". */
+#define S "{\"model\":\"smol\",\"prompt\":\"a\",\"seed\":"
+#define P "{\"model\":\"smol\",\"prompt\":\"a\","
+static const struct strict_case {
+    const char *body;
+    const char *param;      /* NULL = JSON null */
+    const char *want;       /* a piece of the message */
+} strict_bad[] = {
+    /* numbers (RFC 8259 section 6): the parser stops at the byte that
+     * cannot continue the number, or just past the token it refuses */
+    {S "01}", NULL, "at byte 37 (line 1, column 38)"},
+    {S "-01}", NULL, "at byte 38 (line 1, column 39)"},
+    {S "1.}", NULL, "at byte 38 (line 1, column 39)"},
+    {S ".5}", NULL, "at byte 37 (line 1, column 38)"},
+    {S "1e}", NULL, "at byte 38 (line 1, column 39)"},
+    {S "+1}", NULL, "at byte 37 (line 1, column 38)"},
+    {S "-}", NULL, "at byte 37 (line 1, column 38)"},
+    {S "1e400}", NULL, "at byte 41 (line 1, column 42)"},  /* overflows a double */
+    /* strings (section 7): a raw control character, a bad escape, a lone
+     * surrogate escape */
+    {"{\"model\":\"smol\",\"prompt\":\"a\tb\"}", NULL, "at byte 27 (line 1, column 28)"},
+    {"{\"model\":\"smol\",\"prompt\":\"a\x1f\"}", NULL, "at byte 27 (line 1, column 28)"},
+    {"{\"model\":\"smol\",\"prompt\":\"\\x\"}", NULL, "at byte 28 (line 1, column 29)"},
+    {"{\"model\":\"smol\",\"prompt\":\"\\ud800\"}", NULL, "at byte 33 (line 1, column 34)"},
+    {"{\"model\":\"smol\",\"prompt\":\"\\udc00\\ud800\"}", NULL, "at byte 39"},
+    /* invalid UTF-8 (section 8.1) keeps naming its top-level field */
+    {"{\"model\":\"smol\",\"prompt\":\"a\xFF\"}", "prompt", "at byte 27 (line 1, column 28)"},
+    {"{\"model\":\"smol\",\"prompt\":\"\xC3\xA9\xC0\xAF\"}", "prompt", "at byte 28 (line 1, column 28)"},
+    /* duplicate keys (section 4: names SHOULD be unique; a proxy may read
+     * the other one): the message names the key and where it starts */
+    {P "\"stream\":true,\"stream\":false}", NULL,
+     "duplicate key \"stream\" at byte 43 (line 1, column 44)"},
+    {P "\"logit_bias\":{\"11\":1,\"11\":2}}", NULL,
+     "duplicate key \"11\" at byte 50 (line 1, column 51)"},
+    {P "\"st\\u0072eam\":true,\"stream\":false}", NULL, "duplicate key \"stream\" at byte 48"},
+    {"{\"model\":\"smol\",\n \"model\":\"smol\",\"prompt\":\"a\"}", NULL,
+     "duplicate key \"model\" at byte 18 (line 2, column 2)"},
+    /* structure (sections 2, 4, 5): trailing garbage and commas */
+    {P "\"n\":1} x", NULL, "at byte 37 (line 1, column 38)"},
+    {P "\"n\":1,}", NULL, "at byte 36 (line 1, column 37)"},
+    {P "\"stop\":[\"a\",]}", NULL, "at byte 42 (line 1, column 43)"},
+};
+
+static void test_strict_json(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(strict_bad) / sizeof(strict_bad[0]); i++) {
+        const struct strict_case *c = &strict_bad[i];
+        dsq_completion_req_t r;
+        dsq_api_error_t e;
+        memset(&e, 0, sizeof(e));
+        if (dsq_openai_parse_completion(c->body, strlen(c->body), &LIM, &r, &e) != DSQ_EINVAL)
+            fail_msg("case %zu accepted: %s", i, c->body);
+        if (!strstr(e.message, c->want))
+            fail_msg("case %zu (%s): message '%s' lacks '%s'", i, c->body,
+                     e.message, c->want);
+        if (strcmp(e.param, c->param ? c->param : ""))
+            fail_msg("case %zu (%s): param '%s', want '%s'", i, c->body,
+                     e.param, c->param ? c->param : "");
+        check_error_json(&e, 400, c->param, NULL);
+        assert_int_equal(e.kind, DSQ_APIERR_INVALID_REQUEST);
+    }
+}
+
+/* Every parser takes the same strict path: a duplicate key inside a chat
+ * message object, in a tokenize and a detokenize body. */
+static void test_strict_json_routes(void **state)
+{
+    const char *chat = "{\"model\":\"smol\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"a\",\"role\":\"system\"}]}";
+    const char *tok = "{\"prompt\":\"a\",\"prompt\":\"b\"}";
+    const char *detok = "{\"tokens\":[1],\"tokens\":[2]}";
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    char *p = NULL;
+    size_t len = 0;
+    bool add = false;
+    int32_t *ids = NULL;
+    int n = 0;
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(dsq_openai_parse_chat(chat, strlen(chat), &LIM, &r, &e), DSQ_EINVAL);
+    assert_non_null(strstr(e.message, "duplicate key \"role\" at byte 57 (line 1, column 58)"));
+    assert_null(r.messages);
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(dsq_openai_parse_tokenize(tok, strlen(tok), &LIM, &p, &len, &add, &e),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(e.message, "duplicate key \"prompt\" at byte 14"));
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(dsq_openai_parse_detokenize(detok, strlen(detok), &LIM, &ids, &n, &e),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(e.message, "duplicate key \"tokens\" at byte 14"));
+}
+
+/* What strictness must not break: integers past 2^63 (seeds are often
+ * sent as uint64), the edges of a double, -0, escapes (surrogate pairs
+ * too), whitespace around the value, a C string's NUL terminator after it,
+ * nesting to cJSON's limit; and nesting past it still names a position. */
+static void test_strict_json_good(void **state)
+{
+    static const char *good[] = {
+        P "\"x\":18446744073709551615}",
+        P "\"x\":-9223372036854775808,\"y\":123456789012345678901234567890}",
+        P "\"x\":1e308,\"y\":-1.5E-300,\"z\":4.9e-324,\"w\":1e-400}",
+        P "\"x\":-0,\"y\":0.0e+0,\"z\":-0.0}",
+        "{\"model\":\"smol\",\"prompt\":\"\\u00e9\\ud83d\\ude00\\\"\\\\\\/\\b\\f\\n\\r\\t\"}",
+        "{\"model\":\"smol\",\"prompt\":\"\xC3\xA9\xF0\x9F\x98\x80\"}",
+        " \t\r\n{\"model\":\"smol\" , \"prompt\" : \"a\"}\r\n \t",
+        "{\"model\":\"smol\",\"prompt\":\"a\"}\n",
+        /* the same key in two different objects is fine */
+        "{\"model\":\"smol\",\"prompt\":\"a\",\"x\":{\"model\":1,\"y\":{\"model\":2}}}",
+        P "\"seed\":9007199254740991}",
+    };
+    dsq_completion_req_t r;
+    dsq_api_error_t e;
+    char deep[2 * 1000 + 64], *d;
+    (void)state;
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        memset(&e, 0, sizeof(e));
+        if (dsq_openai_parse_completion(good[i], strlen(good[i]), &LIM, &r, &e) != 0)
+            fail_msg("case %zu refused: %s: %s", i, good[i], e.message);
+        dsq_completion_req_deinit(&r);
+    }
+    {
+        const char nul[] = "{\"model\":\"smol\",\"prompt\":\"a\"}\0";
+        assert_int_equal(dsq_openai_parse_completion(nul, sizeof(nul), &LIM, &r, &e), 0);
+        dsq_completion_req_deinit(&r);
+    }
+    /* the object plus 999 arrays: cJSON's nesting limit of 1000, as today */
+    d = deep + sprintf(deep, P "\"x\":");
+    for (int i = 0; i < 999; i++)
+        *d++ = '[';
+    for (int i = 0; i < 999; i++)
+        *d++ = ']';
+    *d++ = '}';
+    assert_int_equal(dsq_openai_parse_completion(deep, (size_t)(d - deep), &LIM, &r, &e), 0);
+    dsq_completion_req_deinit(&r);
+    /* one more level: refused, and the message says where */
+    d = deep + sprintf(deep, P "\"x\":");
+    for (int i = 0; i < 1000; i++)
+        *d++ = '[';
+    for (int i = 0; i < 1000; i++)
+        *d++ = ']';
+    *d++ = '}';
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(dsq_openai_parse_completion(deep, (size_t)(d - deep), &LIM, &r, &e),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(e.message, "at byte "));
+    assert_non_null(strstr(e.message, "(line 1, column "));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -873,6 +1030,9 @@ int main(void)
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_chat_response_and_chunks),
+        cmocka_unit_test(test_strict_json),
+        cmocka_unit_test(test_strict_json_routes),
+        cmocka_unit_test(test_strict_json_good),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
