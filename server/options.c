@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/common/error.h"
+#include "server/json.h"
 
 typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_BYTES } opt_type_t;
 
@@ -262,6 +263,7 @@ static int apply_json(dsq_options_t *opts, const char *path, char *err,
     char *buf = NULL;
     long size;
     cJSON *root = NULL, *it;
+    dsq_json_error_t je;
     FILE *f = fopen(path, "rb");
     if (!f) {
         fail(err, err_len, "--config %s: %s", path, strerror(errno));
@@ -278,6 +280,16 @@ static int apply_json(dsq_options_t *opts, const char *path, char *err,
         goto undo_file;
     }
     buf[size] = '\0';
+    /* strict JSON first (server/json.h): a key set twice is an error here
+     * too, not "the first one wins" */
+    if (dsq_json_check(buf, (size_t)size, &je) != DSQ_OK) {
+        char why[sizeof(je.message) + 32];
+        snprintf(why, sizeof(why), "%s%s",
+                 je.fault == DSQ_JSON_SYNTAX || je.fault == DSQ_JSON_BAD_UTF8
+                     ? "not valid JSON: " : "", je.message);
+        fail(err, err_len, "--config %s: %s", path, why);
+        goto undo_file;
+    }
     root = cJSON_Parse(buf);
     if (!cJSON_IsObject(root)) {
         fail(err, err_len, "--config %s: %s", path, "not a JSON object");

@@ -223,6 +223,18 @@ static void test_errors(void **state)
         write_config("[1]");
         expect_fail(a, 3, NULL, "object");
         unlink(cfg_path);
+        /* issue #20: the config file is strict JSON too (RFC 8259), and a
+         * key set twice is an error, not "the first one wins"; the one
+         * line names the key and where (byte 0-based, line:column) */
+        write_config("{\"port\": 9000,\n \"port\": 9001}");
+        expect_fail(a, 3, NULL, "duplicate key \"port\" at byte 16 (line 2, column 2)");
+        unlink(cfg_path);
+        write_config("{\"port\": 09000}");
+        expect_fail(a, 3, NULL, "at byte 10 (line 1, column 11)");
+        unlink(cfg_path);
+        write_config("{\"port\": 9000,}");
+        expect_fail(a, 3, NULL, "at byte 15 (line 1, column 16)");
+        unlink(cfg_path);
     }
 }
 
