@@ -94,6 +94,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->admission_window_ms = o->admission_window_ms > 0 ? o->admission_window_ms : -1;
     eo->max_waiting_requests = o->max_waiting_requests;
     eo->max_queue_wait_s = o->max_queue_wait;               /* hardening */
+    eo->step_budget_ms = o->step_budget_ms > 0 ? o->step_budget_ms : -1;
     eo->max_undelivered_bytes = o->max_undelivered_bytes;
     eo->undelivered_timeout_s = o->stream_stall_timeout > 0 ? o->stream_stall_timeout : -1;
     eo->block_size = o->block_size;

@@ -35,6 +35,7 @@ typedef struct dsq_options {
     int64_t max_request_bytes;
     int max_waiting_requests;
     double max_queue_wait;       /* hardening: s, 0 = none                 */
+    double step_budget_ms;       /* hardening: ms, 0 = none                */
     int64_t max_undelivered_bytes; /* hardening: bytes                     */
     double stream_stall_timeout; /* hardening: s, 0 = never               */
     double shutdown_timeout;     /* s                                      */

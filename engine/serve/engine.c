@@ -133,6 +133,7 @@ struct dsq_engine {
     bool idle_on;
     uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
     int n_held;                    /* hardening: requests held (hold_unread)   */
+    double tok_ms;                 /* hardening: EWMA forward ms per token     */
     bool held_idle;                /* hardening: the last step had only those  */
     /* itl: admission window (engine.h admission_window_ms) */
     uv_timer_t burst;
@@ -752,6 +753,34 @@ static void expire_waiting(dsq_engine_t *e)
     }
 }
 
+/* hardening: the step budget (engine.h step_budget_ms). The forward cost
+ * per token is an exponentially weighted mean (weight 0.6 on the newest)
+ * over steps of 16 tokens or more (per-token cost falls with batch size,
+ * so small steps would make it pessimistic); the prefill cap is what fits
+ * in 80% of the budget next to the running decode rows, so the cap follows
+ * the rising attention cost of a long prompt's later chunks within a step
+ * or two. Before the first measurement the cap is 256. */
+static void set_prefill_cap(dsq_engine_t *e)
+{
+    double budget = e->o.step_budget_ms == 0 ? 250.0 : e->o.step_budget_ms;
+    if (budget < 0)
+        return;
+    int cap = 256;
+    if (e->tok_ms > 0) {
+        /* aim at 80%: a chunk's attention cost grows with its position,
+         * so the next chunk costs a little more per token than the last */
+        double fit = 0.8 * budget / e->tok_ms - dsq_sched_n_running(e->sched);
+        cap = fit < 32 ? 32 : fit > 1 << 20 ? 1 << 20 : (int)fit;
+    }
+    dsq_sched_set_prefill_cap(e->sched, cap);
+}
+
+static void update_step_budget(dsq_engine_t *e, int n_tokens, double forward_ms)
+{
+    double per = forward_ms / n_tokens;
+    e->tok_ms = e->tok_ms > 0 ? 0.4 * e->tok_ms + 0.6 * per : per;
+}
+
 /* hardening: backpressure. A request whose undelivered output (events
  * queued, not popped by its reader) reaches max_undelivered_bytes is held:
  * its sequences are paused (not scheduled, KV kept) until the reader has
@@ -1023,6 +1052,7 @@ static bool engine_step(dsq_engine_t *e)
     admit_new(e);
     e->n_held = hold_unread(e);
     reap_cancelled(e);
+    set_prefill_cap(e);
     int rc = dsq_sched_step(e->sched, &out);
     int n_x = 0;                   /* api: prompt-logprob rows */
     if (rc == DSQ_OK && out.n_tokens > 0)
@@ -1063,11 +1093,11 @@ static bool engine_step(dsq_engine_t *e)
                 .n_logits = out.n_logits + n_x,
                 .logit_rows = n_x ? e->lrows : out.logit_rows,
             };
-            if (timed)
-                t_fwd = now_s();
+            t_fwd = now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
-            if (timed)
-                t_smp = now_s();
+            t_smp = now_s();
+            if (!rc && out.n_tokens >= 16)
+                update_step_budget(e, out.n_tokens, (t_smp - t_fwd) * 1e3);
         }
         if (!rc) {
             dsq_sched_commit(e->sched, &out);

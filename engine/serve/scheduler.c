@@ -22,6 +22,7 @@ struct dsq_sched {
     dsq_sched_opts_t o;
     seq_vec_t waiting, running;
     int64_t n_preemptions;
+    int prefill_cap;                           /* hardening: 0 = none */
     int64_t n_prefix_queries, n_prefix_hits;   /* tokens */
     int32_t *hit_ids;                          /* prefix lookup scratch */
     dsq_block_hash_t *hit_hashes;
@@ -268,6 +269,10 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         }
     }
 
+    /* hardening: the engine's step budget (dsq_sched_set_prefill_cap) */
+    if (s->prefill_cap > 0 && s->prefill_cap < prefill_left)
+        prefill_left = s->prefill_cap;
+
     /* attack2: logits rows left for prompt-logprob chunks */
     int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
 
@@ -446,6 +451,11 @@ void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out)
         /* blocks that just filled become reusable */
         dsq_kv_seq_cache_blocks(s->kv, &seq->bt, seq->tokens, seq->n_computed);
     }
+}
+
+void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens)
+{
+    s->prefill_cap = n_tokens > 0 ? n_tokens : 0;
 }
 
 int dsq_sched_n_waiting(const dsq_sched_t *s) { return s->waiting.n; }

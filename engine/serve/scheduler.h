@@ -134,6 +134,13 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out);
 /* After the forward pass: mark the scheduled tokens as computed. */
 void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out);
 
+/* hardening: prefill tokens (prompt chunks and admissions together) per
+ * step from now on, whether or not anything decodes; decode rows are not
+ * counted. The engine sets it from its step budget (engine.h
+ * step_budget_ms); it combines with max_prefill_tokens_with_decode (the
+ * smaller applies). n_tokens <= 0 removes the cap. */
+void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens);
+
 int dsq_sched_n_waiting(const dsq_sched_t *s);
 int dsq_sched_n_running(const dsq_sched_t *s);
 int64_t dsq_sched_n_preemptions(const dsq_sched_t *s);
