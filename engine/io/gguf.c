@@ -436,7 +436,18 @@ static int place_tensors(dsq_gguf_t *g, size_t info_end, char *err,
         }
         t->data = g->base + data_off + off;
     }
-    return DSQ_OK;
+    /* ggml's reader wants each tensor at the running sum of the ones
+     * before; we take any order and padding, but no byte in two tensors */
+    const dsq_tensor_t *x, *y;
+    int rc = dsq_tensor_find_overlap(g->tensors, g->n_tensors, &x, &y);
+    if (rc == DSQ_EFORMAT)
+        set_err(err, err_len, "%s: tensors '%s' [%zu, +%zu) and '%s' [%zu, +%zu) overlap",
+                g->path, x->name, (size_t)((const uint8_t *)x->data - g->base - data_off),
+                x->n_bytes, y->name, (size_t)((const uint8_t *)y->data - g->base - data_off),
+                y->n_bytes);
+    else if (rc != DSQ_OK)
+        set_err(err, err_len, "%s: out of memory", g->path);
+    return rc;
 }
 
 static int parse(dsq_gguf_t *g, char *err, size_t err_len)

@@ -27,8 +27,10 @@ typedef enum dsq_gguf_vtype {
 typedef struct dsq_gguf dsq_gguf_t;
 
 /* Open and validate a GGUF file (header, all metadata, all tensor infos,
- * alignment, tensor bounds). On failure returns NULL and writes a one-line
- * reason naming the file and the offending field/tensor into err. */
+ * alignment, tensor bounds: every tensor's bytes inside the data section
+ * and no byte in two tensors). On failure returns NULL and writes a
+ * one-line reason naming the file and the offending field/tensor (for an
+ * overlap both tensors and their [offset, +bytes) ranges) into err. */
 dsq_gguf_t *dsq_gguf_open(const char *path, char *err, size_t err_len);
 /* Parse a GGUF image already in memory (fuzzing, tests). buf is NOT copied
  * and must outlive the returned reader; name is used in error messages and

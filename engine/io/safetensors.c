@@ -201,6 +201,19 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
             goto undo_json;
         }
     }
+    /* the reference reader (safetensors' Rust crate) wants the ranges to
+     * tile the buffer; we allow gaps, never a byte in two tensors */
+    const dsq_tensor_t *x, *y;
+    rc = dsq_tensor_find_overlap(s->tensors, s->n_tensors, &x, &y);
+    if (rc == DSQ_EFORMAT) {
+        size_t bx = (size_t)((const uint8_t *)x->data - buf);
+        size_t by = (size_t)((const uint8_t *)y->data - buf);
+        set_err(err, err_len, "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap "
+                "(data_offsets)", p, x->name, bx, bx + x->n_bytes, y->name, by,
+                by + y->n_bytes);
+    } else if (rc != DSQ_OK) {
+        set_err(err, err_len, "%s: out of memory", p);
+    }
 undo_json:
     cJSON_Delete(root);
     return rc;

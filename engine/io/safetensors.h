@@ -24,9 +24,10 @@ typedef struct dsq_safetensors dsq_safetensors_t;
 /* Open and validate: header length <= 100 MB and inside the file, valid
  * JSON object, every tensor with a known dtype, 1..4 dims (a scalar [] is
  * one element), non-negative dims, data_offsets inside the buffer and
- * end - begin == elements x dtype size; duplicate names rejected;
+ * end - begin == elements x dtype size, no two tensors' data_offsets
+ * ranges overlapping (gaps are allowed); duplicate names rejected;
  * "__metadata__" ignored. NULL on failure with one line in err naming the
- * file and the tensor/field. */
+ * file and the tensor/field (both tensors for an overlap). */
 dsq_safetensors_t *dsq_safetensors_open(const char *path, char *err,
                                         size_t err_len);
 /* Same on a caller buffer (not copied; must outlive the reader). name is

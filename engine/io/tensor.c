@@ -11,6 +11,7 @@
 #include "tensor.h"
 #include "engine/common/error.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct type_info {
@@ -97,6 +98,43 @@ int dsq_type_bytes(dsq_type_t type, int64_t n_elems, size_t *out)
         else
             *out = bytes;
     }
+    return rc;
+}
+
+/* data pointer order; ties by position in the caller's array */
+static int cmp_data(const void *a, const void *b)
+{
+    const dsq_tensor_t *x = *(const dsq_tensor_t *const *)a;
+    const dsq_tensor_t *y = *(const dsq_tensor_t *const *)b;
+    uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+    if (px != py)
+        return px < py ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+int dsq_tensor_find_overlap(const dsq_tensor_t *t, int n,
+                            const dsq_tensor_t **first,
+                            const dsq_tensor_t **second)
+{
+    int rc = DSQ_OK, m = 0;
+    const dsq_tensor_t **by_data = malloc((n > 0 ? (size_t)n : 1) * sizeof(*by_data));
+    if (!by_data)
+        return DSQ_ENOMEM;
+    for (int i = 0; i < n; i++)
+        if (t[i].n_bytes > 0)
+            by_data[m++] = &t[i];
+    qsort(by_data, (size_t)m, sizeof(*by_data), cmp_data);
+    /* sorted by start, two ranges overlap only if some neighbours do: if
+     * i and k > i overlap, i + 1 starts no later than k, so inside i */
+    for (int i = 0; i + 1 < m && rc == DSQ_OK; i++) {
+        uintptr_t end = (uintptr_t)by_data[i]->data + by_data[i]->n_bytes;
+        if (end > (uintptr_t)by_data[i + 1]->data) {
+            *first = by_data[i];
+            *second = by_data[i + 1];
+            rc = DSQ_EFORMAT;
+        }
+    }
+    free(by_data);
     return rc;
 }
 

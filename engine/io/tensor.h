@@ -78,6 +78,17 @@ size_t dsq_type_block_bytes(dsq_type_t type);
  * multiple of the block size) or DSQ_ERANGE (overflow). */
 int dsq_type_bytes(dsq_type_t type, int64_t n_elems, size_t *out);
 
+/* Find two of the n views in t whose bytes [data, data + n_bytes) overlap
+ * (views into one mapping; a 0-byte tensor occupies nothing). Sorts a
+ * temporary index by data, so O(n log n). Returns 0 when none overlap,
+ * DSQ_EFORMAT with *first (the one starting first, or listed first on a
+ * tie) and *second set, or DSQ_ENOMEM. GGUF and safetensors readers call
+ * it at open: a tensor whose bytes are also another's is a malformed
+ * file, as both formats' reference readers hold. */
+int dsq_tensor_find_overlap(const dsq_tensor_t *t, int n,
+                            const dsq_tensor_t **first,
+                            const dsq_tensor_t **second);
+
 /* IEEE half and bfloat16 conversions (round to nearest even). */
 float dsq_fp16_to_fp32(uint16_t h);
 uint16_t dsq_fp32_to_fp16(float f);

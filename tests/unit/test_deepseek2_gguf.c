@@ -366,14 +366,15 @@ static void expect_load_error(char *path, const char *want)
 }
 
 /* Broken llama.cpp-layout files: fewer stacked experts than expert_count,
- * W_UK^T slices of the wrong shape, no kv_b and no k_b, a stacked name on
- * a tensor that is not 3-D. */
+ * W_UK^T slices of the wrong shape (narrower: a wider one would overlap
+ * the next tensor's bytes and fail at open), no kv_b and no k_b, a stacked
+ * name on a tensor that is not 3-D. */
 static void test_bad_gguf(void **state)
 {
     (void)state;
     expect_load_error(patched_copy("v2_lite.f32.gguf", "blk.1.ffn_up_exps.weight", 2, 7,
                                    NULL), "blk.1.ffn_up.7.weight");
-    expect_load_error(patched_copy("v2_lite.f32.gguf", "blk.0.attn_k_b.weight", 0, 32,
+    expect_load_error(patched_copy("v2_lite.f32.gguf", "blk.0.attn_k_b.weight", 0, 8,
                                    NULL), "blk.0.attn_k_b.0.weight");
     expect_load_error(patched_copy("v2_lite.f32.gguf", "blk.0.attn_k_b.weight", 0, 0,
                                    "blk.0.attn_k_x.weight"), "attn_kv_b");

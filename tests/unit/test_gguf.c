@@ -514,6 +514,11 @@ static void test_corrupt(void **state)
     expect_fail(&b, "'b'");
     free(b.b);
 
+    b = make_gguf(&L);           /* b [0, +34) over a [0, +32): aliased data */
+    patch_u64(&b, L.off_b, 0);
+    expect_fail(&b, "tensors 'a' [0, +32) and 'b' [0, +34) overlap");
+    free(b.b);
+
     b = make_gguf(&L);           /* element count overflow */
     patch_u64(&b, L.ne0_a, (uint64_t)1 << 62);
     patch_u64(&b, L.ne1_a, (uint64_t)1 << 62);

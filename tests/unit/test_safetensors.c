@@ -188,6 +188,14 @@ static void test_corrupt(void **state)
     one_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
             "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate tensor name 'a'");
     one_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "data_offsets");
+    /* b's bytes [4, 12) reuse the second half of a's [0, 8) */
+    one_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+            "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
+            "tensors 'a' [0, 8) and 'b' [4, 12) overlap");
+    /* listed in the other order, and one range inside the other */
+    one_bad("{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]},"
+            "\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}", 8,
+            "tensors 'a' [0, 8) and 'b' [2, 4) overlap");
     one_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}", 4, "JSON");
     one_bad("[1,2,3]", 0, "JSON");
 
