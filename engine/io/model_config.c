@@ -9,6 +9,7 @@
  */
 #include "model_config.h"
 #include "engine/common/error.h"
+#include "engine/common/log.h"
 #include "gguf.h"
 
 #include <cjson/cJSON.h>
@@ -70,11 +71,33 @@ void dsq_model_config_defaults(dsq_model_config_t *c)
     snprintf(c->scoring_func, sizeof(c->scoring_func), "softmax");
     c->bos_token_id = -1;
     c->eos_token_id = -1;
+    c->pad_token_id = -1;
 }
 
-/* Shared sanity check; src names the file/format for the message. */
-static int check_config(dsq_model_config_t *c, const char *src, char *err,
-                        size_t err_len)
+/* The keys a format keeps the context length and special ids under, for
+ * messages; NULL where the format has no such key. */
+typedef struct cfg_keys {
+    const char *ctx, *bos, *eos, *pad;
+} cfg_keys_t;
+
+/* -1 is "none"; anything else must name a row of the embedding */
+static int check_token_id(int64_t id, int64_t n_vocab, const char *src,
+                          const char *key, int index, char *err, size_t err_len)
+{
+    char idx[24] = "";
+    if (id == -1 || (id >= 0 && id < n_vocab))
+        return DSQ_OK;
+    if (index >= 0)
+        snprintf(idx, sizeof(idx), "[%d]", index);
+    set_err(err, err_len, "%s: %s%s = %lld is not a token id (vocab size %lld; -1 means none)",
+            src, key, idx, (long long)id, (long long)n_vocab);
+    return DSQ_EFORMAT;
+}
+
+/* Shared sanity check; src names the file/format and k the keys for the
+ * message. */
+static int check_config(dsq_model_config_t *c, const char *src,
+                        const cfg_keys_t *k, char *err, size_t err_len)
 {
     const char *bad = NULL;
     if (c->n_embd <= 0) bad = "hidden size (embedding_length)";
@@ -99,7 +122,27 @@ static int check_config(dsq_model_config_t *c, const char *src, char *err,
         set_err(err, err_len, "%s: missing or invalid %s", src, bad);
         return DSQ_EFORMAT;
     }
-    return DSQ_OK;
+    if (c->n_ctx_train < 1 || c->n_ctx_train > DSQ_MODEL_CTX_MAX) {
+        set_err(err, err_len, "%s: %s = %lld is out of range (1 to %d tokens)", src, k->ctx,
+                (long long)c->n_ctx_train, DSQ_MODEL_CTX_MAX);
+        return DSQ_EFORMAT;
+    }
+    const struct { const char *key; int64_t id; } ids[] = {
+        {k->bos, c->bos_token_id}, {k->eos, c->eos_token_id}, {k->pad, c->pad_token_id},
+    };
+    int rc = DSQ_OK;
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]) && rc == DSQ_OK; i++)
+        if (ids[i].key)
+            rc = check_token_id(ids[i].id, c->n_vocab, src, ids[i].key, -1, err, err_len);
+    return rc;
+}
+
+/* A file without a context length: the default, said once per load. */
+static int64_t ctx_default(const char *src, const char *key)
+{
+    dsq_log(DSQ_LOG_WARN, "load file=%s %s=missing n_ctx_train=%d (default)", src, key,
+            DSQ_MODEL_CTX_DEFAULT);
+    return DSQ_MODEL_CTX_DEFAULT;
 }
 
 /* ---- GGUF ---- */
@@ -170,7 +213,10 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
     c.n_head_kv = gi_or_first(g, arch, "attention.head_count_kv", c.n_head);
     c.head_dim = gi(g, arch, "attention.key_length",
                     c.n_head > 0 ? c.n_embd / c.n_head : 0);
-    c.n_ctx_train = gi(g, arch, "context_length", 0);
+    char ctx_key[64];
+    snprintf(ctx_key, sizeof(ctx_key), "%s.context_length", arch);
+    c.n_ctx_train = dsq_gguf_find_key(g, ctx_key) >= 0 ? dsq_gguf_get_int(g, ctx_key, 0)
+                                                       : ctx_default(path, ctx_key);
     c.rms_eps = gf(g, arch, "attention.layer_norm_rms_epsilon", 1e-5);
     c.rope_theta = gf(g, arch, "rope.freq_base", 10000.0);
     c.rope_dim = gi(g, arch, "rope.dimension_count", c.head_dim);
@@ -219,6 +265,7 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
 
     c.bos_token_id = dsq_gguf_get_int(g, "tokenizer.ggml.bos_token_id", -1);
     c.eos_token_id = dsq_gguf_get_int(g, "tokenizer.ggml.eos_token_id", -1);
+    c.pad_token_id = dsq_gguf_get_int(g, "tokenizer.ggml.padding_token_id", -1);
     c.tie_word_embeddings = dsq_gguf_find_tensor(g, "output.weight") == NULL;
     c.attn_qkv_bias = c.arch == DSQ_ARCH_QWEN2
                       || dsq_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
@@ -253,7 +300,9 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
             snprintf(c.topk_method, sizeof(c.topk_method), "group_limited_greedy");
         }
     }
-    int rc = check_config(&c, path, err, err_len);
+    const cfg_keys_t keys = {ctx_key, "tokenizer.ggml.bos_token_id",
+                             "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"};
+    int rc = check_config(&c, path, &keys, err, err_len);
     if (rc == DSQ_OK)
         *out = c;
     return rc;
@@ -396,6 +445,39 @@ static int hf_quant(jctx_t *j, const cJSON *q, dsq_model_config_t *c,
     return DSQ_OK;
 }
 
+static const cfg_keys_t hf_keys = {"max_position_embeddings", "bos_token_id",
+                                   "eos_token_id", "pad_token_id"};
+
+/* An id given as a list (eos_token_id: [a, b], as generation configs and
+ * some config.json files write it): ji kept the first, every one must be
+ * a token id. */
+static int hf_check_id_lists(const cJSON *root, int64_t n_vocab, const cfg_keys_t *k,
+                             char *err, size_t err_len)
+{
+    const char *const keys[] = {k->bos, k->eos, k->pad};
+    int rc = DSQ_OK;
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]) && rc == DSQ_OK; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]), *e;
+        int n = 0;
+        if (!cJSON_IsArray(v))
+            continue;
+        cJSON_ArrayForEach(e, v) {
+            if (rc != DSQ_OK)
+                break;
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble)
+                || fabs(e->valuedouble) > 9.0e15) {
+                set_err(err, err_len, "config.json: %s[%d] is not an integer", keys[i], n);
+                rc = DSQ_EFORMAT;
+            } else {
+                rc = check_token_id((int64_t)e->valuedouble, n_vocab, "config.json", keys[i], n,
+                                    err, err_len);
+            }
+            n++;
+        }
+    }
+    return rc;
+}
+
 static dsq_arch_t hf_arch(const cJSON *root)
 {
     const char *mt = js(root, "model_type");
@@ -449,12 +531,15 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
     c.n_head_kv = ji(&j, root, "num_key_value_heads", c.n_head);
     c.head_dim = ji(&j, root, "head_dim", c.n_head > 0 ? c.n_embd / c.n_head : 0);
     c.n_ff = ji(&j, root, "intermediate_size", 0);
-    c.n_ctx_train = ji(&j, root, "max_position_embeddings", 0);
+    c.n_ctx_train = ji(&j, root, "max_position_embeddings", INT64_MIN);
+    if (c.n_ctx_train == INT64_MIN)
+        c.n_ctx_train = ctx_default("config.json", "max_position_embeddings");
     c.rms_eps = jf(&j, root, "rms_norm_eps", 1e-6);
     c.tie_word_embeddings = jb(&j, root, "tie_word_embeddings", false);
     c.rope_theta = jf(&j, root, "rope_theta", 10000.0);
     c.bos_token_id = ji(&j, root, "bos_token_id", -1);
     c.eos_token_id = ji(&j, root, "eos_token_id", -1);
+    c.pad_token_id = ji(&j, root, "pad_token_id", -1);
     c.attn_qkv_bias = c.arch == DSQ_ARCH_QWEN2 || jb(&j, root, "attention_bias", false);
     c.rope_neox = c.arch != DSQ_ARCH_DEEPSEEK2;
     c.rope_dim = c.head_dim;
@@ -494,7 +579,9 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
         rc = DSQ_EFORMAT;
     }
     if (rc == DSQ_OK)
-        rc = check_config(&c, "config.json", err, err_len);
+        rc = check_config(&c, "config.json", &hf_keys, err, err_len);
+    if (rc == DSQ_OK)
+        rc = hf_check_id_lists(root, c.n_vocab, &hf_keys, err, err_len);
     if (rc == DSQ_OK)
         *out = c;
 undo_json:
@@ -535,7 +622,8 @@ int dsq_model_config_from_llama2c(const int32_t hdr[7], dsq_model_config_t *out,
         set_err(err, err_len, "llama2.c header: dim %d not a multiple of n_heads %d", hdr[0], hdr[3]);
         return DSQ_EFORMAT;
     }
-    int rc = check_config(&c, "llama2.c header", err, err_len);
+    const cfg_keys_t keys = {"seq_len", NULL, NULL, NULL};
+    int rc = check_config(&c, "llama2.c header", &keys, err, err_len);
     if (rc == DSQ_OK)
         *out = c;
     return rc;

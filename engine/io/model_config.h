@@ -12,6 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Context length (n_ctx_train) bounds, tokens. A file that gives none gets
+ * DSQ_MODEL_CTX_DEFAULT, transformers' LlamaConfig max_position_embeddings
+ * default (and what the planner assumed before it was filled in here).
+ * DSQ_MODEL_CTX_MAX = 2^24 is dsqd's --max-model-len bound and above every
+ * model we know of (the longest, such as Llama 4 Scout, declare about 10M):
+ * a larger value is a damaged field, e.g. 2^32-1 written for "unknown". */
+#define DSQ_MODEL_CTX_DEFAULT 2048
+#define DSQ_MODEL_CTX_MAX (1 << 24)
+
 typedef enum dsq_arch {
     DSQ_ARCH_UNKNOWN = 0,
     DSQ_ARCH_LLAMA,      /* DeepSeek-Coder/LLM, R1-Distill-Llama, SmolLM2, TinyStories */
@@ -45,7 +54,7 @@ typedef struct dsq_model_config {
     int64_t n_head_kv;           /* num_key_value_heads (= n_head if absent)    */
     int64_t head_dim;            /* head_dim (default n_embd / n_head)          */
     int64_t n_ff;                /* intermediate_size                           */
-    int64_t n_ctx_train;         /* max_position_embeddings                     */
+    int64_t n_ctx_train;         /* max_position_embeddings: 1..DSQ_MODEL_CTX_MAX */
     double rms_eps;              /* rms_norm_eps                                */
     bool tie_word_embeddings;    /* lm_head shares token_embd                   */
     bool attn_qkv_bias;          /* qwen2: biases on q/k/v projections          */
@@ -87,8 +96,9 @@ typedef struct dsq_model_config {
     bool ckpt_zero_point;        /* AWQ zero_point / GPTQ !sym                  */
     bool ckpt_desc_act;          /* GPTQ act-order                              */
 
-    /* Special tokens as declared by the model config (-1 = unknown) */
-    int64_t bos_token_id, eos_token_id;
+    /* Special tokens as declared by the model config: -1 (none) or an id
+     * below n_vocab */
+    int64_t bos_token_id, eos_token_id, pad_token_id;
 } dsq_model_config_t;
 
 /* "llama", "qwen2", "deepseek2" or "unknown". */
@@ -99,7 +109,7 @@ struct dsq_gguf;
 /* Neutral defaults: arch unknown, all sizes 0, rope_theta 10000, rms_eps 1e-6,
  * rope_factor 1, yarn beta_fast 32 / beta_slow 1 / mscale 1 / mscale_all_dim
  * 0, moe_layer_freq 1, routed_scaling_factor 1, n_group = topk_group = 1,
- * topk_method "greedy", scoring_func "softmax", bos/eos -1. */
+ * topk_method "greedy", scoring_func "softmax", bos/eos/pad -1. */
 void dsq_model_config_defaults(dsq_model_config_t *c);
 
 /* Fill *out from GGUF metadata (ggml docs/gguf.md, "LLM" keys, with the
@@ -112,7 +122,8 @@ void dsq_model_config_defaults(dsq_model_config_t *c);
  * rope.freq_base, rope.dimension_count, rope.scaling.{type,factor,
  * original_context_length,yarn_log_multiplier} (mscale_all_dim =
  * yarn_log_multiplier / 0.1, as llama.cpp's converter writes 0.1*mscale_all_dim),
- * attention.layer_norm_rms_epsilon, context_length, vocab_size (else
+ * attention.layer_norm_rms_epsilon, context_length (missing:
+ * DSQ_MODEL_CTX_DEFAULT, with a warning), vocab_size (else
  * tokenizer.ggml.tokens length, else token_embd.weight ne[1]); deepseek2:
  * attention.q_lora_rank, attention.kv_lora_rank, expert_count,
  * expert_shared_count, expert_used_count, expert_feed_forward_length,
@@ -123,9 +134,11 @@ void dsq_model_config_defaults(dsq_model_config_t *c);
  * group keys only since late 2025, older files route greedily). RoPE pairing as llama.cpp: llama and deepseek2
  * adjacent pairs (rope_neox false), qwen2 neox. tie_word_embeddings is true
  * when the file has no output.weight tensor; attn_qkv_bias when qwen2 or
- * blk.0.attn_q.bias exists. bos/eos from tokenizer.ggml.*_token_id.
- * Returns 0, DSQ_EUNSUPPORTED (other architecture) or DSQ_EFORMAT (missing
- * or inconsistent field, named in err). */
+ * blk.0.attn_q.bias exists. bos/eos/pad from tokenizer.ggml.{bos,eos,
+ * padding}_token_id. Returns 0, DSQ_EUNSUPPORTED (other architecture) or
+ * DSQ_EFORMAT (missing or inconsistent field; context_length outside
+ * 1..DSQ_MODEL_CTX_MAX; a token id other than -1 that is not below
+ * n_vocab; err names the file, the key and the value). */
 int dsq_model_config_from_gguf(const struct dsq_gguf *g, dsq_model_config_t *out,
                                char *err, size_t err_len);
 
@@ -145,8 +158,12 @@ int dsq_model_config_from_gguf(const struct dsq_gguf *g, dsq_model_config_t *out
  * version must be gemm) or "gptq" (bits, group_size (-1 per channel),
  * desc_act, sym). RoPE pairing: HF llama/qwen2 neox (rope_neox true);
  * deepseek_v2 interleaved (rope_neox false: its modeling code de-interleaves
- * q_pe/k_pe before rotate_half). eos_token_id may be a list (first is kept).
- * Returns 0, DSQ_EFORMAT (bad JSON or field, named in err) or
+ * q_pe/k_pe before rotate_half). max_position_embeddings missing or null:
+ * DSQ_MODEL_CTX_DEFAULT, with a warning. bos/eos/pad_token_id: null or -1
+ * is none; eos_token_id may be a list (first is kept, every element is
+ * checked). Returns 0, DSQ_EFORMAT (bad JSON or field; err names the
+ * field and, for these checks, the value: max_position_embeddings outside
+ * 1..DSQ_MODEL_CTX_MAX, a token id not below vocab_size) or
  * DSQ_EUNSUPPORTED (other model_type / quant_method). */
 int dsq_model_config_from_hf_json(const char *json_text, size_t len,
                                   dsq_model_config_t *out, char *err,
@@ -157,7 +174,7 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
  * run.c, version-0 export). vocab_size < 0 means an unshared classifier.
  * arch llama, rope_theta 10000, rms_eps 1e-5, rope_neox false, head_dim =
  * dim / n_heads. Returns 0 or DSQ_EFORMAT (non-positive or inconsistent
- * field, named in err). */
+ * field, or seq_len above DSQ_MODEL_CTX_MAX, named in err). */
 int dsq_model_config_from_llama2c(const int32_t hdr[7], dsq_model_config_t *out,
                                   char *err, size_t err_len);
 

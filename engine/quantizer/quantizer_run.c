@@ -937,7 +937,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     cJSON_AddNumberToObject(cfgj, "num_key_value_heads", (double)c->n_head_kv);
     cJSON_AddNumberToObject(cfgj, "head_dim", (double)hd);
     cJSON_AddNumberToObject(cfgj, "max_position_embeddings",
-                            (double)(c->n_ctx_train > 0 ? c->n_ctx_train : 2048));
+                            (double)(c->n_ctx_train > 0 ? c->n_ctx_train : DSQ_MODEL_CTX_DEFAULT));
     cJSON_AddNumberToObject(cfgj, "rms_norm_eps", c->rms_eps);
     cJSON_AddNumberToObject(cfgj, "rope_theta", c->rope_theta);
     cJSON_AddBoolToObject(cfgj, "tie_word_embeddings", !dsq_model_file_find(f, "output.weight"));

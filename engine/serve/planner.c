@@ -276,7 +276,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         return DSQ_EINVAL;
     }
     out->block_size = o->block_size > 0 ? o->block_size : 16;
-    int64_t ctx = c->n_ctx_train > 0 ? c->n_ctx_train : 2048;
+    int64_t ctx = c->n_ctx_train > 0 ? c->n_ctx_train : DSQ_MODEL_CTX_DEFAULT;
     out->max_model_len = o->max_model_len > 0 ? o->max_model_len : (int)ctx;
     if (n_tensors > 0) {
         for (int i = 0; i < n_tensors; i++) {

@@ -281,10 +281,14 @@ static void test_llama2c(void **state)
     memcpy(buf + 8, &zero, 4);
     write_file(cut, buf, n);
     expect_open_fail(cut, NULL, "n_layers");
-    /* huge header values must not overflow into a small expected size */
-    int32_t hdr[7] = {0x7fffffff, 0x7fffffff, 0x7fffffff, 1, 1, 0x7fffffff, 0x7fffffff};
+    /* huge header values must not overflow into a small expected size
+     * (seq_len stays in range: above 2^24 it is refused before that) */
+    int32_t hdr[7] = {0x7fffffff, 0x7fffffff, 0x7fffffff, 1, 1, 0x7fffffff, 1 << 24};
     write_file(cut, hdr, sizeof(hdr));
     expect_open_fail(cut, NULL, "needs");
+    hdr[6] = 0x7fffffff;
+    write_file(cut, hdr, sizeof(hdr));
+    expect_open_fail(cut, NULL, "seq_len = 2147483647 is out of range");
     free(cut);
     free(buf);
     free(bin);

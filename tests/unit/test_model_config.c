@@ -280,6 +280,79 @@ static void test_gguf_qwen2(void **state)
     }
 }
 
+/* A llama metadata block (vocab 100) plus key = val as u32 (key NULL:
+ * nothing more); returns dsq_model_config_from_gguf's rc, reason in err. */
+static int llama_gguf_with(const char *key, uint32_t val, dsq_model_config_t *c,
+                           char *err, size_t err_len)
+{
+    buf_t b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, key ? 6 : 5);
+    kv_str(&b, "general.architecture", "llama");
+    kv_u32(&b, "llama.block_count", 2);
+    kv_u32(&b, "llama.embedding_length", 64);
+    kv_u32(&b, "llama.attention.head_count", 4);
+    kv_u32(&b, "llama.vocab_size", 100);
+    if (key)
+        kv_u32(&b, key, val);
+    dsq_gguf_t *g = dsq_gguf_open_buffer(b.b, b.n, "tiny.gguf", err, err_len);
+    if (!g)
+        fail_msg("%s", err);
+    int rc = dsq_model_config_from_gguf(g, c, err, err_len);
+    dsq_gguf_close(g);
+    free(b.b);
+    return rc;
+}
+
+/* rc must be DSQ_EFORMAT and err must hold each of the needles */
+static void expect_format(int rc, const char *err, const char *n1, const char *n2)
+{
+    if (rc != DSQ_EFORMAT)
+        fail_msg("rc %d, want DSQ_EFORMAT (err '%s', expected '%s')", rc, err, n1);
+    if (!strstr(err, n1) || (n2 && !strstr(err, n2)))
+        fail_msg("error '%s' lacks '%s' or '%s'", err, n1, n2 ? n2 : "");
+}
+
+/* context_length must be 1..2^24 (missing: 2048); special ids -1 or
+ * below the vocabulary size (docs/models.md) */
+static void test_gguf_bounds(void **state)
+{
+    (void)state;
+    dsq_model_config_t c;
+    char err[512] = "";
+    int rc = llama_gguf_with(NULL, 0, &c, err, sizeof(err));
+    if (rc)
+        fail_msg("%s", err);
+    assert_int_equal(c.n_ctx_train, 2048);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.pad_token_id, -1);
+    assert_int_equal(llama_gguf_with("llama.context_length", 1 << 24, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.n_ctx_train, 1 << 24);
+    rc = llama_gguf_with("llama.context_length", 0, &c, err, sizeof(err));
+    expect_format(rc, err, "tiny.gguf", "llama.context_length = 0 ");
+    rc = llama_gguf_with("llama.context_length", UINT32_MAX, &c, err, sizeof(err));
+    expect_format(rc, err, "tiny.gguf", "llama.context_length = 4294967295 ");
+    rc = llama_gguf_with("llama.context_length", (1 << 24) + 1, &c, err, sizeof(err));
+    expect_format(rc, err, "llama.context_length = 16777217 ", NULL);
+
+    static const char *const ids[] = {"tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        char want[128];
+        assert_int_equal(llama_gguf_with(ids[i], 99, &c, err, sizeof(err)), 0);
+        rc = llama_gguf_with(ids[i], 100, &c, err, sizeof(err));
+        snprintf(want, sizeof(want), "%s = 100 ", ids[i]);
+        expect_format(rc, err, "tiny.gguf", want);
+        rc = llama_gguf_with(ids[i], UINT32_MAX, &c, err, sizeof(err));
+        snprintf(want, sizeof(want), "%s = 4294967295 ", ids[i]);
+        expect_format(rc, err, "tiny.gguf", want);
+    }
+    assert_int_equal(llama_gguf_with("tokenizer.ggml.padding_token_id", 7, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.pad_token_id, 7);
+}
+
 static void hf_file(const char *dir, dsq_model_config_t *c)
 {
     char rel[256];
@@ -479,6 +552,48 @@ static void test_hf_inline(void **state)
     assert_int_equal(dsq_model_config_from_hf_json(NULL, 0, &c, err, sizeof(err)), DSQ_EFORMAT);
 }
 
+static void test_hf_bounds(void **state)
+{
+    (void)state;
+    dsq_model_config_t c;
+    char err[512] = "";
+    /* missing, null: the 2048 default (transformers' LlamaConfig) */
+    assert_int_equal(hf_str("{" BASE_LLAMA "}", &c, err, sizeof(err)), 0);
+    assert_int_equal(c.n_ctx_train, 2048);
+    assert_int_equal(c.pad_token_id, -1);
+    assert_int_equal(hf_str("{" BASE_LLAMA ",\"max_position_embeddings\":null}", &c, err,
+                            sizeof(err)), 0);
+    assert_int_equal(c.n_ctx_train, 2048);
+    assert_int_equal(hf_str("{" BASE_LLAMA ",\"max_position_embeddings\":16777216}", &c, err,
+                            sizeof(err)), 0);
+    assert_int_equal(c.n_ctx_train, 16777216);
+    expect_format(hf_str("{" BASE_LLAMA ",\"max_position_embeddings\":0}", &c, err, sizeof(err)),
+                  err, "config.json", "max_position_embeddings = 0 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"max_position_embeddings\":4294967295}", &c, err,
+                         sizeof(err)), err, "config.json", "max_position_embeddings = 4294967295 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"max_position_embeddings\":-1}", &c, err, sizeof(err)),
+                  err, "max_position_embeddings = -1 ", NULL);
+    /* ids: -1 and null are "none"; 99 is the last id of vocab_size 100 */
+    assert_int_equal(hf_str("{" BASE_LLAMA ",\"bos_token_id\":99,\"eos_token_id\":[1,99],"
+                            "\"pad_token_id\":-1}", &c, err, sizeof(err)), 0);
+    assert_int_equal(c.bos_token_id, 99);
+    assert_int_equal(c.pad_token_id, -1);
+    assert_int_equal(hf_str("{" BASE_LLAMA ",\"pad_token_id\":null,\"eos_token_id\":null}",
+                            &c, err, sizeof(err)), 0);
+    assert_int_equal(hf_str("{" BASE_LLAMA ",\"pad_token_id\":5}", &c, err, sizeof(err)), 0);
+    assert_int_equal(c.pad_token_id, 5);
+    expect_format(hf_str("{" BASE_LLAMA ",\"bos_token_id\":100}", &c, err, sizeof(err)),
+                  err, "config.json", "bos_token_id = 100 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"eos_token_id\":100}", &c, err, sizeof(err)),
+                  err, "config.json", "eos_token_id = 100 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"pad_token_id\":100}", &c, err, sizeof(err)),
+                  err, "config.json", "pad_token_id = 100 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"eos_token_id\":[2,100]}", &c, err, sizeof(err)),
+                  err, "config.json", "eos_token_id[1] = 100 ");
+    expect_format(hf_str("{" BASE_LLAMA ",\"bos_token_id\":-2}", &c, err, sizeof(err)),
+                  err, "bos_token_id = -2 ", NULL);
+}
+
 static void test_llama2c(void **state)
 {
     (void)state;
@@ -507,6 +622,9 @@ static void test_llama2c(void **state)
     const int32_t bad2[7] = {64, 172, 0, 8, 4, 512, 512};
     assert_int_equal(dsq_model_config_from_llama2c(bad2, &c, err, sizeof(err)), DSQ_EFORMAT);
     assert_non_null(strstr(err, "n_layers"));
+    const int32_t long_ctx[7] = {64, 172, 5, 8, 4, 512, (1 << 24) + 1};
+    expect_format(dsq_model_config_from_llama2c(long_ctx, &c, err, sizeof(err)), err,
+                  "llama2.c header", "seq_len = 16777217 ");
 }
 
 int main(void)
@@ -516,8 +634,10 @@ int main(void)
         cmocka_unit_test(test_gguf_vocab),
         cmocka_unit_test(test_gguf_deepseek2),
         cmocka_unit_test(test_gguf_qwen2),
+        cmocka_unit_test(test_gguf_bounds),
         cmocka_unit_test(test_hf_files),
         cmocka_unit_test(test_hf_inline),
+        cmocka_unit_test(test_hf_bounds),
         cmocka_unit_test(test_llama2c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
