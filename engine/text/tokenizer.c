@@ -432,11 +432,25 @@ void dsq_tokenizer_destroy(dsq_tokenizer_t *t)
 
 /* ---- GGUF ---- */
 
-static int32_t gguf_id(const dsq_gguf_t *g, const char *key, int32_t def,
-                       int32_t n)
+/* Special id under key into *id. Missing (or not a number): def when it
+ * is a token, else -1. Present: -1 is "none", otherwise it must be below
+ * the vocabulary size n (llama.cpp warns and drops such an id; a file that
+ * names a token it does not have is damaged, so we refuse it). */
+static int gguf_id(const dsq_gguf_t *g, const char *key, int32_t def,
+                   int32_t n, int32_t *id, char *err, size_t err_len)
 {
-    int64_t v = dsq_gguf_get_int(g, key, def);
-    return v >= 0 && v < n ? (int32_t)v : -1;
+    int64_t v = dsq_gguf_get_int(g, key, INT64_MIN);
+    if (v == INT64_MIN) {
+        *id = def >= 0 && def < n ? def : -1;
+        return 0;
+    }
+    if (v != -1 && (v < 0 || v >= n)) {
+        ERR("tokenizer: %s: %s = %lld is not a token id (%d tokens; -1 means none)",
+            dsq_gguf_path(g), key, (long long)v, n);
+        return DSQ_EFORMAT;
+    }
+    *id = (int32_t)v;
+    return 0;
 }
 
 dsq_tokenizer_t *dsq_tokenizer_from_gguf(const struct dsq_gguf *g, char *err,
@@ -500,12 +514,14 @@ dsq_tokenizer_t *dsq_tokenizer_from_gguf(const struct dsq_gguf *g, char *err,
     }
     int32_t nv = t->n_vocab;
     bool spm = kind == DSQ_TOKENIZER_SPM;
-    t->bos = gguf_id(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, nv);
-    t->eos = gguf_id(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, nv);
-    t->unk = gguf_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, nv);
-    t->pad = gguf_id(g, "tokenizer.ggml.padding_token_id", -1, nv);
-    t->eot = gguf_id(g, "tokenizer.ggml.eot_token_id", -1, nv);
-    t->eom = gguf_id(g, "tokenizer.ggml.eom_token_id", -1, nv);
+    if (gguf_id(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, nv, &t->bos, err, err_len) ||
+        gguf_id(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, nv, &t->eos, err, err_len) ||
+        gguf_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, nv, &t->unk, err,
+                err_len) ||
+        gguf_id(g, "tokenizer.ggml.padding_token_id", -1, nv, &t->pad, err, err_len) ||
+        gguf_id(g, "tokenizer.ggml.eot_token_id", -1, nv, &t->eot, err, err_len) ||
+        gguf_id(g, "tokenizer.ggml.eom_token_id", -1, nv, &t->eom, err, err_len))
+        goto fail;
     t->add_bos = dsq_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", spm);
     t->add_space_prefix = dsq_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", spm);
 

@@ -32,9 +32,12 @@ typedef enum dsq_tokenizer_kind {
  * 4 user-defined, 5 unused, 6 byte), .merges ("a b"), .bos/.eos/.unknown/
  * .padding/.eot/.eom_token_id, .add_bos_token, .add_space_prefix, and
  * tokenizer.chat_template. Works on vocab-only files. Everything is copied:
- * g may be closed afterwards. NULL + one line in err (unsupported model,
- * missing tokens/merges, out of memory). An unknown .pre falls back to the
- * GPT-2 split with a warning. */
+ * g may be closed afterwards. A special id that is -1, or missing (SPM:
+ * bos 1, eos 2, unk 0 when the vocab has them), means none. NULL + one
+ * line in err (unsupported model, missing tokens/merges, a special id
+ * other than -1 that is not below the token count (naming the file, key
+ * and value), out of memory). An unknown .pre falls back to the GPT-2
+ * split with a warning. */
 dsq_tokenizer_t *dsq_tokenizer_from_gguf(const struct dsq_gguf *g, char *err,
                                          size_t err_len);
 /* Build from a HF directory (tokenizer.json, optional tokenizer_config.json)

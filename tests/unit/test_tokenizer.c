@@ -569,6 +569,56 @@ static void test_bytes_and_long(void **state)
     dsq_tokenizer_destroy(t);
 }
 
+/* GGUF special ids are -1 (none) or a token: each key of a real vocab
+ * (llama-spm: 32000 tokens, unk 0, bos 1, eos 2; deepseek-coder: 32256,
+ * padding 32014; all u32), patched in memory to the vocabulary size, is
+ * refused naming the file, the key and the value. */
+static void test_gguf_special_ids(void **state)
+{
+    (void)state;
+    static const struct { const char *file, *key; uint32_t n_vocab; } cases[] = {
+        {"ggml-vocab-llama-spm.gguf", "tokenizer.ggml.unknown_token_id", 32000},
+        {"ggml-vocab-llama-spm.gguf", "tokenizer.ggml.bos_token_id", 32000},
+        {"ggml-vocab-llama-spm.gguf", "tokenizer.ggml.eos_token_id", 32000},
+        {"ggml-vocab-deepseek-coder.gguf", "tokenizer.ggml.padding_token_id", 32256},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char rel[128];
+        snprintf(rel, sizeof(rel), "vocab/llama.cpp/%s", cases[i].file);
+        char *p = data_path("DSQ_TEST_DATA", rel);
+        size_t len = 0;
+        char *buf = slurp(p, &len);
+        /* the key is stored as u64 length + bytes, then u32 type, value */
+        size_t kl = strlen(cases[i].key), at = 0;
+        for (size_t k = 8; k + kl + 8 <= len && !at; k++) {
+            uint64_t n;
+            memcpy(&n, buf + k - 8, 8);
+            if (n == kl && memcmp(buf + k, cases[i].key, kl) == 0)
+                at = k + kl;
+        }
+        if (!at)
+            fail_msg("%s: key %s not found", p, cases[i].key);
+        uint32_t type, v = cases[i].n_vocab;
+        memcpy(&type, buf + at, 4);
+        assert_int_equal(type, DSQ_GGUF_U32);
+        memcpy(buf + at + 4, &v, 4);
+        char err[512] = "";
+        dsq_gguf_t *g = dsq_gguf_open_buffer(buf, len, cases[i].file, err, sizeof(err));
+        if (!g)
+            fail_msg("%s", err);
+        dsq_tokenizer_t *t = dsq_tokenizer_from_gguf(g, err, sizeof(err));
+        if (t)
+            fail_msg("%s with %s = %u loaded", cases[i].file, cases[i].key, v);
+        char want[128];
+        snprintf(want, sizeof(want), "%s = %u ", cases[i].key, v);
+        if (!strstr(err, want) || !strstr(err, cases[i].file))
+            fail_msg("error '%s' lacks '%s' or the file name", err, want);
+        dsq_gguf_close(g);
+        free(buf);
+        free(p);
+    }
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -601,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_bytes_and_long),
         cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_gguf_special_ids),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
