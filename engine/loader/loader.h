@@ -78,7 +78,8 @@ typedef struct dsq_model_file dsq_model_file_t;
  * *.json (HF tokenizer.json), anything else a llama2.c tok*.bin.
  * Checked here: token_embd.weight is [n_embd, n_vocab] and output.weight
  * exists unless embeddings are tied (files with no tensors, e.g. vocab-only
- * GGUFs, skip these checks). Chat template: GGUF tokenizer.chat_template;
+ * GGUFs, skip these checks); by the readers: context length, special token
+ * ids and tensor byte ranges (docs/models.md). Chat template: GGUF tokenizer.chat_template;
  * HF tokenizer_config.json chat_template (a string, or the "default" entry
  * of a list) or chat_template.jinja. */
 dsq_model_file_t *dsq_model_file_open(const char *path,
