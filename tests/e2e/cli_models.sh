@@ -103,6 +103,33 @@ for bad in "$tmp/empty.gguf" "$tmp/magic.gguf" "$tmp/trunc.gguf" \
     "rc=$rc lines=$lines" "$(cat "$tmp/err")"
 done
 
+# ---- files that parse but are wrong: exit 1, one line naming key and value ----
+# (docs/models.md): a config.json with max_position_embeddings 0, and the
+# deepseek-coder vocab with tokenizer.ggml.bos_token_id (u32, its stored
+# form) patched to 32256, its vocabulary size.
+mkdir "$tmp/ctx0"
+sed 's/"max_position_embeddings": *[0-9]*/"max_position_embeddings": 0/' "$cfg" \
+  > "$tmp/ctx0/config.json"
+python3 - "$coder" "$tmp/bos.gguf" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+k = b"tokenizer.ggml.bos_token_id"
+at = b.index(struct.pack("<Q", len(k)) + k) + 8 + len(k)
+assert struct.unpack_from("<I", b, at)[0] == 4   # u32
+struct.pack_into("<I", b, at + 4, 32256)
+open(sys.argv[2], "wb").write(b)
+PY
+for c in "$tmp/ctx0|max_position_embeddings = 0 " \
+         "$tmp/bos.gguf|tokenizer.ggml.bos_token_id = 32256 "; do
+  bad=${c%%|*}; want=${c#*|}
+  "$DSQ_INSPECT" "$bad" > /dev/null 2>"$tmp/err"; rc=$?
+  lines=$(wc -l < "$tmp/err")
+  named=1; grep -qF "$bad" "$tmp/err" && grep -qF "$want" "$tmp/err" && named=0
+  [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && [ $named -eq 0 ]
+  check "inspect $(basename "$bad"): exit 1, one stderr line with '$want'" $? \
+    "rc=$rc lines=$lines" "$(cat "$tmp/err")"
+done
+
 # ---- bad usage: exit 2 ----
 "$DSQ_INSPECT" > /dev/null 2>&1; rc=$?
 check "inspect without PATH: exit 2" $([ $rc -eq 2 ]; echo $?) "rc=$rc"
