@@ -253,8 +253,8 @@ def test_unread_streams_do_not_grow_memory(daemon_factory):
     filled its socket and --max-undelivered-bytes of engine queue (KV
     kept), RSS stays within 10% of the server's RSS after the same load
     read normally, and a normal client is then served at its unloaded pace.
-    (32, not the issue's 100, bounds the test's time on 2 cores: the 100
-    figure is measured by hand, docs/benchmarks.md.)"""
+    (32, not issue 20's 100, bounds the test's time on 2 cores; the 100
+    figure belongs to the soak benchmark, not built yet.)"""
     n = 32
     d = daemon_factory("--max-num-seqs", "128", "--max-undelivered-bytes", "8KiB",
                        "--stream-stall-timeout", "0")
