@@ -755,8 +755,9 @@ static void expire_waiting(dsq_engine_t *e)
 
 /* hardening: the step budget (engine.h step_budget_ms). The forward cost
  * per token is an exponentially weighted mean (weight 0.6 on the newest)
- * over steps of 16 tokens or more (per-token cost falls with batch size,
- * so small steps would make it pessimistic); the prefill cap is what fits
+ * over steps of 64 tokens or more (per-token cost falls with batch size:
+ * small steps would make it pessimistic and lock the cap small on a busy
+ * machine); the prefill cap is what fits
  * in 80% of the budget next to the running decode rows, so the cap follows
  * the rising attention cost of a long prompt's later chunks within a step
  * or two. Before the first measurement the cap is 256. */
@@ -770,7 +771,7 @@ static void set_prefill_cap(dsq_engine_t *e)
         /* aim at 80%: a chunk's attention cost grows with its position,
          * so the next chunk costs a little more per token than the last */
         double fit = 0.8 * budget / e->tok_ms - dsq_sched_n_running(e->sched);
-        cap = fit < 32 ? 32 : fit > 1 << 20 ? 1 << 20 : (int)fit;
+        cap = fit < 64 ? 64 : fit > 1 << 20 ? 1 << 20 : (int)fit;
     }
     dsq_sched_set_prefill_cap(e->sched, cap);
 }
@@ -1096,7 +1097,7 @@ static bool engine_step(dsq_engine_t *e)
             t_fwd = now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
             t_smp = now_s();
-            if (!rc && out.n_tokens >= 16)
+            if (!rc && out.n_tokens >= 64)
                 update_step_budget(e, out.n_tokens, (t_smp - t_fwd) * 1e3);
         }
         if (!rc) {

@@ -60,7 +60,7 @@ typedef struct dsq_engine_opts {
     double step_budget_ms;           /* hardening: target duration of one step:
                                         prefill tokens per step are capped at
                                         budget / (measured ms per token) less
-                                        the decode rows, at least 32, so
+                                        the decode rows, at least 64, so
                                         running streams, cancellation and
                                         /metrics never wait longer for a step
                                         end; 0 = 250, < 0 = no budget        */
