@@ -40,8 +40,9 @@ typedef struct dsq_json_error {
                                 duplicate key's opening quote              */
     int line;                /* 1-based; lines end at LF                   */
     int column;              /* 1-based, in characters (UTF-8 lead bytes)  */
-    char where[64];          /* "at byte 15 (line 1, column 16)"           */
-    char message[256];       /* one line of printable ASCII (other bytes of
+    char where[96];          /* "at byte 15 (line 1, column 16)"; room for
+                                the widest numbers (-Wformat-truncation)   */
+    char message[384];       /* one line of printable ASCII (other bytes of
                                 the text are written \xHH), ending in
                                 `where`: e.g. "duplicate key \"stream\" at
                                 byte 15 (line 1, column 16)" or "invalid
