@@ -133,7 +133,7 @@ struct dsq_engine {
     bool idle_on;
     uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
     int n_held;                    /* hardening: requests held (hold_unread)   */
-    double tok_ms;                 /* hardening: EWMA forward ms per token     */
+    dsq_step_cost_fit_t step_fit;  /* hardening: measured step cost model      */
     bool held_idle;                /* hardening: the last step had only those  */
     /* itl: admission window (engine.h admission_window_ms) */
     uv_timer_t burst;
@@ -753,33 +753,32 @@ static void expire_waiting(dsq_engine_t *e)
     }
 }
 
-/* hardening: the step budget (engine.h step_budget_ms). The forward cost
- * per token is an exponentially weighted mean (weight 0.6 on the newest)
- * over steps of 64 tokens or more (per-token cost falls with batch size:
- * small steps would make it pessimistic and lock the cap small on a busy
- * machine); the prefill cap is what fits
- * in 80% of the budget next to the running decode rows, so the cap follows
- * the rising attention cost of a long prompt's later chunks within a step
- * or two. Before the first measurement the cap is 256. */
+/* hardening: the step budget (engine.h step_budget_ms). Every step's
+ * forward time is fed to the step cost model (step_cost.h: fixed + per row
+ * + per attention pair, fitted online), and the scheduler sizes the next
+ * step's prefill chunks by predicted time (dsq_sched_set_step_budget).
+ * Until three steps were measured the prefill is capped at 256 tokens. */
 static void set_prefill_cap(dsq_engine_t *e)
 {
     double budget = e->o.step_budget_ms == 0 ? 250.0 : e->o.step_budget_ms;
     if (budget < 0)
         return;
-    int cap = 256;
-    if (e->tok_ms > 0) {
-        /* aim at 80%: a chunk's attention cost grows with its position,
-         * so the next chunk costs a little more per token than the last */
-        double fit = 0.8 * budget / e->tok_ms - dsq_sched_n_running(e->sched);
-        cap = fit < 64 ? 64 : fit > 1 << 20 ? 1 << 20 : (int)fit;
+    dsq_step_cost_t c;
+    if (dsq_step_cost_model(&e->step_fit, &c)) {
+        dsq_sched_set_prefill_cap(e->sched, 0);
+        dsq_sched_set_step_budget(e->sched, budget, &c);
+    } else {
+        dsq_sched_set_prefill_cap(e->sched, 256);
     }
-    dsq_sched_set_prefill_cap(e->sched, cap);
 }
 
-static void update_step_budget(dsq_engine_t *e, int n_tokens, double forward_ms)
+/* Attention pairs of a planned step (step_cost.h): sum of position + 1. */
+static int64_t step_pairs(const dsq_sched_out_t *out)
 {
-    double per = forward_ms / n_tokens;
-    e->tok_ms = e->tok_ms > 0 ? 0.4 * e->tok_ms + 0.6 * per : per;
+    int64_t pairs = 0;
+    for (int i = 0; i < out->n_tokens; i++)
+        pairs += (int64_t)out->pos[i] + 1;
+    return pairs;
 }
 
 /* hardening: backpressure. A request whose undelivered output (events
@@ -1055,6 +1054,11 @@ static bool engine_step(dsq_engine_t *e)
     reap_cancelled(e);
     set_prefill_cap(e);
     int rc = dsq_sched_step(e->sched, &out);
+    int64_t pairs = rc == DSQ_OK ? step_pairs(&out) : 0;
+    double predicted_ms = -1;
+    dsq_step_cost_t cost;
+    if (timed && dsq_step_cost_model(&e->step_fit, &cost))
+        predicted_ms = dsq_step_cost_predict(&cost, out.n_tokens, pairs);
     int n_x = 0;                   /* api: prompt-logprob rows */
     if (rc == DSQ_OK && out.n_tokens > 0)
         rc = plp_collect(e, &out, &n_x);
@@ -1097,8 +1101,8 @@ static bool engine_step(dsq_engine_t *e)
             t_fwd = now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
             t_smp = now_s();
-            if (!rc && out.n_tokens >= 64)
-                update_step_budget(e, out.n_tokens, (t_smp - t_fwd) * 1e3);
+            if (!rc)
+                dsq_step_cost_observe(&e->step_fit, out.n_tokens, pairs, (t_smp - t_fwd) * 1e3);
         }
         if (!rc) {
             dsq_sched_commit(e->sched, &out);
@@ -1163,11 +1167,12 @@ static bool engine_step(dsq_engine_t *e)
         double t1 = now_s();
         dsq_log(DSQ_LOG_DEBUG,
                 "event=step n_seqs=%d n_decode=%d n_prefill_tokens=%d n_tokens=%d "
-                "n_waiting=%d sched_ms=%.2f forward_ms=%.2f sample_ms=%.2f "
-                "publish_ms=%.2f step_ms=%.2f",
+                "n_waiting=%d sched_ms=%.2f forward_ms=%.2f predicted_ms=%.2f sample_ms=%.2f "
+                "publish_ms=%.2f step_ms=%.2f attention_pairs=%lld",
                 out.n_seqs, n_dec, out.n_tokens - n_dec, out.n_tokens,
                 dsq_sched_n_waiting(e->sched), (t_fwd - t0) * 1e3, (t_smp - t_fwd) * 1e3,
-                (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3);
+                predicted_ms, (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3,
+                (long long)pairs);
     }
     bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
     if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {

@@ -57,13 +57,15 @@ typedef struct dsq_engine_opts {
                                         0 = 256 KiB                          */
     double undelivered_timeout_s;    /* hardening: a request held that long is
                                         aborted (logged); 0 = 30 s, < 0 = never */
-    double step_budget_ms;           /* hardening: target duration of one step:
-                                        prefill tokens per step are capped at
-                                        budget / (measured ms per token) less
-                                        the decode rows, at least 64, so
+    double step_budget_ms;           /* hardening: target duration of one step
+                                        in ms: prefill tokens per step are
+                                        what the step cost model fitted to
+                                        the measured steps (step_cost.h)
+                                        predicts to fit beside the decode
+                                        rows (dsq_sched_set_step_budget), so
                                         running streams, cancellation and
-                                        /metrics never wait longer for a step
-                                        end; 0 = 250, < 0 = no budget        */
+                                        /metrics wait about one budget for a
+                                        step end; 0 = 250, < 0 = no budget  */
     double max_queue_wait_s;         /* hardening: a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */

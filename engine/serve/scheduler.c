@@ -7,6 +7,7 @@
 #include "scheduler.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,9 @@ struct dsq_sched {
     seq_vec_t waiting, running;
     int64_t n_preemptions;
     int prefill_cap;                           /* hardening: 0 = none */
+    double budget_ms;                          /* hardening: 0 = none */
+    dsq_step_cost_t cost;
+    double trust_rows_left, trust_pairs_left;  /* this step's, see fit_chunk */
     int64_t n_prefix_queries, n_prefix_hits;   /* tokens */
     int32_t *hit_ids;                          /* prefix lookup scratch */
     dsq_block_hash_t *hit_hashes;
@@ -244,6 +248,36 @@ static int grow_out(dsq_sched_t *s, int n_tokens, int n_seqs, int max_blocks)
     return DSQ_OK;
 }
 
+/* hardening: the tokens of a prefill chunk at position p (at most want)
+ * that fit in *ms_left under the cost model; charges them to *ms_left.
+ * The first prefill chunk of a step gets at least one token. */
+static int fit_chunk(dsq_sched_t *s, int p, int want, double *ms_left, bool any_prefill)
+{
+    int n = dsq_step_cost_chunk_fit(&s->cost, p, *ms_left, want);
+    /* the trust region (step_cost.h): rows and pairs left in this step */
+    if (s->cost.trust_rows > 0) {
+        if (n > s->trust_rows_left)
+            n = s->trust_rows_left > 0 ? (int)s->trust_rows_left : 0;
+        while (n > 0 && (double)dsq_step_cost_chunk_pairs(p, n) > s->trust_pairs_left) {
+            /* largest n within the pairs left: solve n p + n(n+1)/2 <= left */
+            double b = (double)p + 0.5, left = s->trust_pairs_left;
+            int m = left > 0 ? (int)(-b + sqrt(b * b + 2 * left)) : 0;
+            n = m < n ? m : n - 1;
+        }
+        if (n == 0 && !any_prefill && want > 0) {
+            /* at least 16 rows outside the region, or what is left */
+            n = want < 16 ? want : 16;
+        }
+    }
+    if (n == 0 && !any_prefill && want > 0)
+        n = 1;
+    int64_t pairs = dsq_step_cost_chunk_pairs(p, n);
+    *ms_left -= s->cost.token_ms * n + s->cost.pair_ms * (double)pairs;
+    s->trust_rows_left -= n;
+    s->trust_pairs_left -= (double)pairs;
+    return n;
+}
+
 int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
 {
     int budget = s->o.max_num_batched_tokens;
@@ -273,6 +307,25 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     if (s->prefill_cap > 0 && s->prefill_cap < prefill_left)
         prefill_left = s->prefill_cap;
 
+    /* hardening: the step budget in predicted ms (dsq_sched_set_step_budget) */
+    double prefill_ms = 0;
+    bool timed = s->budget_ms > 0;
+    bool any_prefill = false;
+    if (timed) {
+        double decode_ms = 0;
+        for (int i = 0; i < s->running.n; i++) {
+            const dsq_seq_t *seq = s->running.v[i];
+            if (!seq->paused && seq->n_computed >= seq->n_prompt &&
+                seq->n_tokens - seq->n_computed == 1)
+                decode_ms += s->cost.token_ms + s->cost.pair_ms * (double)(seq->n_computed + 1);
+        }
+        prefill_ms = 0.9 * s->budget_ms - s->cost.fixed_ms - decode_ms;
+        s->trust_rows_left = s->cost.trust_rows;
+        s->trust_pairs_left = s->cost.trust_pairs;
+        if (prefill_ms < 0.25 * s->budget_ms)
+            prefill_ms = 0.25 * s->budget_ms;
+    }
+
     /* attack2: logits rows left for prompt-logprob chunks */
     int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
 
@@ -289,6 +342,8 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             want = budget;
         if (plr && want > plr_left)
             want = plr_left;
+        if (!decode && timed)
+            want = fit_chunk(s, seq->n_computed, want, &prefill_ms, any_prefill);
         if (want <= 0)
             continue;
         for (;;) {
@@ -316,8 +371,10 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         picked.v[picked.n++] = seq;
         seq->sched_tokens = want;
         budget -= want;
-        if (!decode)
+        if (!decode) {
             prefill_left -= want;
+            any_prefill = true;
+        }
         if (plr)
             plr_left -= want;
     }
@@ -352,6 +409,8 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             want = prefill_left;
         if (plr && want > plr_left)
             want = plr_left;
+        if (timed)
+            want = fit_chunk(s, n_done, want, &prefill_ms, any_prefill);
         if (want <= 0)
             break;      /* attack2: no logits rows left; keeps FCFS order */
         int need = dsq_kv_blocks_for(s->kv, n_done + want) - (n_hit ? n_hit : seq->bt.n);
@@ -392,6 +451,7 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         seq->sched_tokens = want;
         budget -= want;
         prefill_left -= want;
+        any_prefill = true;
         if (plr)
             plr_left -= want;
     }
@@ -456,6 +516,16 @@ void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out)
 void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens)
 {
     s->prefill_cap = n_tokens > 0 ? n_tokens : 0;
+}
+
+void dsq_sched_set_step_budget(dsq_sched_t *s, double budget_ms, const dsq_step_cost_t *cost)
+{
+    if (budget_ms > 0 && cost) {
+        s->budget_ms = budget_ms;
+        s->cost = *cost;
+    } else {
+        s->budget_ms = 0;
+    }
 }
 
 int dsq_sched_n_waiting(const dsq_sched_t *s) { return s->waiting.n; }

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "engine/kv/kv_cache.h"
+#include "step_cost.h"
 
 typedef enum dsq_seq_state {
     DSQ_SEQ_WAITING = 0,
@@ -140,6 +141,20 @@ void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out);
  * step_budget_ms); it combines with max_prefill_tokens_with_decode (the
  * smaller applies). n_tokens <= 0 removes the cap. */
 void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens);
+
+/* hardening: size every step's prefill by predicted time instead of
+ * tokens. From now on a step's prefill chunks (running sequences' and
+ * admissions') get what the cost model *cost (step_cost.h) predicts fits
+ * in 90% of budget_ms after its fixed cost and the step's decode rows
+ * (each decode row: token_ms + pair_ms * its position + 1), and never less
+ * than a quarter of budget_ms, so prefill keeps moving when decodes alone
+ * fill the budget; a chunk's cost grows with its position (attention
+ * pairs), so a long prompt's later chunks get fewer tokens. At least one
+ * prefill token per step whatever the prediction (progress). Combines
+ * with the token caps (max_prefill_tokens_with_decode,
+ * dsq_sched_set_prefill_cap, max_num_batched_tokens: the smallest
+ * applies). budget_ms <= 0 or cost NULL removes it. The model is copied. */
+void dsq_sched_set_step_budget(dsq_sched_t *s, double budget_ms, const dsq_step_cost_t *cost);
 
 int dsq_sched_n_waiting(const dsq_sched_t *s);
 int dsq_sched_n_running(const dsq_sched_t *s);

@@ -346,9 +346,9 @@ def stream_gaps(d, body, start_evt, t_log):
 
 def test_long_prompt_does_not_stall_streams(daemon_factory):
     """--step-budget-ms: a 3,000-token prompt arriving while a stream runs
-    is prefilled in chunks that fit the budget beside the decode, so the
-    stream keeps getting tokens during it instead of waiting for one
-    2,048-token chunk (seconds on a CPU)."""
+    is prefilled in chunks whose predicted time fits the budget beside the
+    decode, so the stream keeps getting tokens every ~budget instead of
+    waiting for one 2,048-token chunk (seconds on a CPU)."""
     budget = 250
     d = daemon_factory("--step-budget-ms", str(budget))
     long_prompt = [100 + (i * 7919) % 30000 for i in range(3000)]
@@ -368,14 +368,19 @@ def test_long_prompt_does_not_stall_streams(daemon_factory):
     assert r.status_code == 200, r.text[:200]
     gaps = sorted(b - a for a, b in zip(times, times[1:]) if a >= t_long0 and b <= t_long1)
     assert len(gaps) >= 5, (len(gaps), t_long1 - t_long0)
-    # The prefill was split: the stream kept getting tokens during it and no
-    # gap is a large part of it (before: 2,048-token chunks, one gap ~2/3 of
-    # the prefill). Milliseconds are not asserted: the suite shares the 2
-    # cores with other tests (alone on this box: steps of 200-360 ms).
+    # The prefill was split into steps the cost model sized to the budget:
+    # nine in ten gaps within 2x the budget (the issue's bound), and no gap
+    # a large part of the prefill (before: 2,048-token chunks, one gap ~2/3
+    # of it). The bound is on p90, not the maximum: the suite shares the 2
+    # cores with other tests, whose bursts the model cannot foresee (alone
+    # on this box: max 290 ms; with two CPU burners beside it p50 219 ms,
+    # max 511 ms; the model follows the load).
     t_total = t_long1 - t_long0
-    msg = (f"max gap {gaps[-1] * 1e3:.0f} ms, median {gaps[len(gaps) // 2] * 1e3:.0f} ms, "
-           f"{len(gaps)} gaps in a {t_total * 1e3:.0f} ms prefill")
+    p90 = gaps[int(len(gaps) * 0.9)]
+    msg = (f"max gap {gaps[-1] * 1e3:.0f} ms, p90 {p90 * 1e3:.0f} ms, median "
+           f"{gaps[len(gaps) // 2] * 1e3:.0f} ms, {len(gaps)} gaps in a {t_total * 1e3:.0f} ms prefill")
     print(msg)
+    assert p90 <= 2 * budget / 1e3, msg
     assert gaps[-1] <= max(4 * budget / 1e3, t_total / 4), msg
 
 
@@ -403,8 +408,8 @@ def test_abort_during_prefill_frees_blocks(daemon_factory):
         time.sleep(0.02)
     dt = time.monotonic() - t0
     assert metric(d, "dsq:kv_cache_blocks_used") == 0
-    # one step (the budget, or on a loaded box a 64-256-token chunk, well
-    # under the ~1,024 tokens of t_fill) + the hang-up poll + a scrape;
+    # one step (about the budget) + the hang-up poll + a scrape; on a
+    # loaded box, well under the time of the ~1,024 tokens of t_fill;
     # before: the rest of a 2,048-token chunk
     assert dt <= max(2 * budget / 1e3 + 0.15, 0.6 * t_fill), \
         f"blocks freed {dt * 1e3:.0f} ms after the hang-up (t_fill {t_fill * 1e3:.0f} ms)"

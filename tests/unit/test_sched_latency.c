@@ -196,6 +196,96 @@ static void test_defer(void **state)
     dsq_kv_destroy(kv);
 }
 
+/* The step budget in predicted ms (dsq_sched_set_step_budget). Model:
+ * fixed 2 ms, 1 ms per row, 0.01 ms per attention pair; budget 100 ms, so
+ * a step's prefill gets 0.9 * 100 - 2 - (the decode rows' cost) ms, and a
+ * chunk of n at position p costs n + 0.01 (n p + n (n + 1) / 2): with one
+ * decoder beside it a 400-token prompt goes in chunks that are each the
+ * largest n that fits (largest_fit, a linear search), shrinking as p
+ * grows. A decode cost above the budget still leaves a quarter of it to
+ * prefill; the trust region caps rows and pairs; with no time at all one
+ * token moves. */
+static int largest_fit(double token_ms, double pair_ms, int p, double ms)
+{
+    int n = 0;
+    while (token_ms * (n + 1) + pair_ms * ((double)(n + 1) * p + (n + 1) * (n + 2) / 2.0) <= ms)
+        n++;
+    return n;
+}
+
+static void test_step_budget(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(128);
+    dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 2048};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *a = new_seq(0, 10, 500), *b = new_seq(1, 400, 5);
+    dsq_sched_out_t out;
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    commit(sch, &out);
+    dsq_step_cost_t c = {.fixed_ms = 2, .token_ms = 1, .pair_ms = 0.01};
+    dsq_sched_set_step_budget(sch, 100, &c);
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    int prev = 1 << 30, steps = 0;
+    while (b->n_computed < b->n_prompt) {
+        int p = b->n_computed;
+        double left = 0.9 * 100 - 2 - (1 + 0.01 * (a->n_computed + 1));
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(tokens_of(&out, a), 1);
+        int want = largest_fit(1, 0.01, p, left);
+        if (want > b->n_prompt - p)
+            want = b->n_prompt - p;
+        assert_int_equal(tokens_of(&out, b), want);
+        assert_true(want <= prev);   /* dearer with position */
+        prev = want;
+        commit(sch, &out);
+        steps++;
+    }
+    assert_true(steps >= 6);
+    /* decodes alone over budget: prefill still gets a quarter of it */
+    dsq_seq_t *d = new_seq(2, 200, 5);
+    dsq_step_cost_t heavy = {.fixed_ms = 200, .token_ms = 1, .pair_ms = 0.01};
+    dsq_sched_set_step_budget(sch, 100, &heavy);
+    assert_int_equal(dsq_sched_add(sch, d), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), largest_fit(1, 0.01, 0, 25));
+    commit(sch, &out);
+    /* the trust region caps the rows, and the pairs, of a step */
+    dsq_step_cost_t trust = {.fixed_ms = 2, .token_ms = 0.01, .pair_ms = 0,
+                             .trust_rows = 32, .trust_pairs = 1e9};
+    dsq_sched_set_step_budget(sch, 100, &trust);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), 32);
+    commit(sch, &out);
+    trust.trust_rows = 1e9;
+    trust.trust_pairs = 10.0 * d->n_computed + 55;   /* exactly 10 rows */
+    dsq_sched_set_step_budget(sch, 100, &trust);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), 10);
+    commit(sch, &out);
+    /* no time left at all: one token still moves */
+    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 1000, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &stuck);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), 1);
+    commit(sch, &out);
+    /* removed: back to the token budget */
+    dsq_sched_set_step_budget(sch, 0, NULL);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), 200 - d->n_computed);
+    dsq_sched_remove(sch, a);
+    dsq_sched_remove(sch, b);
+    dsq_sched_remove(sch, d);
+    assert_int_equal(dsq_kv_n_free(kv), 128);
+    dsq_sched_destroy(sch);
+    free_seq(a);
+    free_seq(b);
+    free_seq(d);
+    dsq_kv_destroy(kv);
+}
+
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 
 static int rnd(int n)
@@ -285,6 +375,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_cap),
         cmocka_unit_test(test_defer),
+        cmocka_unit_test(test_step_budget),
         cmocka_unit_test(test_property),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
