@@ -319,11 +319,19 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
                 seq->n_tokens - seq->n_computed == 1)
                 decode_ms += s->cost.token_ms + s->cost.pair_ms * (double)(seq->n_computed + 1);
         }
-        prefill_ms = 0.9 * s->budget_ms - s->cost.fixed_ms - decode_ms;
-        s->trust_rows_left = s->cost.trust_rows;
-        s->trust_pairs_left = s->cost.trust_pairs;
+        /* what fits beside the decodes; at least a quarter of the budget;
+         * and where the budget is out of reach (a step without prefill
+         * already costs more: a big model on a small machine, a
+         * simulator), as much as that step, so prefill at most doubles
+         * it instead of crawling a token per step */
+        double base_ms = s->cost.fixed_ms + decode_ms;
+        prefill_ms = 0.9 * s->budget_ms - base_ms;
         if (prefill_ms < 0.25 * s->budget_ms)
             prefill_ms = 0.25 * s->budget_ms;
+        if (base_ms > s->budget_ms && prefill_ms < base_ms)
+            prefill_ms = base_ms;
+        s->trust_rows_left = s->cost.trust_rows;
+        s->trust_pairs_left = s->cost.trust_pairs;
     }
 
     /* attack2: logits rows left for prompt-logprob chunks */

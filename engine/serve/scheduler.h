@@ -148,7 +148,10 @@ void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens);
  * in 90% of budget_ms after its fixed cost and the step's decode rows
  * (each decode row: token_ms + pair_ms * its position + 1), and never less
  * than a quarter of budget_ms, so prefill keeps moving when decodes alone
- * fill the budget; a chunk's cost grows with its position (attention
+ * fill the budget; when the step without prefill (fixed + decode rows)
+ * alone costs more than budget_ms, prefill gets as much as that step (it
+ * at most doubles a step the budget cannot hold anyway); a chunk's cost
+ * grows with its position (attention
  * pairs), so a long prompt's later chunks get fewer tokens. At least one
  * prefill token per step whatever the prediction (progress). Combines
  * with the token caps (max_prefill_tokens_with_decode,

@@ -26,6 +26,11 @@
 #include "kernels/kernels.h"
 #include "unit/engine_test.h"
 
+/* The simulator runs a step in seconds: the engine's step budget (250 ms
+ * by default, backend-independent, tested on the CPU in
+ * tests/unit/test_sched_latency.c and tests/e2e/test_hardening.py) would
+ * only split these prompts into more steps. */
+#define NO_STEP_BUDGET (-1.0)
 #define MAX_CHOICES 2
 #define MAX_OUT 64
 
@@ -59,6 +64,7 @@ static dsq_engine_t *open_engine(const char *device, int block_size, int n_block
     const int64_t per_token = 5LL * 2 * 4 * 8 * (kv_dtype == DSQ_KV_INT8 ? 1 : 2) +
                               (kv_dtype == DSQ_KV_INT8 ? 5LL * 2 * 4 * 2 * 2 : 0);
     dsq_engine_opts_t o = {.model_path = model_path, .tokenizer_path = tok_path,
+                           .step_budget_ms = NO_STEP_BUDGET,
                            .max_model_len = block_size * n_blocks < 256 ?
                                             block_size * n_blocks : 256,
                            .block_size = block_size,
@@ -292,6 +298,7 @@ static void test_device_memory_plan(void **state)
     (void)state;
     find_model();
     dsq_engine_opts_t o = {.model_path = model_path, .tokenizer_path = tok_path,
+                           .step_budget_ms = NO_STEP_BUDGET,
                            .max_model_len = 256, .max_num_seqs = 4,
                            .max_num_batched_tokens = 64, .kv_cache_dtype = DSQ_KV_F16,
                            .n_threads = 1, .device = "cuda",
@@ -337,6 +344,7 @@ static void test_budget_too_small(void **state)
     (void)state;
     find_model();
     dsq_engine_opts_t o = {.model_path = model_path, .tokenizer_path = tok_path,
+                           .step_budget_ms = NO_STEP_BUDGET,
                            .max_model_len = 256, .n_threads = 1, .device = "cuda",
                            .gpu_memory_utilization = 1e-12};
     char err[512] = "";

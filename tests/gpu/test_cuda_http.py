@@ -65,7 +65,11 @@ class Daemon:
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--device", device, "--kv-cache-dtype", "fp16",
                 "--kv-cache-memory", "1MiB", "--max-model-len", "256",
-                "--threads", "1", "--log-level", "info"]
+                "--threads", "1", "--log-level", "info",
+                # the simulator runs a step in seconds: a step budget
+                # (backend-independent, tested on the CPU in
+                # tests/e2e/test_hardening.py) would only split prompts
+                "--step-budget-ms", "0"]
         env = dict(os.environ)
         env.pop("DSQ_API_KEY", None)
         if wrap:

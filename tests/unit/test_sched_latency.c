@@ -202,8 +202,8 @@ static void test_defer(void **state)
  * chunk of n at position p costs n + 0.01 (n p + n (n + 1) / 2): with one
  * decoder beside it a 400-token prompt goes in chunks that are each the
  * largest n that fits (largest_fit, a linear search), shrinking as p
- * grows. A decode cost above the budget still leaves a quarter of it to
- * prefill; the trust region caps rows and pairs; with no time at all one
+ * grows. A decode cost near the budget still leaves a quarter of it to
+ * prefill, one above it as much as itself; the trust region caps rows and pairs; with no time at all one
  * token moves. */
 static int largest_fit(double token_ms, double pair_ms, int p, double ms)
 {
@@ -244,13 +244,23 @@ static void test_step_budget(void **state)
         steps++;
     }
     assert_true(steps >= 6);
-    /* decodes alone over budget: prefill still gets a quarter of it */
-    dsq_seq_t *d = new_seq(2, 200, 5);
-    dsq_step_cost_t heavy = {.fixed_ms = 200, .token_ms = 1, .pair_ms = 0.01};
+    /* decodes near the budget: prefill still gets a quarter of it */
+    dsq_seq_t *d = new_seq(2, 400, 5);
+    dsq_step_cost_t heavy = {.fixed_ms = 80, .token_ms = 1, .pair_ms = 0.01};
     dsq_sched_set_step_budget(sch, 100, &heavy);
     assert_int_equal(dsq_sched_add(sch, d), DSQ_OK);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), largest_fit(1, 0.01, 0, 25));
+    commit(sch, &out);
+    /* a step the budget cannot hold at all (fixed 300 ms): prefill gets as
+     * much as the rest of the step, not a crawl */
+    heavy.fixed_ms = 300;
+    dsq_sched_set_step_budget(sch, 100, &heavy);
+    int p0 = d->n_computed;
+    /* a and b decode beside it */
+    double base = 300 + 2 + 0.01 * (a->n_computed + 1 + b->n_computed + 1);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), largest_fit(1, 0.01, p0, base));
     commit(sch, &out);
     /* the trust region caps the rows, and the pairs, of a step */
     dsq_step_cost_t trust = {.fixed_ms = 2, .token_ms = 0.01, .pair_ms = 0,
@@ -265,8 +275,9 @@ static void test_step_budget(void **state)
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 10);
     commit(sch, &out);
-    /* no time left at all: one token still moves */
-    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 1000, .pair_ms = 0};
+    /* no prompt token fits the prefill's share (25 ms, a token costs 40):
+     * one still moves */
+    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 40, .pair_ms = 0};
     dsq_sched_set_step_budget(sch, 100, &stuck);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 1);
@@ -274,7 +285,7 @@ static void test_step_budget(void **state)
     /* removed: back to the token budget */
     dsq_sched_set_step_budget(sch, 0, NULL);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-    assert_int_equal(tokens_of(&out, d), 200 - d->n_computed);
+    assert_int_equal(tokens_of(&out, d), 400 - d->n_computed);
     dsq_sched_remove(sch, a);
     dsq_sched_remove(sch, b);
     dsq_sched_remove(sch, d);
