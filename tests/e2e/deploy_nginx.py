@@ -283,3 +283,153 @@ def test_nginx_two_replicas_restart_under_load():
         a.stop()
         b.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_nginx(tmp, listen, backends):
+    """nginx with the shipped dsq.conf in front of backends; returns Popen."""
+    nginx = find_nginx()
+    conf = nginx_conf(tmp, listen, backends)
+    if os.geteuid() == 0:
+        nobody = pwd.getpwnam("nobody")
+        for root, dirs, files in os.walk(tmp):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), nobody.pw_uid, nobody.pw_gid)
+        os.chown(tmp, nobody.pw_uid, nobody.pw_gid)
+    t = subprocess.run([nginx, "-t", "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
+                       capture_output=True, text=True, preexec_fn=drop_privileges)
+    assert t.returncode == 0, "nginx -t:\n" + t.stderr
+    return subprocess.Popen([nginx, "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=drop_privileges)
+
+
+def raw_exchange(port, data, timeout=5.0):
+    """Send data on a fresh connection; read until the server closes it.
+    Returns (bytes read, closed by the server within timeout)."""
+    import socket
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out, t_end = b"", time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            s.settimeout(max(0.05, t_end - time.monotonic()))
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                return out, False
+            except ConnectionResetError:
+                return out, True
+            if not chunk:
+                return out, True
+            out += chunk
+        return out, False
+    finally:
+        s.close()
+
+
+def parse_one_response(raw):
+    """(status, headers dict, body) of the single HTTP response in raw;
+    fails when raw holds more than one status line."""
+    n_status = len(re.findall(rb"(?:^|\r\n)HTTP/1\.[01] \d{3}", raw))
+    assert n_status == 1, f"{n_status} status lines in:\n{raw[:600]!r}"
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for ln in lines[1:]:
+        k, _, v = ln.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    if hdrs.get("transfer-encoding", "").lower() == "chunked":
+        out, rest = b"", body
+        while rest:
+            size_s, _, rest = rest.partition(b"\r\n")
+            size = int(size_s.split(b";")[0], 16)
+            if size == 0:
+                break
+            out, rest = out + rest[:size], rest[size + 2:]
+        body = out
+    return status, hdrs, body
+
+
+def test_nginx_framing_errors_are_json():
+    """Issue 20, findings 5 and 8, covered by the deployment docs/api.md
+    prescribes (dsqd behind deploy/nginx/dsq.conf): every framing error a
+    client can provoke is one response, an OpenAI JSON error object, on a
+    connection the server then closes; a NUL byte inside the API key is
+    refused by nginx and never reaches dsqd, while dsqd's own JSON errors
+    (401) and answers pass through unchanged."""
+    tmp = tempfile.mkdtemp(prefix="dsq-nginx-framing-")
+    os.chmod(tmp, 0o755)
+    a = Replica(free_port(), tmp, "a")
+    listen = free_port()
+    ngx = None
+    try:
+        a.start()
+        ngx = start_nginx(tmp, listen, [a.port])
+        a.wait_ready()
+        base = f"http://127.0.0.1:{listen}"
+        t_end = time.time() + 30
+        while time.time() < t_end:
+            try:
+                if requests.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        auth = f"Authorization: Bearer {API_KEY}\r\n".encode()
+        post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        cases = [
+            ("head too large", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 +
+             b"\r\n\r\n", 431),
+            ("URI too long", b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+            ("HTTP version", b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+            ("Content-Length -5", post + auth + b"Content-Length: -5\r\n\r\n{}", 400),
+            ("Content-Length abc", post + auth + b"Content-Length: abc\r\n\r\n{}", 400),
+            ("Content-Length 20 digits", post + auth +
+             b"Content-Length: 99999999999999999999\r\n\r\n{}", 400),
+            ("two Content-Lengths", post + auth + b"Content-Length: 2\r\nContent-Length: 3\r\n"
+             b"\r\n{}", 400),
+            ("body too large", post + auth + b"Content-Length: 2000000\r\n\r\n", 413),
+            ("NUL after the API key", b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+             b"Authorization: Bearer " + API_KEY.encode() + b"\0junk\r\n\r\n", 400),
+            ("bad request line", b"GARBAGE\r\n\r\n", 400),
+        ]
+        for name, data, want in cases:
+            raw, closed = raw_exchange(listen, data)
+            status, hdrs, body = parse_one_response(raw)
+            if status != want:
+                with open(os.path.join(tmp, "error.log"), "rb") as f:
+                    elog = b"\n".join(ln[:240] for ln in f.read().splitlines()[-4:])
+                pytest.fail(f"{name}: {status} (want {want}):\n{raw[:400]!r}\nnginx: {elog!r}")
+            assert hdrs.get("content-type", "").startswith("application/json"), (name, hdrs)
+            err = json.loads(body)["error"]
+            assert err["message"] and err["type"], (name, err)
+            if want != 413:
+                assert closed, f"{name}: connection left open"
+        # the NUL case never reached dsqd: it logged no request with that key
+        with open(a.log_path, "rb") as f:
+            log = f.read()
+        assert b"junk" not in log
+        # dsqd's own answers pass through: 200 with the key, its 401 JSON without
+        r = requests.get(base + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"},
+                         timeout=10)
+        assert r.status_code == 200 and r.json()["data"], r.text[:200]
+        r = requests.get(base + "/v1/models", headers={"Authorization": "Bearer wrong"},
+                         timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        # no replica up: nginx's 502 is JSON too
+        a.stop()
+        r = requests.get(base + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"},
+                         timeout=30)
+        assert r.status_code == 502 and r.json()["error"]["type"] == "service_unavailable", \
+            r.text[:300]
+    finally:
+        if ngx and ngx.poll() is None:
+            ngx.send_signal(signal.SIGQUIT)
+            try:
+                ngx.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                ngx.kill()
+                ngx.wait()
+        a.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
