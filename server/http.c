@@ -1810,8 +1810,25 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     static long n_window, n_dropped;
     char line[512];
     long dropped = 0;
-    time_t now = time(NULL);
     (void)cls;
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    /* users: our handlers end a request with an error (stream reader) or
+     * MHD_NO (non-streaming) after a client hang-up, already logged as
+     * event=disconnect at info: not a warning */
+    bool gone = tl_client_gone;
+    tl_client_gone = false;
+    /* hardening: a client that closes (or is cut at its head/body deadline,
+     * logged once per tick as event=deadline_close) before its request is
+     * in is the client's business: debug */
+    if (!strncmp(line, "Connection socket is closed when reading request", 48))
+        gone = true;
+    int level = gone ? DSQ_LOG_DEBUG : DSQ_LOG_WARN;
+    /* lines below the threshold neither log nor count against the burst
+     * (a slowloris flood is all debug lines: no "suppressed" warnings) */
+    if (level > dsq_log_threshold)
+        return;
+    time_t now = time(NULL);
     pthread_mutex_lock(&mu);
     if (now != window) {
         window = now;
@@ -1828,19 +1845,7 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     pthread_mutex_unlock(&mu);
     if (dropped)
         dsq_log(DSQ_LOG_WARN, "mhd: %ld messages suppressed", dropped);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    line[strcspn(line, "\n")] = '\0';
-    /* users: our handlers end a request with an error (stream reader) or
-     * MHD_NO (non-streaming) after a client hang-up, already logged as
-     * event=disconnect at info: not a warning */
-    bool gone = tl_client_gone;
-    tl_client_gone = false;
-    /* hardening: a client that closes (or is cut at its head/body deadline,
-     * logged once per tick as event=deadline_close) before its request is
-     * in is the client's business: debug */
-    if (!strncmp(line, "Connection socket is closed when reading request", 48))
-        gone = true;
-    dsq_log(gone ? DSQ_LOG_DEBUG : DSQ_LOG_WARN, "mhd: %s", line);
+    dsq_log(level, "mhd: %s", line);
 }
 
 /* users: percent-decoding of URLs and query arguments as libmicrohttpd's

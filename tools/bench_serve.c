@@ -48,6 +48,8 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 
+#include "bench_http.h"
+
 int dsq__bench_serve(int argc, char **argv);
 
 #define MAX_MIX 16
@@ -396,43 +398,13 @@ static bool req_judge(req_t *r, CURLcode cc)
     return r->err[0] == '\0';
 }
 
-/* GET url, body into a malloc'd string (NULL on failure); *status = HTTP code. */
-static char *http_get(const char *url, long *status, double timeout_s)
-{
-    CURL *e = curl_easy_init();
-    char *out = NULL;
-    *status = 0;
-    if (!e)
-        return NULL;
-    FILE *f = NULL;
-    size_t len = 0;
-    f = open_memstream(&out, &len);
-    if (f) {
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
-        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(e, CURLOPT_WRITEDATA, f);   /* default writer: fwrite */
-        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1e3));
-        CURLcode cc = curl_easy_perform(e);
-        fclose(f);
-        if (cc == CURLE_OK)
-            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
-        else {
-            free(out);
-            out = NULL;
-        }
-    }
-    curl_easy_cleanup(e);
-    return out;
-}
-
 /* The first model id that url/v1/models lists, malloc'd, or NULL. */
 static char *first_model(const char *url)
 {
     char full[256];
     long st;
     snprintf(full, sizeof(full), "%s/v1/models", url);
-    char *body = http_get(full, &st, 30), *id = NULL;
+    char *body = dsq__bench_http_get(full, &st, 30), *id = NULL;
     cJSON *o = body && st == 200 ? cJSON_Parse(body) : NULL;
     const cJSON *d = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "data"), 0);
     const cJSON *s = d ? cJSON_GetObjectItemCaseSensitive(d, "id") : NULL;
@@ -586,21 +558,6 @@ typedef struct {
     int n_extra;
 } spawn_t;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    socklen_t len = sizeof(a);
-    if (fd < 0)
-        return -1;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 /* Start sp on 127.0.0.1:port with stdout+stderr to log; returns the pid or -1. */
 static pid_t start_server(const spawn_t *sp, const char *model, int threads, int n_seqs,
                           int ctx, int port, const char *log)
@@ -664,21 +621,6 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
     return pid;
 }
 
-static void stop_server(pid_t pid)
-{
-    int status;
-    if (pid <= 0)
-        return;
-    kill(pid, SIGTERM);
-    for (int i = 0; i < 300; i++) {         /* 30 s to drain and exit */
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return;
-        usleep(100000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-}
-
 /* Poll url/health until 200; 0, or -1 if the process died or time ran out. */
 static int wait_ready(pid_t pid, const char *url, double timeout_s)
 {
@@ -690,7 +632,7 @@ static int wait_ready(pid_t pid, const char *url, double timeout_s)
         if (waitpid(pid, &status, WNOHANG) == pid)
             return -1;
         long st;
-        free(http_get(full, &st, 2));
+        free(dsq__bench_http_get(full, &st, 2));
         if (st == 200)
             return 0;
         usleep(200000);
@@ -1017,7 +959,7 @@ int dsq__bench_serve(int argc, char **argv)
         char url[160], log[512] = "";
         pid_t pid = -1;
         if (s) {
-            int port = free_port();
+            int port = dsq__bench_free_port();
             snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
             snprintf(log, sizeof(log), "%s/dsq-bench-serve-%s-%d.log", log_dir, s->kind,
                      (int)getpid());
@@ -1032,7 +974,7 @@ int dsq__bench_serve(int argc, char **argv)
             if (wait_ready(pid, url, start_timeout) != 0) {
                 fprintf(stderr, "dsq-bench serve: %s did not become ready, see %s\n", s->kind,
                         log);
-                stop_server(pid);
+                dsq__bench_stop_server(pid);
                 rc = 1;
                 break;
             }
@@ -1062,7 +1004,7 @@ int dsq__bench_serve(int argc, char **argv)
         }
         free(name);
         if (pid > 0)
-            stop_server(pid);
+            dsq__bench_stop_server(pid);
         if (stop_requested)
             rc = 1;
         if (rc)

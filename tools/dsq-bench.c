@@ -271,6 +271,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) { extern int dsq__bench_tokenize(int, char **); return dsq__bench_tokenize(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "sched") == 0) { extern int dsq__bench_sched(int, char **); return dsq__bench_sched(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) { extern int dsq__bench_serve(int, char **); return dsq__bench_serve(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "soak") == 0) { extern int dsq__bench_soak(int, char **); return dsq__bench_soak(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "gpu") == 0) { extern int dsq__bench_gpu(int, char **); return dsq__bench_gpu(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
@@ -290,7 +291,9 @@ int main(int argc, char **argv)
                    "       dsq-bench gpu [--quick] [--seconds S] [--no-e2e] [--json FILE] [--write-model PATH]"
                    " (CUDA builds: kernels on the device)\n"
                    "       dsq-bench serve [--url URL]... [--dsqd PATH] [--llama-server PATH]"
-                   " [--model GGUF] [--clients 8] [--requests 32] ... (serve --help)\n");
+                   " [--model GGUF] [--clients 8] [--requests 32] ... (serve --help)\n"
+                   "       dsq-bench soak (--dsqd PATH --model FILE | --url URL [--pid PID])"
+                   " [--minutes 10] [--clients 8] [--unread 4] [--slow 200] ... (soak --help)\n");
             return 0;
         }
     }

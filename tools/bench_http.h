@@ -1,0 +1,22 @@
+/* Helpers shared by the dsq-bench HTTP tools (bench_serve.c, bench_soak.c):
+ * a free loopback port, a blocking GET, stopping a spawned server. Internal
+ * to dsq-bench (dsq__ prefix). */
+#ifndef DSQ_TOOLS_BENCH_HTTP_H
+#define DSQ_TOOLS_BENCH_HTTP_H
+
+#include <sys/types.h>
+
+/* A TCP port on 127.0.0.1 free at the time of the call, or -1. */
+int dsq__bench_free_port(void);
+
+/* GET url (loopback only, no proxy) with a timeout in seconds. Returns
+ * the body as a malloc'd NUL-terminated string (the caller frees it) and
+ * the HTTP status in *status, or NULL with *status = 0 when the transfer
+ * failed. */
+char *dsq__bench_http_get(const char *url, long *status, double timeout_s);
+
+/* SIGTERM pid, wait up to 30 s for it to exit (drain), then SIGKILL;
+ * reaps it. pid <= 0 is a no-op. */
+void dsq__bench_stop_server(pid_t pid);
+
+#endif
