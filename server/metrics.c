@@ -196,6 +196,18 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
           lbl, (double)st->kv_blocks_used);
     gauge(&b, "gauge", "dsq:kv_cache_blocks_total", "KV cache blocks in all.",
           lbl, (double)st->kv_blocks_total);
+    /* hardening: backpressure and deadlines (docs/api.md) */
+    gauge(&b, "gauge", "dsq:kv_cache_block_bytes",
+          "Bytes of one KV cache block (all layers).", lbl, (double)st->kv_block_bytes);
+    gauge(&b, "gauge", "dsq:num_requests_held",
+          "Requests not scheduled because their client is not reading (--max-undelivered-bytes).",
+          lbl, st->n_held);
+    gauge(&b, "counter", "dsq:stream_stall_aborts_total",
+          "Requests aborted after being held past --stream-stall-timeout.", lbl,
+          (double)st->stream_stall_aborts_total);
+    gauge(&b, "counter", "dsq:queue_timeouts_total",
+          "Requests refused after waiting past --max-queue-wait.", lbl,
+          (double)st->queue_timeouts_total);
     gauge(&b, "gauge", "dsq:kv_cache_usage_perc",
           "Fraction of KV cache blocks in use.", lbl,
           st->kv_blocks_total ? (double)st->kv_blocks_used / (double)st->kv_blocks_total : 0.0);

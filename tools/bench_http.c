@@ -17,6 +17,12 @@
 /* GET url, body into a malloc'd string (NULL on failure); *status = HTTP code. */
 char *dsq__bench_http_get(const char *url, long *status, double timeout_s)
 {
+    return dsq__bench_http_get_auth(url, NULL, status, timeout_s);
+}
+
+char *dsq__bench_http_get_auth(const char *url, const char *api_key, long *status,
+                               double timeout_s)
+{
     CURL *e = curl_easy_init();
     char *out = NULL;
     *status = 0;
@@ -31,7 +37,15 @@ char *dsq__bench_http_get(const char *url, long *status, double timeout_s)
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, f);   /* default writer: fwrite */
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1e3));
+        struct curl_slist *h = NULL;
+        if (api_key) {
+            char auth[512];
+            snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
+            h = curl_slist_append(NULL, auth);
+            curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+        }
         CURLcode cc = curl_easy_perform(e);
+        curl_slist_free_all(h);
         fclose(f);
         if (cc == CURLE_OK)
             curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);

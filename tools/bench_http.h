@@ -15,6 +15,11 @@ int dsq__bench_free_port(void);
  * failed. */
 char *dsq__bench_http_get(const char *url, long *status, double timeout_s);
 
+/* As dsq__bench_http_get, with "Authorization: Bearer api_key" when
+ * api_key is not NULL. */
+char *dsq__bench_http_get_auth(const char *url, const char *api_key, long *status,
+                               double timeout_s);
+
 /* SIGTERM pid, wait up to 30 s for it to exit (drain), then SIGKILL;
  * reaps it. pid <= 0 is a no-op. */
 void dsq__bench_stop_server(pid_t pid);

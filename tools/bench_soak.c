@@ -83,12 +83,14 @@ typedef struct {
 typedef struct {
     double t;
     long rss_kib, fds, threads;
-    long kv_used, running, waiting;
+    long kv_used, running, waiting, held;
+    long stall_aborts, kv_block_bytes;
 } sample_t;
 
 typedef struct {
     const char *url;
     const char *model;          /* served model name                         */
+    const char *api_key;        /* NULL: none                                */
     pid_t pid;
     int n_clients, n_unread, n_slow;
     double minutes, sample_s, unread_hold_s;
@@ -183,7 +185,8 @@ static long metric(const char *text, const char *name)
 static sample_t take_sample(const soak_t *s, double t0)
 {
     sample_t x = {.t = now_s() - t0, .rss_kib = -1, .fds = -1, .threads = -1,
-                  .kv_used = -1, .running = -1, .waiting = -1};
+                  .kv_used = -1, .running = -1, .waiting = -1, .held = -1,
+                  .stall_aborts = -1, .kv_block_bytes = -1};
     if (s->pid > 0) {
         x.rss_kib = proc_status_field(s->pid, "VmRSS");
         x.threads = proc_status_field(s->pid, "Threads");
@@ -192,11 +195,14 @@ static sample_t take_sample(const soak_t *s, double t0)
     char url[256];
     long st;
     snprintf(url, sizeof(url), "%s/metrics", s->url);
-    char *m = dsq__bench_http_get(url, &st, 5);
+    char *m = dsq__bench_http_get_auth(url, s->api_key, &st, 5);
     if (m && st == 200) {
         x.kv_used = metric(m, "dsq:kv_cache_blocks_used");
         x.running = metric(m, "dsq:num_requests_running");
         x.waiting = metric(m, "dsq:num_requests_waiting");
+        x.held = metric(m, "dsq:num_requests_held");
+        x.stall_aborts = metric(m, "dsq:stream_stall_aborts_total");
+        x.kv_block_bytes = metric(m, "dsq:kv_cache_block_bytes");
     }
     free(m);
     return x;
@@ -204,9 +210,9 @@ static sample_t take_sample(const soak_t *s, double t0)
 
 static void print_sample(const char *label, const sample_t *x)
 {
-    printf("| %s | %.0f | %.1f | %ld | %ld | %ld | %ld | %ld |\n", label, x->t,
+    printf("| %s | %.0f | %.1f | %ld | %ld | %ld | %ld | %ld | %ld |\n", label, x->t,
            x->rss_kib >= 0 ? (double)x->rss_kib / 1024.0 : -1.0, x->fds, x->threads, x->kv_used,
-           x->running, x->waiting);
+           x->running, x->waiting, x->held);
     fflush(stdout);
 }
 
@@ -346,6 +352,14 @@ static int sreq_start(soak_t *s, sreq_t *r, CURLM *m, int kind)
     }
     r->easy = curl_easy_init();
     r->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (r->hdrs && s->api_key) {
+        char auth[512];
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", s->api_key);
+        struct curl_slist *h = curl_slist_append(r->hdrs, auth);
+        if (!h)
+            return -1;
+        r->hdrs = h;
+    }
     if (!r->body || !r->easy || !r->hdrs)
         return -1;
     char url[256];
@@ -484,7 +498,8 @@ static void usage(void)
             "usage: dsq-bench soak (--dsqd PATH --model FILE | --url URL [--pid PID])\n"
             "                      [--minutes M] [--clients C] [--unread U] [--slow S]\n"
             "                      [--sample SECONDS] [--unread-hold SECONDS] [--vocab N]\n"
-            "                      [--seed N] [--log FILE] [-- DSQD-ARGS...]\n"
+            "                      [--seed N] [--log FILE] [--api-key KEY] [--model-name NAME]\n"
+            "                      [-- DSQD-ARGS...]\n"
             "  defaults: 10 minutes, 8 clients, 4 unread streams, 200 slow connections,\n"
             "  a sample every 30 s, unread streams held 3/4 of the run (>= 60 s), prompt ids < 30000\n");
 }
@@ -507,12 +522,12 @@ static int wait_ready(pid_t pid, const char *url, double timeout_s)
     return -1;
 }
 
-static char *served_model(const char *url)
+static char *served_model(const char *url, const char *api_key)
 {
     char full[256];
     long st;
     snprintf(full, sizeof(full), "%s/v1/models", url);
-    char *b = dsq__bench_http_get(full, &st, 10);
+    char *b = dsq__bench_http_get_auth(full, api_key, &st, 10);
     char *id = NULL;
     const char *p = b && st == 200 ? strstr(b, "\"id\"") : NULL;
     if (p && (p = strchr(p + 4, '"'))) {
@@ -566,7 +581,7 @@ int dsq__bench_soak(int argc, char **argv)
 {
     soak_t s = {.n_clients = 8, .n_unread = 4, .n_slow = 200, .minutes = 10, .sample_s = 30,
                 .unread_hold_s = -1, .rng = 20261202, .vocab = 30000};
-    const char *dsqd = NULL, *model_file = NULL, *log = NULL, *url = NULL;
+    const char *dsqd = NULL, *model_file = NULL, *log = NULL, *url = NULL, *model_name = NULL;
     char **extra = NULL;
     int n_extra = 0;
     for (int i = 0; i < argc; i++) {
@@ -589,6 +604,8 @@ int dsq__bench_soak(int argc, char **argv)
         else if (strcmp(a, "--model") == 0) model_file = v;
         else if (strcmp(a, "--url") == 0) url = v;
         else if (strcmp(a, "--log") == 0) log = v;
+        else if (strcmp(a, "--api-key") == 0) s.api_key = v;
+        else if (strcmp(a, "--model-name") == 0) model_name = v;
         else if (strcmp(a, "--pid") == 0) s.pid = (pid_t)strtol(v, &end, 10);
         else if (strcmp(a, "--minutes") == 0) s.minutes = strtod(v, &end);
         else if (strcmp(a, "--clients") == 0) s.n_clients = (int)strtol(v, &end, 10);
@@ -651,9 +668,10 @@ int dsq__bench_soak(int argc, char **argv)
         dsq__bench_stop_server(spawned);
         return 2;
     }
-    char *model = served_model(s.url);
+    char *model = model_name ? strdup(model_name) : served_model(s.url, s.api_key);
     if (!model) {
-        fprintf(stderr, "dsq-bench soak: %s/v1/models lists no model\n", s.url);
+        fprintf(stderr, "dsq-bench soak: %s/v1/models lists no model (--api-key? "
+                "--model-name?)\n", s.url);
         dsq__bench_stop_server(spawned);
         return 2;
     }
@@ -685,8 +703,8 @@ int dsq__bench_soak(int argc, char **argv)
     printf("# dsq-bench soak: %s (model %s), %.1f min, %d clients, %d unread streams "
            "(held %.0f s), %d slow connections, seed %llu\n", s.url, model, s.minutes,
            s.n_clients, s.n_unread, s.unread_hold_s, s.n_slow, (unsigned long long)seed);
-    printf("| sample | t s | RSS MiB | fds | threads | KV blocks | running | waiting |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| sample | t s | RSS MiB | fds | threads | KV blocks | running | waiting | held |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     t0 = now_s();
     sample_t start = take_sample(&s, t0);
     print_sample("start", &start);
@@ -743,6 +761,8 @@ int dsq__bench_soak(int argc, char **argv)
                 peak.fds = x.fds;
             if (x.threads > peak.threads)
                 peak.threads = x.threads;
+            if (x.kv_used > peak.kv_used)
+                peak.kv_used = x.kv_used;
             t_sample += s.sample_s;
         }
         curl_multi_poll(m, NULL, 0, 50, NULL);
@@ -770,6 +790,8 @@ int dsq__bench_soak(int argc, char **argv)
     sleep(1);
     end = take_sample(&s, t0);
     print_sample("end", &end);
+    if (end.rss_kib > peak.rss_kib)
+        peak.rss_kib = end.rss_kib;
 
     long errors = 0;
     printf("\n| kind | sent | as expected | errors |\n| --- | ---: | ---: | ---: |\n");
@@ -777,11 +799,19 @@ int dsq__bench_soak(int argc, char **argv)
         printf("| %s | %ld | %ld | %ld |\n", kind_name[k], s.sent[k], s.ok[k], s.failed[k]);
         errors += s.failed[k];
     }
-    printf("\nunread streams: %ld aborted by the server, %ld finished\n", s.unread_aborted,
-           s.unread_finished);
+    printf("\nunread streams: %ld seen aborted by the server, %ld finished; the server counted "
+           "%ld stall aborts\n", s.unread_aborted, s.unread_finished,
+           end.stall_aborts >= 0 && start.stall_aborts >= 0 ? end.stall_aborts - start.stall_aborts
+                                                            : -1);
     printf("slow connections: %ld opened, %ld closed by the server, mean lifetime %.1f s\n",
            s.slow_opened, s.slow_closed_by_server,
            s.slow_closed_by_server ? s.slow_life_sum / (double)s.slow_closed_by_server : 0.0);
+    /* the KV pool is allocated up front but its pages become resident as
+     * blocks are first used: RSS grows by up to the peak blocks' bytes */
+    if (end.kv_block_bytes > 0)
+        printf("KV touched: at most %.1f MiB (peak %ld blocks sampled x %ld bytes)\n",
+               (double)peak.kv_used * (double)end.kv_block_bytes / 1048576.0, peak.kv_used,
+               end.kv_block_bytes);
     printf("start -> end: RSS %+.1f MiB (peak %.1f MiB), fds %+ld (peak %ld), threads %+ld "
            "(peak %ld), KV blocks in use at the end %ld, errors %ld%s%s\n",
            (double)(end.rss_kib - start.rss_kib) / 1024.0, (double)peak.rss_kib / 1024.0,

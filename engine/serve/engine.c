@@ -676,6 +676,7 @@ static void update_stats(dsq_engine_t *e)
     e->stats.kv_blocks_total = dsq_kv_n_blocks(e->kv);
     e->stats.kv_blocks_used = dsq_kv_n_blocks(e->kv) - dsq_kv_n_free(e->kv);
     e->stats.preemptions_total = dsq_sched_n_preemptions(e->sched);
+    e->stats.n_held = e->n_held;
     dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
                            &e->stats.prefix_cache_hits_total);
     if (e->stats.device_planned_bytes > 0) {
@@ -747,6 +748,9 @@ static void expire_waiting(dsq_engine_t *e)
             continue;
         r->queue_timeout = true;
         atomic_store(&r->cancelled, true);
+        pthread_mutex_lock(&e->mu);
+        e->stats.queue_timeouts_total++;
+        pthread_mutex_unlock(&e->mu);
         dsq_log(DSQ_LOG_INFO, "event=queue_timeout req=%llu waited_ms=%.0f "
                 "reason=\"not scheduled within --max-queue-wait\"",
                 (unsigned long long)r->id, (t - r->t_arrival) * 1e3);
@@ -811,6 +815,9 @@ static int hold_unread(dsq_engine_t *e)
                     (unsigned long long)r->id, (long long)b, t - r->t_held);
             atomic_store(&r->cancelled, true);
             hold = false;
+            pthread_mutex_lock(&e->mu);
+            e->stats.stream_stall_aborts_total++;
+            pthread_mutex_unlock(&e->mu);
         }
         atomic_store(&r->held, hold);
         for (int i = 0; i < r->n_seqs; i++)
@@ -1610,6 +1617,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         uv_loop_close(&e->loop);
         goto fail;
     }
+    e->stats.kv_block_bytes = (int64_t)per_tok * block_size;
     update_stats(e);
     dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
             "weights_bytes=%zu kv_blocks=%lld block_size=%d kv_bytes_per_token=%zu "

@@ -176,6 +176,14 @@ typedef struct dsq_engine_stats {
      * (dsq_backend_peak_bytes). The peak never exceeds the prediction. */
     int64_t device_planned_bytes, device_budget_bytes;
     int64_t device_allocated_bytes, device_peak_bytes;
+    /* hardening: bytes of one KV block (all layers, K and V as stored);
+     * requests held now because their reader is behind (step-start view,
+     * engine.h max_undelivered_bytes); requests aborted because they stayed
+     * held past undelivered_timeout_s, and because they waited past
+     * max_queue_wait_s, since start-up. */
+    int64_t kv_block_bytes;
+    int n_held;
+    int64_t stream_stall_aborts_total, queue_timeouts_total;
 } dsq_engine_stats_t;
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
 

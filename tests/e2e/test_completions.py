@@ -263,6 +263,8 @@ def test_metrics_text(server):
                  "dsq:kv_cache_blocks_used", "dsq:kv_cache_blocks_total",
                  "dsq:prompt_tokens_total", "dsq:generation_tokens_total",
                  "dsq:num_preemptions_total",
+                 "dsq:num_requests_held", "dsq:stream_stall_aborts_total",
+                 "dsq:queue_timeouts_total", "dsq:kv_cache_block_bytes",
                  "dsq:time_to_first_token_seconds_bucket",
                  "dsq:inter_token_latency_seconds_bucket",
                  "dsq:e2e_request_latency_seconds_count",
@@ -272,6 +274,9 @@ def test_metrics_text(server):
     for line in t.splitlines():
         if line and not line.startswith("#"):
             assert re.fullmatch(r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? \S+', line), line
+    # SmolLM2: 30 layers x K and V x 3 KV heads x 64 x fp16 x 16 tokens
+    m = re.search(r'^dsq:kv_cache_block_bytes\{[^}]*\} (\d+)', t, re.M)
+    assert m and int(m.group(1)) == 30 * 2 * 3 * 64 * 2 * 16, m and m.group(0)
     m = re.search(r'^dsq:e2e_request_latency_seconds_count\{[^}]*\} (\d+)', t, re.M)
     assert int(m.group(1)) >= 1
 

@@ -215,6 +215,8 @@ def test_max_queue_wait_refuses_with_503(daemon_factory):
         import json
         errs = [json.loads(x)["error"] for x in data[:-1] if b'"error"' in x]
         assert errs and errs[0]["code"] == "queue_full", data
+        # both refusals are counted
+        assert metric(d, "dsq:queue_timeouts_total") == 2
     finally:
         t.join()
     assert out["long"].status_code == 200, out["long"].text[:200]
@@ -319,13 +321,19 @@ def test_stalled_stream_aborted_after_timeout(daemon_factory):
     body = {"model": MODEL_NAME, "prompt": "Tell me a story.", "max_tokens": 4000,
             "ignore_eos": True, "temperature": 0.8, "stream": True}
     s = open_unread_stream(d.port, body)
+    held_seen = 0
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             time.sleep(0.3)
+            held_seen = max(held_seen, metric(d, "dsq:num_requests_held"))
             if metric(d, "dsq:num_requests_running") == 0 and \
                metric(d, "dsq:generation_tokens_total") > 0:
                 break
+        # /metrics showed it held (for ~2 s), then counted its abort
+        assert held_seen == 1
+        assert metric(d, "dsq:num_requests_held") == 0
+        assert metric(d, "dsq:stream_stall_aborts_total") == 1
         assert metric(d, "dsq:num_requests_running") == 0
         assert metric(d, "dsq:kv_cache_blocks_used") == 0
         assert metric(d, "dsq:generation_tokens_total") < 4000
