@@ -253,7 +253,8 @@ static int grow_out(dsq_sched_t *s, int n_tokens, int n_seqs, int max_blocks)
  * The first prefill chunk of a step gets at least one token. */
 static int fit_chunk(dsq_sched_t *s, int p, int want, double *ms_left, bool any_prefill)
 {
-    int n = dsq_step_cost_chunk_fit(&s->cost, p, *ms_left, want);
+    int n_time = dsq_step_cost_chunk_fit(&s->cost, p, *ms_left, want);
+    int n = n_time;
     /* the trust region (step_cost.h): rows and pairs left in this step */
     if (s->cost.trust_rows > 0) {
         if (n > s->trust_rows_left)
@@ -264,9 +265,10 @@ static int fit_chunk(dsq_sched_t *s, int p, int want, double *ms_left, bool any_
             int m = left > 0 ? (int)(-b + sqrt(b * b + 2 * left)) : 0;
             n = m < n ? m : n - 1;
         }
-        if (n == 0 && !any_prefill && want > 0) {
-            /* at least 16 rows outside the region, or what is left */
-            n = want < 16 ? want : 16;
+        if (n == 0 && n_time > 0 && !any_prefill) {
+            /* the region alone stopped it: at least 16 rows (or what the
+             * time allows, if less) */
+            n = n_time < 16 ? n_time : 16;
         }
     }
     if (n == 0 && !any_prefill && want > 0)

@@ -220,7 +220,7 @@ static void test_step_budget(void **state)
     dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 2048};
     dsq_sched_t *sch = dsq_sched_create(kv, &so);
     assert_non_null(sch);
-    dsq_seq_t *a = new_seq(0, 10, 500), *b = new_seq(1, 400, 5);
+    dsq_seq_t *a = new_seq(0, 10, 500), *b = new_seq(1, 400, 50);
     dsq_sched_out_t out;
     assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
@@ -274,6 +274,21 @@ static void test_step_budget(void **state)
     dsq_sched_set_step_budget(sch, 100, &trust);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 10);
+    commit(sch, &out);
+    /* the region alone would stop it: 16 rows or, when the time allows
+     * fewer (6 here: 90 - 2 fixed - 2 decode rows of 10 ms, 10 ms per
+     * token), those */
+    dsq_step_cost_t tight = {.fixed_ms = 2, .token_ms = 10, .pair_ms = 0,
+                             .trust_rows = 0.5, .trust_pairs = 1e9};
+    dsq_sched_set_step_budget(sch, 100, &tight);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), largest_fit(10, 0, d->n_computed, 68));
+    assert_int_equal(tokens_of(&out, d), 6);
+    commit(sch, &out);
+    tight.token_ms = 0.1;
+    dsq_sched_set_step_budget(sch, 100, &tight);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, d), 16);
     commit(sch, &out);
     /* no prompt token fits the prefill's share (25 ms, a token costs 40):
      * one still moves */
