@@ -1821,7 +1821,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     /* hardening: a client that closes (or is cut at its head/body deadline,
      * logged once per tick as event=deadline_close) before its request is
      * in is the client's business: debug */
-    if (!strncmp(line, "Connection socket is closed when reading request", 48))
+    if (!strncmp(line, "Connection socket is closed when reading request", 48) ||
+        !strncmp(line, "Connection was closed by remote side with incomplete request", 60))
         gone = true;
     int level = gone ? DSQ_LOG_DEBUG : DSQ_LOG_WARN;
     /* lines below the threshold neither log nor count against the burst

@@ -761,7 +761,8 @@ static void expire_waiting(dsq_engine_t *e)
  * forward time is fed to the step cost model (step_cost.h: fixed + per row
  * + per attention pair, fitted online), and the scheduler sizes the next
  * step's prefill chunks by predicted time (dsq_sched_set_step_budget).
- * Until three steps were measured the prefill is capped at 256 tokens. */
+ * Until three steps were measured the prefill is capped at 16, 32, 64
+ * tokens. */
 static void set_prefill_cap(dsq_engine_t *e)
 {
     double budget = e->o.step_budget_ms == 0 ? 250.0 : e->o.step_budget_ms;
@@ -772,7 +773,9 @@ static void set_prefill_cap(dsq_engine_t *e)
         dsq_sched_set_prefill_cap(e->sched, 0);
         dsq_sched_set_step_budget(e->sched, budget, &c);
     } else {
-        dsq_sched_set_prefill_cap(e->sched, 256);
+        /* no fit yet: 16 prompt tokens, doubling with each measured step
+         * (as the trust region grows once there is one) */
+        dsq_sched_set_prefill_cap(e->sched, 16 << (int)e->step_fit.n);
     }
 }
 
