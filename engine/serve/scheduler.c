@@ -339,7 +339,16 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     /* attack2: logits rows left for prompt-logprob chunks */
     int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
 
-    for (int i = 0; i < s->running.n && budget > 0; i++) {
+    /* hardening: paused sequences (their client is not reading) keep their
+     * KV but not a max_num_seqs slot, so a request whose client stops
+     * reading cannot lock others out; a step still carries at most
+     * max_num_seqs sequences (the step buffers are planned for that), the
+     * oldest first */
+    int n_paused = 0;
+    for (int i = 0; i < s->running.n; i++)
+        n_paused += s->running.v[i]->paused;
+
+    for (int i = 0; i < s->running.n && budget > 0 && picked.n < s->o.max_num_seqs; i++) {
         dsq_seq_t *seq = s->running.v[i];
         if (seq->paused)
             continue;            /* hardening: its client is not reading */
@@ -406,7 +415,7 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     /* Admit waiting sequences, first come first served, only when nothing
      * was preempted in this step (admitting then would just thrash). */
     while (n_pre == 0 && s->waiting.n > 0 && prefill_left > 0 &&
-           s->running.n < s->o.max_num_seqs) {
+           s->running.n - n_paused < s->o.max_num_seqs && picked.n < s->o.max_num_seqs) {
         dsq_seq_t *seq = s->waiting.v[0];
         int n_ev = 0;
         int n_hit = prefix_lookup(s, seq, &n_ev, &rc);

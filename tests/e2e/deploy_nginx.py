@@ -393,6 +393,8 @@ def test_nginx_framing_errors_are_json():
             ("NUL after the API key", b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
              b"Authorization: Bearer " + API_KEY.encode() + b"\0junk\r\n\r\n", 400),
             ("bad request line", b"GARBAGE\r\n\r\n", 400),
+            ("TRACE", b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+            ("Transfer-Encoding gzip", post + auth + b"Transfer-Encoding: gzip\r\n\r\n", 501),
         ]
         for name, data, want in cases:
             raw, closed = raw_exchange(listen, data)

@@ -253,6 +253,36 @@ def open_unread_stream(port, body, addr="127.0.0.1"):
     return s
 
 
+def test_held_request_frees_its_slots(daemon_factory):
+    """One streamed request with n = --max-num-seqs whose client never reads
+    fills every running slot; once it is held, its sequences keep their KV
+    but give their slots back, so another client is served at once instead
+    of waiting for --stream-stall-timeout (before: 36 s behind n=128 x 2)."""
+    d = daemon_factory("--max-num-seqs", "16", "--max-undelivered-bytes", "8KiB",
+                       "--stream-stall-timeout", "60")
+    s = open_unread_stream(d.port, {"model": MODEL_NAME, "prompt": "Tell me a long story",
+                                    "n": 16, "max_tokens": 2000, "ignore_eos": True,
+                                    "temperature": 0.8, "stream": True})
+    try:
+        deadline = time.monotonic() + 60
+        while metric(d, "dsq:num_requests_held") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metric(d, "dsq:num_requests_held") >= 1, "the unread request was never held"
+        assert metric(d, "dsq:num_requests_running") >= 16
+        r, dt = timed(lambda: post(d, "/v1/completions", {"model": MODEL_NAME, "prompt": "Hi",
+                                                          "max_tokens": 4}))
+        assert r.status_code == 200, r.text[:200]
+        # on the old scheduler it waited for the 60 s stall abort
+        assert dt < 10, f"a normal request took {dt:.1f} s beside a held one"
+        assert metric(d, "dsq:stream_stall_aborts_total") == 0
+    finally:
+        s.close()
+    deadline = time.monotonic() + 30
+    while metric(d, "dsq:kv_cache_blocks_used") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(d, "dsq:kv_cache_blocks_used") == 0
+
+
 def test_unread_streams_do_not_grow_memory(daemon_factory):
     """32 streams whose clients never read: generation stops once each has
     filled its socket and --max-undelivered-bytes of engine queue (KV

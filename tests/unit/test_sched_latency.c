@@ -312,6 +312,54 @@ static void test_step_budget(void **state)
     dsq_kv_destroy(kv);
 }
 
+/* Paused sequences (their client is not reading) keep their KV but not a
+ * max_num_seqs slot: with both slots held, a new request is admitted; once
+ * they resume, a step still carries at most max_num_seqs sequences, the
+ * oldest first, and the youngest waits its turn. */
+static void test_paused_free_slots(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(64);
+    dsq_sched_opts_t so = {.max_num_seqs = 2, .max_num_batched_tokens = 256};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *a = new_seq(0, 8, 50), *b = new_seq(1, 8, 50), *c = new_seq(2, 8, 50);
+    dsq_sched_out_t out;
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    assert_int_equal(dsq_sched_add(sch, c), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_seqs, 2);                 /* c waits: 2 slots */
+    assert_int_equal(tokens_of(&out, c), 0);
+    commit(sch, &out);
+    a->paused = b->paused = true;
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_seqs, 1);
+    assert_int_equal(tokens_of(&out, c), 8);         /* admitted beside them */
+    assert_int_equal(a->state, DSQ_SEQ_RUNNING);     /* KV kept */
+    commit(sch, &out);
+    a->paused = b->paused = false;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(out.n_seqs, 2);
+        assert_int_equal(tokens_of(&out, a), 1);
+        assert_int_equal(tokens_of(&out, b), 1);
+        assert_int_equal(tokens_of(&out, c), 0);
+        commit(sch, &out);
+    }
+    dsq_sched_remove(sch, a);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, c), 1);
+    dsq_sched_remove(sch, b);
+    dsq_sched_remove(sch, c);
+    assert_int_equal(dsq_kv_n_free(kv), 64);
+    dsq_sched_destroy(sch);
+    free_seq(a);
+    free_seq(b);
+    free_seq(c);
+    dsq_kv_destroy(kv);
+}
+
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 
 static int rnd(int n)
@@ -402,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_prefill_cap),
         cmocka_unit_test(test_defer),
         cmocka_unit_test(test_step_budget),
+        cmocka_unit_test(test_paused_free_slots),
         cmocka_unit_test(test_property),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
