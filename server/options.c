@@ -101,6 +101,21 @@ static void fail(char *err, size_t err_len, const char *fmt, const char *a,
         snprintf(err, err_len, fmt, a, b);
 }
 
+/* "SRC: value TEXT out of range [MIN, MAX]" (what, when not NULL, after
+ * TEXT: e.g. its value in bytes; unit after the range). */
+static void fail_range(char *err, size_t err_len, const char *src, const char *text,
+                       const char *what, double min, double max, const char *fmt_num,
+                       const char *unit)
+{
+    char lo[320], hi[320];   /* %.0f of any double fits */
+    if (!err || !err_len)
+        return;
+    snprintf(lo, sizeof(lo), fmt_num, min);
+    snprintf(hi, sizeof(hi), fmt_num, max);
+    snprintf(err, err_len, "%s: value %s%s out of range [%s, %s]%s", src, text, what ? what : "",
+             lo, hi, unit);
+}
+
 /* Match names treating '-' and '_' alike; n = length of s to compare. */
 static bool name_eq(const char *name, const char *s, size_t n)
 {
@@ -203,7 +218,7 @@ static int set_value(dsq_options_t *opts, const opt_t *o, const char *text,
             fail(err, err_len, "%s: expected an integer, got '%s'", src, text);
             rc = DSQ_EINVAL;
         } else if (v < o->min || v > o->max) {
-            fail(err, err_len, "%s: value %s out of range", src, text);
+            fail_range(err, err_len, src, text, NULL, o->min, o->max, "%.0f", "");
             rc = DSQ_EINVAL;
         } else {
             *(int *)field = (int)v;
@@ -219,7 +234,7 @@ static int set_value(dsq_options_t *opts, const opt_t *o, const char *text,
             fail(err, err_len, "%s: expected a number, got '%s'", src, text);
             rc = DSQ_EINVAL;
         } else if (v < o->min || v > o->max) {
-            fail(err, err_len, "%s: value %s out of range", src, text);
+            fail_range(err, err_len, src, text, NULL, o->min, o->max, "%g", "");
             rc = DSQ_EINVAL;
         } else {
             *(double *)field = v;
@@ -246,7 +261,10 @@ static int set_value(dsq_options_t *opts, const opt_t *o, const char *text,
                  src, text);
             rc = DSQ_EINVAL;
         } else if ((double)v < o->min || (double)v > o->max) {
-            fail(err, err_len, "%s: value %s out of range", src, text);
+            /* K/M/G are powers of 1000, KiB/MiB/GiB of 1024: say which */
+            char what[48];
+            snprintf(what, sizeof(what), " (%lld bytes)", (long long)v);
+            fail_range(err, err_len, src, text, what, o->min, o->max, "%.0f", " bytes");
             rc = DSQ_EINVAL;
         } else {
             *(int64_t *)field = v;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -88,3 +89,37 @@ void dsq__bench_stop_server(pid_t pid)
     waitpid(pid, &status, 0);
 }
 
+
+double dsq__bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t dsq__bench_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int dsq__bench_wait_ready(pid_t pid, const char *url, double timeout_s,
+                          volatile sig_atomic_t *stop)
+{
+    char full[256];
+    snprintf(full, sizeof(full), "%s/health", url);
+    double t0 = dsq__bench_now_s();
+    while (dsq__bench_now_s() - t0 < timeout_s && !*stop) {
+        int status;
+        if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid)
+            return -1;
+        long st;
+        free(dsq__bench_http_get(full, &st, 2));
+        if (st == 200)
+            return 0;
+        usleep(200000);
+    }
+    return -1;
+}

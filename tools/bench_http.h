@@ -1,10 +1,25 @@
 /* Helpers shared by the dsq-bench HTTP tools (bench_serve.c, bench_soak.c):
- * a free loopback port, a blocking GET, stopping a spawned server. Internal
+ * a clock, a seeded random stream, a free loopback port, a blocking GET,
+ * waiting for and stopping a spawned server. Internal
  * to dsq-bench (dsq__ prefix). */
 #ifndef DSQ_TOOLS_BENCH_HTTP_H
 #define DSQ_TOOLS_BENCH_HTTP_H
 
+#include <signal.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+/* Seconds on the monotonic clock. */
+double dsq__bench_now_s(void);
+
+/* SplitMix64 (Steele, Lea, Flood 2014): the next value of the seeded
+ * stream *s (advanced). Prompts and mixes are reproducible from a seed. */
+uint64_t dsq__bench_splitmix(uint64_t *s);
+
+/* Poll url/health until it answers 200: 0; -1 when pid (> 0: a process we
+ * started) exited, timeout_s passed or *stop became non-zero. */
+int dsq__bench_wait_ready(pid_t pid, const char *url, double timeout_s,
+                          volatile sig_atomic_t *stop);
 
 /* A TCP port on 127.0.0.1 free at the time of the call, or -1. */
 int dsq__bench_free_port(void);

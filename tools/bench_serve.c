@@ -119,21 +119,6 @@ static void on_stop_signal(int sig)
     stop_requested = 1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -257,7 +242,7 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
 {
     req_t *r = user;
     size_t n = size * nmemb;
-    double t = now_s();
+    double t = dsq__bench_now_s();
     if (r->raw_len < RAW_KEEP) {
         size_t k = n < RAW_KEEP - r->raw_len ? n : RAW_KEEP - r->raw_len;
         memcpy(r->raw + r->raw_len, p, k);
@@ -308,7 +293,7 @@ static char *make_body(const load_t *ld, const char *model, int idx, int prompt_
     if (!(ids = cJSON_AddArrayToObject(o, "prompt")))
         goto out;
     for (int i = 0; i < prompt_len; i++) {
-        cJSON *n = cJSON_CreateNumber((double)(100 + splitmix(&s) % (uint64_t)(ld->vocab - 100)));
+        cJSON *n = cJSON_CreateNumber((double)(100 + dsq__bench_splitmix(&s) % (uint64_t)(ld->vocab - 100)));
         if (!n || !cJSON_AddItemToArray(ids, n)) {
             cJSON_Delete(n);
             goto out;
@@ -360,7 +345,7 @@ static int req_start(req_t *r, CURLM *m, const load_t *ld, const char *url,
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(ld->timeout_s * 1e3));
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    r->t_start = now_s();
+    r->t_start = dsq__bench_now_s();
     if (curl_multi_add_handle(m, e) != CURLM_OK) {
         req_free(r);
         return -1;
@@ -427,7 +412,7 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
     int rc = -1, next = 0, active = 0, n_done = 0;
     if (!rs || !done || !m)
         goto out;
-    double t0 = now_s(), t_end = t0;
+    double t0 = dsq__bench_now_s(), t_end = t0;
     for (;;) {
         while (next < n && active < ld->n_clients) {
             int slot = 0;
@@ -460,7 +445,7 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             req_t *r = NULL;
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
             CURLcode cc = msg->data.result;
-            r->t_end = t_end = now_s();
+            r->t_end = t_end = dsq__bench_now_s();
             curl_multi_remove_handle(m, r->easy);
             bool ok = req_judge(r, cc);
             if (st) {
@@ -619,25 +604,6 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
     if (pid < 0)
         fprintf(stderr, "dsq-bench serve: fork: %s\n", strerror(errno));
     return pid;
-}
-
-/* Poll url/health until 200; 0, or -1 if the process died or time ran out. */
-static int wait_ready(pid_t pid, const char *url, double timeout_s)
-{
-    char full[256];
-    snprintf(full, sizeof(full), "%s/health", url);
-    double t0 = now_s();
-    while (now_s() - t0 < timeout_s && !stop_requested) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return -1;
-        long st;
-        free(dsq__bench_http_get(full, &st, 2));
-        if (st == 200)
-            return 0;
-        usleep(200000);
-    }
-    return -1;
 }
 
 /* ------------------------------------------------------------- report */
@@ -971,7 +937,7 @@ int dsq__bench_serve(int argc, char **argv)
             }
             fprintf(stderr, "dsq-bench serve: started %s pid %d on %s (log %s)\n", s->kind,
                     (int)pid, url, log);
-            if (wait_ready(pid, url, start_timeout) != 0) {
+            if (dsq__bench_wait_ready(pid, url, start_timeout, &stop_requested) != 0) {
                 fprintf(stderr, "dsq-bench serve: %s did not become ready, see %s\n", s->kind,
                         log);
                 dsq__bench_stop_server(pid);

@@ -112,24 +112,9 @@ static void on_stop_signal(int sig)
     stop_requested = 1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t next_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int rand_in(soak_t *s, int lo, int hi) /* [lo, hi] */
 {
-    return lo + (int)(next_rand(&s->rng) % (uint64_t)(hi - lo + 1));
+    return lo + (int)(dsq__bench_splitmix(&s->rng) % (uint64_t)(hi - lo + 1));
 }
 
 /* ------------------------------------------------------------ samples */
@@ -184,7 +169,7 @@ static long metric(const char *text, const char *name)
 
 static sample_t take_sample(const soak_t *s, double t0)
 {
-    sample_t x = {.t = now_s() - t0, .rss_kib = -1, .fds = -1, .threads = -1,
+    sample_t x = {.t = dsq__bench_now_s() - t0, .rss_kib = -1, .fds = -1, .threads = -1,
                   .kv_used = -1, .running = -1, .waiting = -1, .held = -1,
                   .stall_aborts = -1, .kv_block_bytes = -1};
     if (s->pid > 0) {
@@ -267,7 +252,7 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *user)
                 return 0;                 /* curl aborts: we hang up */
             }
             if (r->kind == K_UNREAD && r->chunks >= 1 && r->t_paused == 0)
-                r->t_paused = now_s();   /* the main loop stops reading */
+                r->t_paused = dsq__bench_now_s();   /* the main loop stops reading */
         } else if (r->line_len < sizeof(r->line) - 1) {
             r->line[r->line_len++] = p[i];
         }
@@ -330,7 +315,7 @@ static int sreq_start(soak_t *s, sreq_t *r, CURLM *m, int kind)
 {
     memset(r, 0, sizeof(*r));
     r->kind = kind;
-    r->t_start = now_s();
+    r->t_start = dsq__bench_now_s();
     switch (kind) {
     case K_STREAM:
     case K_ABORT:
@@ -448,7 +433,7 @@ static int slow_open(const soak_t *s, int port, slow_t *c)
         c->fd = -1;
         return -1;
     }
-    c->t_open = now_s();
+    c->t_open = dsq__bench_now_s();
     c->t_next = c->t_open + 0.2;
     return 0;
 }
@@ -458,7 +443,7 @@ static int slow_open(const soak_t *s, int port, slow_t *c)
 static void slow_tick(soak_t *s, int port, slow_t *cs, int n, bool reopen)
 {
     static const char head[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
-    double t = now_s();
+    double t = dsq__bench_now_s();
     for (int i = 0; i < n; i++) {
         slow_t *c = &cs[i];
         if (c->fd < 0) {
@@ -520,24 +505,6 @@ static void usage(void)
             "fds within +2 and threads at most their start; each failed check is named.\n"
             "Exit 1: verdict FAILED; 2: bad usage or no server. RSS grows as KV blocks are\n"
             "first used (the report gives the KV bytes touched). Loopback only.\n");
-}
-
-static int wait_ready(pid_t pid, const char *url, double timeout_s)
-{
-    char full[256];
-    snprintf(full, sizeof(full), "%s/health", url);
-    double t0 = now_s();
-    while (now_s() - t0 < timeout_s && !stop_requested) {
-        int status;
-        if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid)
-            return -1;
-        long st;
-        free(dsq__bench_http_get(full, &st, 2));
-        if (st == 200)
-            return 0;
-        usleep(200000);
-    }
-    return -1;
 }
 
 static char *served_model(const char *url, const char *api_key)
@@ -680,7 +647,8 @@ int dsq__bench_soak(int argc, char **argv)
     }
     /* a server we start may take minutes to load; one we are pointed at
      * is up or it is not */
-    if ((dsqd && spawned <= 0) || wait_ready(spawned, s.url, dsqd ? 300 : 10) != 0) {
+    if ((dsqd && spawned <= 0) ||
+        dsq__bench_wait_ready(spawned, s.url, dsqd ? 300 : 10, &stop_requested) != 0) {
         fprintf(stderr, "dsq-bench soak: server at %s not ready%s%s\n", s.url,
                 log ? "; log: " : "", log ? log : "");
         dsq__bench_stop_server(spawned);
@@ -708,7 +676,7 @@ int dsq__bench_soak(int argc, char **argv)
 
     /* warm up: one plain request, so the start sample has the model's
      * buffers in place */
-    double t0 = now_s();
+    double t0 = dsq__bench_now_s();
     sreq_start(&s, &rs[0], m, K_PLAIN);
     for (int running = 1; running && !stop_requested;) {
         curl_multi_perform(m, &running);
@@ -726,7 +694,7 @@ int dsq__bench_soak(int argc, char **argv)
            s.n_clients, s.n_unread, s.unread_hold_s, s.n_slow, (unsigned long long)seed);
     printf("| sample | t s | RSS MiB | fds | threads | KV blocks | running | waiting | held |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    t0 = now_s();
+    t0 = dsq__bench_now_s();
     sample_t start = take_sample(&s, t0);
     print_sample("start", &start);
     sample_t peak = start;
@@ -738,7 +706,7 @@ int dsq__bench_soak(int argc, char **argv)
         }
     double t_end = t0 + s.minutes * 60, t_sample = t0 + s.sample_s;
     int running = n_slots;
-    while (!stop_requested && now_s() < t_end) {
+    while (!stop_requested && dsq__bench_now_s() < t_end) {
         curl_multi_perform(m, &running);
         CURLMsg *msg;
         int q;
@@ -758,7 +726,7 @@ int dsq__bench_soak(int argc, char **argv)
         }
         /* unread streams: paused after their first chunk, resumed after
          * the hold (the server has aborted them by then, by default) */
-        double t = now_s();
+        double t = dsq__bench_now_s();
         for (int i = s.n_clients; i < n_slots; i++) {
             sreq_t *r = &rs[i];
             if (!r->easy || r->t_paused == 0)
@@ -804,12 +772,12 @@ int dsq__bench_soak(int argc, char **argv)
             close(slow[i].fd);
             slow[i].fd = -1;
         }
-    double t_stop = now_s();
+    double t_stop = dsq__bench_now_s();
     sample_t end;
     do {
         usleep(500000);
         end = take_sample(&s, t0);
-    } while (now_s() - t_stop < 30 && (end.kv_used != 0 || end.running != 0 ||
+    } while (dsq__bench_now_s() - t_stop < 30 && (end.kv_used != 0 || end.running != 0 ||
                                        end.waiting != 0));
     /* a second more for connections and their threads to be reaped */
     sleep(1);

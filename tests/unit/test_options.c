@@ -151,6 +151,12 @@ static void test_errors(void **state)
     {
         char *a[] = {"dsqd", "--port", "70000"};
         expect_fail(a, 3, NULL, "range");
+        expect_fail(a, 3, NULL, "[0, 65535]");   /* the range itself */
+    }
+    {
+        /* K is 1000: the message says how many bytes that was, and the range */
+        char *a[] = {"dsqd", "--max-undelivered-bytes", "4K"};
+        expect_fail(a, 3, NULL, "4K (4000 bytes) out of range [4096, 1073741824] bytes");
     }
     {
         char *a[] = {"dsqd", "--port", "80x"};
