@@ -1489,6 +1489,20 @@ static void sock_phase(dsq_http_t *h, struct MHD_Connection *mc, enum sock_phase
     pthread_mutex_unlock(&h->sock_mu);
 }
 
+/* hardening: whether the ticker cut mc at its head or body deadline */
+static bool sock_was_cut(dsq_http_t *h, struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sock_rec_t *r = ci ? ci->socket_context : NULL;
+    if (!r)
+        return false;
+    pthread_mutex_lock(&h->sock_mu);
+    bool cut = r->cut;
+    pthread_mutex_unlock(&h->sock_mu);
+    return cut;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
                                  const char *url, const char *method,
                                  const char *version, const char *upload_data,
@@ -1599,9 +1613,17 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         double t = now_s();
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
             st = 499;
+        /* hardening: not the client's leaving but our deadline (the
+         * ticker shut the socket down): 408, said as such */
+        bool cut = st == 499 && !c->status && sock_was_cut(h, mc);
+        if (cut)
+            st = 408;
         dsq_metrics_count_request(h->metrics, st);
         char why[240] = "";
-        if (c->err_code && st >= 400)
+        if (cut)
+            snprintf(why, sizeof(why), " error=request_timeout message=\"request body not in "
+                     "within --body-timeout\"");
+        else if (c->err_code && st >= 400)
             snprintf(why, sizeof(why), " error=%s message=\"%s\"", c->err_code, c->err_msg);
         if (c->route == R_COMPLETIONS || c->route == R_CHAT) {
             dsq_usage_t u;

@@ -5,6 +5,7 @@ from other loopback addresses (127.0.0.2, ...: Linux routes all of
 127.0.0.0/8 to lo) so that the per-client connection cap does not hide the
 serving model behind it: the normal client is 127.0.0.1.
 """
+import re
 import resource
 import socket
 import threading
@@ -157,6 +158,11 @@ def test_slow_body_closed_at_deadline(daemon_factory):
     finally:
         s.close()
     assert requests.get(d.url("/health"), timeout=10).status_code == 200
+    # counted and logged as our deadline (408), not as a client that left (499)
+    t = requests.get(d.url("/metrics"), timeout=10).text
+    assert re.search(r'^dsq:http_requests_total\{[^}]*status="408"[^}]*\} 1', t, re.M), \
+        [ln for ln in t.splitlines() if "http_requests_total{" in ln]
+    assert not re.search(r'status="499"[^}]*\} [1-9]', t)
 
 
 def test_per_client_connection_cap(daemon_factory):
