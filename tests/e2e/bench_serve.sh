@@ -74,7 +74,9 @@ rc=$?
 check "driver mode exits 0" $rc "rc=$rc" "$(cat "$tmp/drv.err")" "$(cat "$tmp"/dsq-bench-serve-dsqd-*.log 2>/dev/null | tail -20)"
 check_report "$tmp/drv.json" dsqd 6 168 39 >"$tmp/chk" 2>&1
 check "driver mode report: 6/6 ok, 168 prompt and 39 output tokens" $? "$(cat "$tmp/chk")" "$(cat "$tmp/drv.json")"
-left=$(ps -eo pid=,args= | grep -F -- "--log-level warn" | grep -F "$DSQD" | grep -v grep)
+# its own dsqd only (other e2e tests run theirs in parallel): by its port
+drv_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["targets"][0]["url"].rsplit(":",1)[1])' "$tmp/drv.json" 2>/dev/null)
+left=$(ps -eo pid=,args= | grep -F -- "--port ${drv_port:-none} " | grep -F "$DSQD" | grep -v grep)
 [ -z "$left" ]
 check "driver mode stopped its dsqd" $? "$left"
 
