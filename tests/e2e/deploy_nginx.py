@@ -170,7 +170,6 @@ def stream_once(base):
 
 
 def test_nginx_two_replicas_restart_under_load():
-    nginx = find_nginx()
     tmp = tempfile.mkdtemp(prefix="dsq-nginx-")
     os.chmod(tmp, 0o755)
     a = Replica(free_port(), tmp, "a")
@@ -182,19 +181,7 @@ def test_nginx_two_replicas_restart_under_load():
     try:
         a.start()
         b.start()
-        conf = nginx_conf(tmp, listen, [a.port, b.port])
-        if os.geteuid() == 0:
-            nobody = pwd.getpwnam("nobody")
-            for root, dirs, files in os.walk(tmp):
-                for name in dirs + files:
-                    os.chown(os.path.join(root, name), nobody.pw_uid, nobody.pw_gid)
-            os.chown(tmp, nobody.pw_uid, nobody.pw_gid)
-        t = subprocess.run([nginx, "-t", "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
-                           capture_output=True, text=True, preexec_fn=drop_privileges)
-        assert t.returncode == 0, "nginx -t:\n" + t.stderr
-        ngx = subprocess.Popen([nginx, "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               preexec_fn=drop_privileges)
+        ngx = start_nginx(tmp, listen, [a.port, b.port])
         a.wait_ready()
         b.wait_ready()
         base = f"http://127.0.0.1:{listen}"
@@ -273,13 +260,7 @@ def test_nginx_two_replicas_restart_under_load():
               f"{sum(1 for r in results if r[1] == a_addr and r[2] > t_restarted)}")
     finally:
         stop_load.set()
-        if ngx and ngx.poll() is None:
-            ngx.send_signal(signal.SIGQUIT)
-            try:
-                ngx.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ngx.kill()
-                ngx.wait()
+        stop_nginx(ngx)
         a.stop()
         b.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -301,6 +282,17 @@ def start_nginx(tmp, listen, backends):
     return subprocess.Popen([nginx, "-p", tmp, "-e", f"{tmp}/error.log", "-c", conf],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=drop_privileges)
+
+
+def stop_nginx(ngx):
+    """SIGQUIT (graceful) a started nginx; kill it after 10 s."""
+    if ngx and ngx.poll() is None:
+        ngx.send_signal(signal.SIGQUIT)
+        try:
+            ngx.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            ngx.kill()
+            ngx.wait()
 
 
 def raw_exchange(port, data, timeout=5.0):
@@ -426,12 +418,6 @@ def test_nginx_framing_errors_are_json():
         assert r.status_code == 502 and r.json()["error"]["type"] == "service_unavailable", \
             r.text[:300]
     finally:
-        if ngx and ngx.poll() is None:
-            ngx.send_signal(signal.SIGQUIT)
-            try:
-                ngx.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ngx.kill()
-                ngx.wait()
+        stop_nginx(ngx)
         a.stop()
         shutil.rmtree(tmp, ignore_errors=True)
