@@ -105,6 +105,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->memory_limit_bytes = o->memory_limit;
     eo->kv_cache_memory_bytes = o->kv_cache_memory;
     eo->enable_prefix_caching = o->enable_prefix_caching;
+    eo->kv_prefault = o->kv_cache_prefault;
     eo->n_threads = o->threads;
     eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;
     eo->quant_group_size = o->group_size;

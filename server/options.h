@@ -32,6 +32,7 @@ typedef struct dsq_options {
     char *kv_cache_dtype;        /* auto | fp16 | int8                     */
     int block_size;
     bool enable_prefix_caching;
+    bool kv_cache_prefault;        /* hardening: see --kv-cache-prefault     */
     int64_t max_request_bytes;
     int max_waiting_requests;
     double max_queue_wait;       /* hardening: s, 0 = none                 */

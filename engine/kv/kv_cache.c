@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <openssl/sha.h>
 
@@ -28,6 +30,8 @@
 
 struct dsq_kv_cache {
     dsq_backend_t *be;       /* device storage's backend; NULL = host calloc */
+    size_t val_bytes;        /* bytes of each layer's k (and v) array        */
+    size_t sc_bytes;         /* bytes of each INT8 scale / zero array (or 0) */
     size_t storage_bytes;
     int n_layers, n_kv_heads, head_dim, block_size, n_groups;
     bool has_v;              /* ds2: false for MLA (latent cache, K pool only) */
@@ -144,6 +148,8 @@ dsq_kv_cache_t *dsq_kv_create_on(dsq_backend_t *be, int n_layers, int n_kv_heads
     size_t n_sc = (size_t)n_blocks * (size_t)block_size * (size_t)n_kv_heads *
                   (size_t)kv->n_groups;
     size_t elem = dtype == DSQ_KV_INT8 ? 1 : dtype == DSQ_KV_F32 ? 4 : 2;
+    kv->val_bytes = n_vals * elem;
+    kv->sc_bytes = dtype == DSQ_KV_INT8 ? n_sc * 2 : 0;
     for (int l = 0; l < n_layers; l++) {
         dsq_kv_layer_t *L = &kv->layers[l];
         L->dtype = dtype;
@@ -216,6 +222,50 @@ void dsq_kv_destroy(dsq_kv_cache_t *kv)
 }
 
 size_t dsq_kv_storage_bytes(const dsq_kv_cache_t *kv) { return kv->storage_bytes; }
+
+/* hardening: commit the pages of one calloc'd region. MADV_POPULATE_WRITE
+ * (Linux 5.14) faults them in writable in one call; where the kernel lacks
+ * it, a write of zero to one byte per page does the same (the region is
+ * zero already, so the contents do not change). No MADV_HUGEPAGE: with
+ * THP in "madvise" mode the kernel then compacts memory for 2 MiB pages,
+ * which made committing 4 GiB take 7.1 s instead of 1.3 s on the dev box. */
+static size_t prefault_region(void *p, size_t n, size_t page)
+{
+    if (!p || !n)
+        return 0;
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
+    int done = 0;
+#ifdef MADV_POPULATE_WRITE
+    done = hi > lo && madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0;
+#endif
+    volatile unsigned char *b = p;
+    if (!done)
+        for (size_t i = 0; i < n; i += page)
+            b[i] = 0;
+    b[0] = 0;        /* the partial pages at either end */
+    b[n - 1] = 0;
+    return n;
+}
+
+size_t dsq_kv_prefault(dsq_kv_cache_t *kv)
+{
+    if (!kv || kv->be)
+        return 0;
+    long ps = sysconf(_SC_PAGESIZE);
+    size_t page = ps > 0 ? (size_t)ps : 4096;
+    size_t total = 0;
+    /* one region at a time across the threads: the pages land on the NUMA
+     * nodes of the threads that will read them, as first touch in a step would */
+    int n = kv->n_layers * 6;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total)
+    for (int i = 0; i < n; i++) {
+        dsq_kv_layer_t *L = &kv->layers[i / 6];
+        void *arrs[6] = {L->k, L->v, L->k_scale, L->k_zero, L->v_scale, L->v_zero};
+        total += prefault_region(arrs[i % 6], i % 6 < 2 ? kv->val_bytes : kv->sc_bytes, page);
+    }
+    return total;
+}
 
 const dsq_kv_layer_t *dsq_kv_layer(const dsq_kv_cache_t *kv, int layer)
 {

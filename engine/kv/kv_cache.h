@@ -83,6 +83,17 @@ dsq_kv_cache_t *dsq_kv_create_on(dsq_backend_t *be, int n_layers, int n_kv_heads
 size_t dsq_kv_storage_bytes(const dsq_kv_cache_t *kv);
 void dsq_kv_destroy(dsq_kv_cache_t *kv);   /* NULL is a no-op */
 
+/* hardening: commit every page of a host cache's storage now (it is
+ * calloc'd, so pages are otherwise committed when a block is first
+ * written): the resident memory of an idle server is then what the memory
+ * plan reserved, and a load never grows it (the held sequences of clients
+ * that stopped reading included). Contents are unchanged (zero). Runs on
+ * the calling thread's OpenMP team. Returns the bytes committed; 0 for a
+ * device cache (dsq_kv_create_on: already zero-filled device memory) or
+ * NULL. Cannot fail: a page the kernel cannot commit is the OOM killer's,
+ * as it would be at first write. */
+size_t dsq_kv_prefault(dsq_kv_cache_t *kv);
+
 const dsq_kv_layer_t *dsq_kv_layer(const dsq_kv_cache_t *kv, int layer);
 int dsq_kv_block_size(const dsq_kv_cache_t *kv);
 int64_t dsq_kv_n_blocks(const dsq_kv_cache_t *kv);

@@ -795,7 +795,7 @@ static int64_t step_pairs(const dsq_sched_out_t *out)
  * with a logged reason. Returns the number of requests held. */
 static int hold_unread(dsq_engine_t *e)
 {
-    int64_t hi = e->o.max_undelivered_bytes > 0 ? e->o.max_undelivered_bytes : 256 * 1024;
+    int64_t hi = e->o.max_undelivered_bytes > 0 ? e->o.max_undelivered_bytes : 16 * 1024;
     double tmo = e->o.undelivered_timeout_s == 0 ? 30.0 : e->o.undelivered_timeout_s;
     double t = now_s();
     int n_held = 0;
@@ -1541,6 +1541,11 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
                              n_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
         goto fail;
+    if (opts->kv_prefault && !device) {
+        double t0 = now_s();
+        size_t b = dsq_kv_prefault(e->kv);
+        dsq_log(DSQ_LOG_INFO, "event=kv_prefault bytes=%zu ms=%.0f", b, 1e3 * (now_s() - t0));
+    }
     if (device) {
         /* the plan's figures beside what was allocated so far; the step
          * buffers are allocated as steps need them (up to the workspace
@@ -1766,6 +1771,11 @@ const char *dsq_engine_chat_template(const dsq_engine_t *e)
 }
 int dsq_engine_max_model_len(const dsq_engine_t *e) { return e->max_model_len; }
 
+int dsq_engine_max_waiting(const dsq_engine_t *e)
+{
+    return e->o.max_waiting_requests > 0 ? e->o.max_waiting_requests : 1024;
+}
+
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
 {
     pthread_mutex_lock(&e->mu);
@@ -1784,7 +1794,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
             return DSQ_EINVAL;
     if (atomic_exchange(&r->submitted, true))
         return DSQ_ESTATE;
-    int max_wait = e->o.max_waiting_requests > 0 ? e->o.max_waiting_requests : 1024;
+    int max_wait = dsq_engine_max_waiting(e);
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
         rc = DSQ_ESTATE;

@@ -54,7 +54,7 @@ typedef struct dsq_engine_opts {
                                         yet popped output (dsq_req_next) holds
                                         this many bytes is not scheduled until
                                         its reader catches up to half of it;
-                                        0 = 256 KiB                          */
+                                        0 = 16 KiB                           */
     double undelivered_timeout_s;    /* hardening: a request held that long is
                                         aborted (logged); 0 = 30 s, < 0 = never */
     double step_budget_ms;           /* hardening: target duration of one step
@@ -76,6 +76,11 @@ typedef struct dsq_engine_opts {
                                         FP16 otherwise                       */
     int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
     int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
+    bool kv_prefault;                /* hardening: commit the host KV cache's
+                                        pages at create (dsq_kv_prefault), so
+                                        RSS does not grow under load; default
+                                        off here, on in dsqd
+                                        (--kv-cache-prefault)                */
     bool enable_prefix_caching;      /* reuse KV blocks of shared prefixes
                                         (engine/kv/kv_cache.h); default off        */
     int n_threads;                   /* CPU threads, default physical cores     */
@@ -147,6 +152,10 @@ void dsq_engine_destroy(dsq_engine_t *e);
 const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e);
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e);
 int dsq_engine_max_model_len(const dsq_engine_t *e);
+/* hardening: the waiting queue's size in requests (max_waiting_requests,
+ * its default applied): a request of more prompts than this can never be
+ * queued whole (a 400 for the client, not a 503 to retry). */
+int dsq_engine_max_waiting(const dsq_engine_t *e);
 /* chatapi: the model's own chat template (NUL-terminated Jinja2 text,
  * owned by the engine): GGUF tokenizer.chat_template, or for a HF
  * directory tokenizer_config.json chat_template (string, or the "default"

@@ -290,15 +290,15 @@ def test_held_request_frees_its_slots(daemon_factory):
 
 
 def test_unread_streams_do_not_grow_memory(daemon_factory):
-    """32 streams whose clients never read: generation stops once each has
-    filled its socket and --max-undelivered-bytes of engine queue (KV
-    kept), RSS stays within 10% of the server's RSS after the same load
-    read normally, and a normal client is then served at its unloaded pace.
-    (32, not issue 20's 100, bounds the test's time on 2 cores; the 100
-    figure belongs to the soak benchmark, not built yet.)"""
+    """32 streams whose clients never read, at the default
+    --max-undelivered-bytes: generation stops once each has filled its
+    socket and its engine queue (KV kept), RSS stays within 10% of the
+    idle server's (the KV cache is committed at start, --kv-cache-prefault),
+    and a normal client is then served at its unloaded pace. (32, not issue
+    20's 100, bounds the test's time on 2 cores; tools/unread_probe.py
+    measures 100, docs/benchmarks.md.)"""
     n = 32
-    d = daemon_factory("--max-num-seqs", "128", "--max-undelivered-bytes", "8KiB",
-                       "--stream-stall-timeout", "0")
+    d = daemon_factory("--max-num-seqs", "128", "--stream-stall-timeout", "0")
     body = {"model": MODEL_NAME, "prompt": "Write a long story about a dragon.",
             "max_tokens": 3000, "ignore_eos": True, "temperature": 0.8, "stream": True}
     normal = {"model": MODEL_NAME, "prompt": "Count: one, two,", "max_tokens": 48,
@@ -306,15 +306,10 @@ def test_unread_streams_do_not_grow_memory(daemon_factory):
 
     def normal_time():
         return timed(lambda: post(d, "/v1/completions", normal))[1]
-    # the same load, read (at least as many tokens each, so as many KV
-    # blocks touched): every allocation such a batch makes
-    import concurrent.futures
-    with concurrent.futures.ThreadPoolExecutor(n) as ex:
-        rs = list(ex.map(lambda _: post(d, "/v1/completions",
-                                        dict(body, stream=False, max_tokens=200)), range(n)))
-    assert all(r.status_code == 200 for r in rs)
     base_t = min(normal_time() for _ in range(2))
     rss_idle = rss_bytes(d.proc.pid)
+    # the KV cache (256 MiB here) is resident before any load
+    assert rss_idle > 256 << 20, rss_idle
     g_start = metric(d, "dsq:generation_tokens_total")
     socks = [open_unread_stream(d.port, body, f"127.0.0.{2 + i % 4}") for i in range(n)]
     try:
@@ -329,7 +324,7 @@ def test_unread_streams_do_not_grow_memory(daemon_factory):
             g0 = g1
         assert metric(d, "dsq:num_requests_running") == n
         per_stream = (g1 - g_start) / n
-        assert per_stream < 400, f"{per_stream:.0f} tokens per unread stream before it was held"
+        assert per_stream < 600, f"{per_stream:.0f} tokens per unread stream before it was held"
         busy_t = normal_time()
         time.sleep(3)
         g2 = metric(d, "dsq:generation_tokens_total")

@@ -23,10 +23,79 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/common/error.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/serve/scheduler.h"
+
+/* resident bytes of this process (/proc/self/statm, field 2, in pages) */
+static size_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%lu %lu", &size, &res), 2);
+    fclose(f);
+    return (size_t)res * 4096;
+}
+
+/* madvise(MADV_DONTNEED) the whole pages inside [p, p+n): anonymous
+ * memory reads back as zero, not resident until touched again */
+static void drop_pages(void *p, size_t n)
+{
+    if (!p)
+        return;
+    uintptr_t lo = ((uintptr_t)p + 4095) & ~(uintptr_t)4095;
+    uintptr_t hi = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    if (hi > lo)
+        assert_int_equal(madvise((void *)lo, hi - lo, MADV_DONTNEED), 0);
+}
+
+/* hardening: dsq_kv_prefault commits the calloc'd storage (RSS grows by
+ * the storage, which a fresh cache does not hold resident) and leaves it
+ * zero; FP16 with K and V, INT8 with its scale/zero arrays, K only (MLA). */
+static void test_kv_prefault(void **state)
+{
+    (void)state;
+    static const struct { dsq_kv_dtype_t dt; bool has_v; } cases[] = {
+        {DSQ_KV_F16, true}, {DSQ_KV_INT8, true}, {DSQ_KV_F16, false}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char err[256];
+        /* 4 layers x 2 heads x 64 dims x 16 tokens x 1024 blocks: 8-32 MiB */
+        dsq_kv_cache_t *kv = dsq_kv_create_ex(4, 2, 64, 16, 1024, cases[c].dt,
+                                              cases[c].has_v, err, sizeof(err));
+        assert_non_null(kv);
+        size_t want = dsq_kv_storage_bytes(kv);
+        /* drop the pages first: calloc may have written them already
+         * (glibc does under MALLOC_PERTURB_, which meson sets) */
+        size_t vb = (size_t)1024 * 16 * 2 * 64 * (cases[c].dt == DSQ_KV_INT8 ? 1 : 2);
+        size_t sb = (size_t)1024 * 16 * 2 * 1 * 2;   /* 1 group (head_dim 64) x fp16 */
+        for (int l = 0; l < 4; l++) {
+            const dsq_kv_layer_t *L = dsq_kv_layer(kv, l);
+            drop_pages(L->k, vb);
+            drop_pages(L->v, vb);
+            drop_pages(L->k_scale, sb);
+            drop_pages(L->k_zero, sb);
+            drop_pages(L->v_scale, sb);
+            drop_pages(L->v_zero, sb);
+        }
+        size_t r0 = rss_bytes();
+        assert_int_equal(dsq_kv_prefault(kv), want);
+        size_t r1 = rss_bytes();
+        assert_true(r1 > r0 && r1 - r0 >= want / 10 * 9);
+        for (int l = 0; l < 4; l++) {
+            const dsq_kv_layer_t *L = dsq_kv_layer(kv, l);
+            const unsigned char *k = L->k;
+            size_t n = (size_t)1024 * 16 * 2 * 64 * (cases[c].dt == DSQ_KV_INT8 ? 1 : 2);
+            for (size_t i = 0; i < n; i += 509)
+                assert_int_equal(k[i], 0);
+            assert_true(cases[c].has_v ? L->v != NULL : L->v == NULL);
+        }
+        dsq_kv_destroy(kv);
+    }
+    assert_int_equal(dsq_kv_prefault(NULL), 0);
+}
 
 static uint64_t rng_state = 0x1234567;
 
@@ -361,6 +430,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_basic),
+        cmocka_unit_test(test_kv_prefault),
         cmocka_unit_test(test_property),
         cmocka_unit_test(test_property_prefix),
     };
