@@ -1248,6 +1248,15 @@ static enum MHD_Result start_requests(conn_t *c)
             free(t);
         }
     }
+    if (c->n_ereqs > dsq_engine_max_waiting(c->e)) {
+        /* hardening: it could never be queued whole; retrying cannot help */
+        for (int k = 0; k < c->n_ereqs; k++)
+            c->ereq_done[k] = true;
+        snprintf(reason, sizeof(reason), "this request has %d prompts; the server queues at "
+                 "most %d requests (--max-waiting-requests): send fewer prompts per request",
+                 c->n_ereqs, dsq_engine_max_waiting(c->e));
+        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt", reason);
+    }
     for (int p = 0; p < c->n_ereqs; p++) {
         dsq_prompt_t *pr = &q->prompts[p];
         reason[0] = '\0';

@@ -34,6 +34,16 @@ static bool is_int(const cJSON *v)
            fabs(v->valuedouble) < 9.007199254740992e15;
 }
 
+/* What a value that is_int refused is, for the error message. */
+static const char *non_int_name(const cJSON *v)
+{
+    if (!cJSON_IsNumber(v))
+        return type_name(v);
+    if (v->valuedouble != floor(v->valuedouble))
+        return "a fraction";
+    return "a number beyond +-2^53, where JSON numbers stop being exact integers";
+}
+
 /* Present and not null. */
 static const cJSON *field(const cJSON *obj, const char *name)
 {
@@ -68,15 +78,15 @@ static int get_int(const cJSON *obj, const char *name, double lo, double hi,
     const cJSON *v = field(obj, name);
     if (!v)
         return DSQ_OK;
-    if (!is_int(v))
+    bool integral = cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!is_int(v) && !(integral && (v->valuedouble < lo || v->valuedouble > hi)))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
-                                 "'%s' must be an integer, got %s", name,
-                                 cJSON_IsNumber(v) ? "a fraction"
-                                                   : type_name(v));
+                                 "'%s' must be an integer, got %s", name, non_int_name(v));
     if (v->valuedouble < lo || v->valuedouble > hi)
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
-                                 "'%s' must be in [%.0f, %.0f], got %.0f",
-                                 name, lo, hi, v->valuedouble);
+                                 "'%s' must be in [%.0f, %.0f], got %.*g",
+                                 name, lo, hi, fabs(v->valuedouble) < 1e15 ? 17 : 3,
+                                 v->valuedouble);
     *out = (int64_t)v->valuedouble;
     return DSQ_OK;
 }
@@ -802,9 +812,7 @@ seed:
     if (v) {
         if (!is_int(v)) {
             rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "seed",
-                                   "'seed' must be an integer, got %s",
-                                   cJSON_IsNumber(v) ? "a fraction"
-                                                     : type_name(v));
+                                   "'seed' must be an integer, got %s", non_int_name(v));
             goto fail;
         }
         r->sp.has_seed = true;

@@ -331,3 +331,11 @@ def test_503_queue_full(daemon_factory):
             assert e["code"] == "queue_full", e
             assert int(r.headers["Retry-After"]) >= 1
     assert requests.get(d.url("/health")).status_code == 200
+    # more prompts than the whole queue holds: never admissible, so a 400
+    # naming the limit (a 503 would have the client retry for ever)
+    r = post(d, "/v1/completions", dict(P, prompt=["a", "b", "c"], max_tokens=1))
+    e = err(r, 400, "prompt")
+    assert "--max-waiting-requests" in e["message"], e
+    assert "Retry-After" not in r.headers
+    r = post(d, "/v1/completions", dict(P, prompt=["a"], max_tokens=1))
+    assert r.status_code == 200, r.text[:300]

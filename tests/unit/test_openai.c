@@ -216,6 +216,30 @@ static void test_bad_requests(void **state)
     }
 }
 
+/* hardening: an integer field's message says what was wrong: a fraction,
+ * or an integer out of range (1e26 is integral; "fraction" misled) */
+static void test_int_messages(void **state)
+{
+    (void)state;
+    static const struct { const char *body, *want; } cases[] = {
+        {"{" M "\"prompt\":\"a\",\"max_tokens\":1e26}", "must be in [0, 1073741824], got 1e+26"},
+        {"{" M "\"prompt\":\"a\",\"max_tokens\":1.5}", "got a fraction"},
+        {"{" M "\"prompt\":\"a\",\"max_tokens\":-7}", "got -7"},
+        {"{" M "\"prompt\":\"a\",\"seed\":1e30}", "beyond +-2^53"},
+        {"{" M "\"prompt\":\"a\",\"seed\":0.5}", "got a fraction"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        dsq_completion_req_t r;
+        dsq_api_error_t e;
+        memset(&e, 0, sizeof(e));
+        assert_int_equal(dsq_openai_parse_completion(cases[i].body, strlen(cases[i].body),
+                                                     &LIM, &r, &e), DSQ_EINVAL);
+        if (!strstr(e.message, cases[i].want))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, e.message, cases[i].want);
+        assert_null(strstr(e.message, i == 1 || i == 4 ? "must be in" : "fraction"));
+    }
+}
+
 static void test_defaults(void **state)
 {
     dsq_completion_req_t r;
@@ -1017,6 +1041,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_int_messages),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_all_fields),
         cmocka_unit_test(test_prompt_forms),
