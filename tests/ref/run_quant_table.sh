@@ -68,7 +68,9 @@ for f in "$SRC" "$B/dsq-quantize" "$B/dsq-perplexity"; do
 done
 mkdir -p "$W"
 : > "$W/paired.txt"
-export DSQ_LOG_LEVEL=warn OMP_WAIT_POLICY=passive
+# issue 24: no OMP_WAIT_POLICY here: llama-quantize / llama-perplexity run
+# at llama.cpp's own OpenMP defaults (the figures are quality, not speed)
+export DSQ_LOG_LEVEL=warn
 
 if [ ! -x "$W/venv/bin/python" ]; then
     python3 -m venv "$W/venv"

@@ -1,0 +1,85 @@
+#!/bin/sh
+# Issue 24: dsqd beside llama.cpp's llama-server, each at its own defaults
+# (llama-server -t T -tb T -np C; continuous batching is its default), and
+# llama-server -fa as a second row, interleaved by concurrency in one run:
+# `dsq-bench serve` streams /v1/completions (128-id prompts, 64 new tokens,
+# greedy, ignore_eos) from C clients. Then the same load once more through
+# the OpenAI Python SDK (tools/serve_crosscheck.py) against each server, as
+# the independent check of dsq-bench serve's own client. Then llama-bench
+# beside dsq-bench cpu (pp512 / tg128). Peers never get our OpenMP
+# settings (dsq-bench serve unsets OMP_WAIT_POLICY / GOMP_SPINCOUNT for
+# them; this script sets none). Loopback only.
+#
+# usage: tests/ref/run_serve_compare.sh [BUILDDIR] [MODEL]
+#   BUILDDIR  a dsq build (default build-release, as scripts/serve builds)
+#   MODEL     GGUF both servers load (default the SmolLM2 Q4_1 file)
+# env: ROUNDS (default 2), CLIENTS (default "1 4 8 16"), REQUESTS (32),
+#      THREADS (2), PY (python with the openai package, default .venv)
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+B=${1:-$ROOT/build-release}
+MODEL=${2:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+ROUNDS=${ROUNDS:-2}
+CLIENTS=${CLIENTS:-"1 4 8 16"}
+REQUESTS=${REQUESTS:-32}
+T=${THREADS:-2}
+PY=${PY:-$ROOT/.venv/bin/python}
+for f in "$B/tools/dsqd" "$B/tools/dsq-bench" "$MODEL"; do
+    [ -e "$f" ] || { echo "run_serve_compare.sh: missing $f" >&2; exit 1; }
+done
+BIN=$("$ROOT/tests/ref/build_llama_tools.sh" llama-server llama-bench)
+LS=$(echo "$BIN" | sed -n 1p)
+LB=$(echo "$BIN" | sed -n 2p)
+SERVE="$B/tools/dsq-bench serve --model $MODEL --threads $T --requests $REQUESTS --prompt-len 128 --max-tokens 64"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(git -C "$ROOT" rev-parse --short HEAD), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs"
+r=1
+while [ $r -le "$ROUNDS" ]; do
+    for c in $CLIENTS; do
+        echo "## round $r, C = $c, load $(cut -d' ' -f1-3 /proc/loadavg)"
+        $SERVE --clients "$c" --dsqd "$B/tools/dsqd" --llama-server "$LS" || true
+        echo "## round $r, C = $c, llama-server -fa, load $(cut -d' ' -f1-3 /proc/loadavg)"
+        $SERVE --clients "$c" --llama-server "$LS" --llama-arg -fa || true
+    done
+    r=$((r + 1))
+done
+
+# the independent client: one server at a time, dsq-bench serve and the
+# OpenAI SDK against it back to back
+port=$(( 20000 + $$ % 20000 ))
+wait_up() {
+    i=0
+    while ! curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt 600 ] || return 1; sleep 0.2
+    done
+}
+for srv in dsqd llama-server; do
+    if [ $srv = dsqd ]; then
+        "$B/tools/dsqd" --model "$MODEL" --host 127.0.0.1 --port $port --threads "$T" \
+            --max-num-seqs 16 --max-model-len 256 --kv-cache-memory 256MiB --log-level warn \
+            >/dev/null 2>&1 &
+    else
+        env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$LS" -m "$MODEL" --host 127.0.0.1 --port $port \
+            -t "$T" -tb "$T" -np 16 -c 4096 --no-webui >/dev/null 2>&1 &
+    fi
+    pid=$!
+    wait_up
+    for c in 4 16; do
+        echo "## cross-check $srv C = $c, load $(cut -d' ' -f1-3 /proc/loadavg)"
+        $B/tools/dsq-bench serve --url "http://127.0.0.1:$port" --clients "$c" \
+            --requests "$REQUESTS" --prompt-len 128 --max-tokens 64 | tail -1
+        "$PY" "$ROOT/tools/serve_crosscheck.py" "http://127.0.0.1:$port" "$c" "$REQUESTS" 128 64
+    done
+    kill $pid; wait $pid 2>/dev/null || true
+    port=$((port + 1))
+done
+
+echo "## llama-bench / dsq-bench cpu, load $(cut -d' ' -f1-3 /proc/loadavg)"
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$LB" -m "$MODEL" -p 512 -n 128 -t "$T"
+"$B/tools/dsq-bench" cpu --model "$MODEL" --threads "$T" --reps 3
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$LB" -m "$MODEL" -p 512 -n 128 -t "$T" -fa 1
+echo "## decode step at context 128 / 1024 / 4096, load $(cut -d' ' -f1-3 /proc/loadavg)"
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$LB" -m "$MODEL" -p 0 -n 32 -d 128,1024,4096 -t "$T" -fa 0,1
+for ctx in 128 1024 4096; do
+    "$B/tools/dsq-bench" pad --model "$MODEL" --buckets 1,2 --context $ctx --threads "$T" --reps 3 \
+        --out /dev/null
+done
