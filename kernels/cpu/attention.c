@@ -70,10 +70,18 @@ static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
         w->l[g] = 0.0f;
     }
     const int n_blk = pos / bs + 1;
+    /* issue 24: FP16 cache with a fused path: keys and values read in
+     * place, each once per tile of query heads */
+    const bool fused = kv->dtype == DSQ_KV_F16 && ops->f16_scores && D % 8 == 0;
+    const int64_t tstride = (int64_t)kv->n_kv_heads * D;
     for (int b = 0; b < n_blk; b++) {
         const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
         const int64_t t0 = (int64_t)btab[b] * bs;
-        for (int j = 0; j < n_t; j++) {
+        if (fused)
+            ops->f16_scores(w->sc, bs, q, G, D,
+                            (const uint16_t *)kv->k + (t0 * kv->n_kv_heads + kh) * D, tstride,
+                            n_t, scale);
+        for (int j = 0; !fused && j < n_t; j++) {
             load_kv(w->kbuf, kv, kv->k, kv->k_scale, kv->k_zero, t0 + j, kh,
                     n_groups, ops);
             for (int g = 0; g < G; g++)
@@ -99,7 +107,10 @@ static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
             }
             w->l[g] += sum;
         }
-        for (int j = 0; j < n_t; j++) {
+        if (fused)
+            ops->f16_wsum(w->acc, G, D, w->sc, bs,
+                          (const uint16_t *)kv->v + (t0 * kv->n_kv_heads + kh) * D, tstride, n_t);
+        for (int j = 0; !fused && j < n_t; j++) {
             load_kv(w->kbuf, kv, kv->v, kv->v_scale, kv->v_zero, t0 + j, kh,
                     n_groups, ops);
             for (int g = 0; g < G; g++)

@@ -392,6 +392,8 @@ static void test_attention(void **state)
         {DSQ_KV_F16, 16, 2, 1, 64},
         {DSQ_KV_F16, 4, 2, 4, 64},
         {DSQ_KV_F16, 4, 1, 3, 40},
+        {DSQ_KV_F16, 16, 3, 3, 64},      /* SmolLM2's shape (fused fp16 path) */
+        {DSQ_KV_F16, 16, 1, 7, 128},     /* a head tile of 4 and one of 3 */
         {DSQ_KV_INT8, 4, 2, 3, 64},
         {DSQ_KV_INT8, 16, 2, 4, 128},
         {DSQ_KV_INT8, 16, 3, 1, 40},
