@@ -57,10 +57,13 @@ typedef struct scratch {
     float *mx, *l;  /* [G]             */
 } scratch_t;
 
-static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
-                       int G, int kh, const int32_t *btab, int32_t pos,
-                       float scale, int n_groups, const dsq__vec_ops_t *ops,
-                       scratch_t *w)
+/* The unnormalised online-softmax state of query heads [G] of kv head kh
+ * over the sequence's blocks [b0, b1) (positions up to pos): w->acc [G][D]
+ * (sum of weights x V), w->mx [G] (running max, -inf for an empty range),
+ * w->l [G] (sum of weights relative to mx). */
+static void attend_range(const float *q, const dsq_kv_layer_t *kv, int G, int kh,
+                         const int32_t *btab, int32_t pos, int b0, int b1, float scale,
+                         int n_groups, const dsq__vec_ops_t *ops, scratch_t *w)
 {
     const int D = kv->head_dim, bs = kv->block_size;
     for (int i = 0; i < G * D; i++)
@@ -74,7 +77,7 @@ static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
      * place, each once per tile of query heads */
     const bool fused = kv->dtype == DSQ_KV_F16 && ops->f16_scores && D % 8 == 0;
     const int64_t tstride = (int64_t)kv->n_kv_heads * D;
-    for (int b = 0; b < n_blk; b++) {
+    for (int b = b0; b < b1; b++) {
         const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
         const int64_t t0 = (int64_t)btab[b] * bs;
         if (fused)
@@ -117,6 +120,16 @@ static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
                 ops->axpy(w->acc + g * D, w->sc[g * bs + j], w->kbuf, D);
         }
     }
+}
+
+static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
+                       int G, int kh, const int32_t *btab, int32_t pos,
+                       float scale, int n_groups, const dsq__vec_ops_t *ops,
+                       scratch_t *w)
+{
+    const int D = kv->head_dim;
+    attend_range(q, kv, G, kh, btab, pos, 0, pos / kv->block_size + 1, scale, n_groups, ops,
+                 w);
     for (int g = 0; g < G; g++) {
         const float inv = 1.0f / w->l[g];
         for (int i = 0; i < D; i++)
@@ -161,6 +174,8 @@ struct att_ctx {
     float scale;
     const dsq__vec_ops_t *ops;
     int G, chunk, n_chunks;
+    int n_parts;           /* > 1: each (row, kv head) split by KV range */
+    float *part;           /* [row][kv head][part]: acc [G][D], mx [G], l [G] */
     int64_t n_tasks;
     int n_groups;
     int64_t row;
@@ -185,6 +200,26 @@ static void att_region(void *p, int tid, int n_thr)
                                                        memory_order_relaxed);
         if (task >= c->n_tasks)
             break;
+        if (c->n_parts > 1) {
+            /* flash-decoding: part p of (row i, kv head kh) attends to its
+             * share of the blocks; the parts are merged after the region */
+            const int64_t i = task / ((int64_t)n_kv * c->n_parts);
+            const int kh = (int)(task / c->n_parts % n_kv);
+            const int p = (int)(task % c->n_parts);
+            const int G = c->G;
+            const int n_blk = c->row_pos[i] / c->kv->block_size + 1;
+            const int b0 = (int)((int64_t)n_blk * p / c->n_parts);
+            const int b1 = (int)((int64_t)n_blk * (p + 1) / c->n_parts);
+            const int64_t off = i * c->row + (int64_t)kh * G * D;
+            attend_range(c->q + off, c->kv, G, kh,
+                         c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
+                         c->row_pos[i], b0, b1, c->scale, c->n_groups, c->ops, &w);
+            float *dst = c->part + (size_t)task * ((size_t)G * D + 2 * (size_t)G);
+            memcpy(dst, w.acc, sizeof(float) * (size_t)G * D);
+            memcpy(dst + (size_t)G * D, w.mx, sizeof(float) * (size_t)G);
+            memcpy(dst + (size_t)G * D + G, w.l, sizeof(float) * (size_t)G);
+            continue;
+        }
         const int64_t i = task / ((int64_t)n_kv * c->n_chunks);
         const int kh = (int)(task / c->n_chunks % n_kv);
         const int ci = (int)(task % c->n_chunks);
@@ -220,22 +255,70 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     for (int64_t i = 0; i < m; i++)
         work += ((int64_t)row_pos[i] + 1) * row;
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
+    /* issue 24: few (row, kv head) pairs over a long context (a decode
+     * step of one sequence): split each pair's KV range across the
+     * threads instead of its query heads, so every key and value is read
+     * once (a head split reads the pair's whole cache once per chunk), and
+     * merge the parts' softmax states after (flash-decoding: Dao et al.,
+     * "Flash-Decoding for long-context inference", 2023). Parts keep at
+     * least 8 blocks each. */
+    int n_parts = 1;
+    if (n_thr > 1 && m * n_kv < 2 * (int64_t)n_thr) {
+        int32_t min_blk = INT32_MAX;
+        for (int64_t i = 0; i < m; i++) {
+            int32_t nb = row_pos[i] / kv->block_size + 1;
+            min_blk = nb < min_blk ? nb : min_blk;
+        }
+        int want = (int)((2 * (int64_t)n_thr + m * n_kv - 1) / (m * n_kv));
+        while (want > 1 && min_blk / want < 8)
+            want--;
+        n_parts = want;
+    }
     int chunk = G;
-    while (chunk > 1 && m * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
+    while (n_parts == 1 && chunk > 1 && m * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
         chunk = (chunk + 1) / 2;
     const int n_chunks = (G + chunk - 1) / chunk;
-    const int64_t n_tasks = m * n_kv * n_chunks;
+    const int64_t n_tasks = m * n_kv * (n_parts > 1 ? n_parts : n_chunks);
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
     const size_t per_thr = (size_t)chunk * D + D + (size_t)chunk * kv->block_size +
                            2 * (size_t)chunk;
-    float *mem = malloc(sizeof(*mem) * per_thr * (size_t)n_thr);
+    const size_t per_part = (size_t)G * D + 2 * (size_t)G;
+    float *mem = malloc(sizeof(*mem) * (per_thr * (size_t)n_thr +
+                                        (n_parts > 1 ? per_part * (size_t)n_tasks : 0)));
     if (!mem)
         return DSQ_ENOMEM;
     struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, ops, G, chunk, n_chunks, n_tasks, n_groups, row,
+                        scale, ops, G, chunk, n_chunks, n_parts,
+                        mem + per_thr * (size_t)n_thr, n_tasks, n_groups, row,
                         mem, per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
+    /* merge: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
+    for (int64_t pair = 0; n_parts > 1 && pair < m * n_kv; pair++) {
+        const float *pp = c.part + (size_t)pair * n_parts * per_part;
+        float *o = out + (pair / n_kv) * row + (int64_t)(pair % n_kv) * G * D;
+        for (int g = 0; g < G; g++) {
+            float M = -INFINITY, L = 0.0f;
+            for (int p = 0; p < n_parts; p++) {
+                float mp = pp[p * per_part + (size_t)G * D + g];
+                M = mp > M ? mp : M;
+            }
+            for (int d = 0; d < D; d++)
+                o[g * D + d] = 0.0f;
+            for (int p = 0; p < n_parts; p++) {
+                const float *a = pp + p * per_part;
+                float mp = a[(size_t)G * D + g];
+                if (mp == -INFINITY)
+                    continue;                 /* an empty range */
+                float f = expf(mp - M);
+                L += f * a[(size_t)G * D + G + g];
+                ops->axpy(o + g * D, f, a + (size_t)g * D, D);
+            }
+            const float inv = 1.0f / L;
+            for (int d = 0; d < D; d++)
+                o[g * D + d] *= inv;
+        }
+    }
     free(mem);
     return rc;
 }

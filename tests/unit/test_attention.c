@@ -402,12 +402,101 @@ static void test_attention(void **state)
         run_case(&cases[i]);
 }
 
+/* issue 24: one decode row over a long context (2,000 and 1,001
+ * positions, shuffled blocks), where the kernel splits each kv head's KV
+ * range across threads and merges the parts' softmax states
+ * (flash-decoding): against the FP64 reference on the values the cache
+ * holds, at 1, 2 and 4 threads (1 = no split), scalar and SIMD, FP16 and
+ * INT8; the threads' results agree to 1e-5. */
+static void test_attention_long(void **state)
+{
+    (void)state;
+    const int bs = 16, n_kv = 3, G = 3, D = 64, n_heads = n_kv * G, row = n_kv * D;
+    const int lens[2] = {2000, 1001};
+    const int saved_thr = dsq_cpu_get_threads();
+    const char *isa = dsq_cpu_isa();
+    for (int dt = 0; dt < 2; dt++)
+        for (int li = 0; li < 2; li++) {
+            const int L = lens[li], nb = (L + bs - 1) / bs + 3;
+            kvbuf_t kb;
+            kv_alloc(&kb, dt ? DSQ_KV_INT8 : DSQ_KV_F16, bs, n_kv, D, nb);
+            int32_t *bt = malloc(sizeof(*bt) * nb), *slot = malloc(sizeof(*slot) * L);
+            for (int b = 0; b < nb; b++)
+                bt[b] = b;
+            for (int b = nb - 1; b > 0; b--) {
+                int j = (int)(urand() * (b + 1)), t = bt[b];
+                bt[b] = bt[j];
+                bt[j] = t;
+            }
+            float *K = malloc(sizeof(*K) * L * row), *V = malloc(sizeof(*V) * L * row);
+            for (int64_t i = 0; i < (int64_t)L * row; i++) {
+                K[i] = frand(2.0f);
+                V[i] = frand(1.0f);
+            }
+            for (int p = 0; p < L; p++)
+                slot[p] = bt[p / bs] * bs + p % bs;
+            assert_int_equal(dsq_cpu_kv_write(&kb.l, K, V, slot, L), DSQ_OK);
+            float q[9 * 64], out[9 * 64], out1[9 * 64];
+            for (int i = 0; i < n_heads * D; i++)
+                q[i] = frand(1.0f);
+            const int32_t rseq[1] = {0}, rpos[1] = {L - 1};
+            const float scale = 1.0f / sqrtf((float)D);
+            /* the reference */
+            double *ref = malloc(sizeof(*ref) * n_heads * D), *sc = malloc(sizeof(*sc) * L);
+            for (int h = 0; h < n_heads; h++) {
+                double mx = -INFINITY, l = 0;
+                for (int p = 0; p < L; p++) {
+                    double a = 0;
+                    for (int d = 0; d < D; d++)
+                        a += q[h * D + d] * kv_get(&kb, 0, slot[p], h / G, d);
+                    sc[p] = a * scale;
+                    mx = fmax(mx, sc[p]);
+                }
+                for (int p = 0; p < L; p++)
+                    l += (sc[p] = exp(sc[p] - mx));
+                for (int d = 0; d < D; d++) {
+                    double o = 0;
+                    for (int p = 0; p < L; p++)
+                        o += sc[p] * kv_get(&kb, 1, slot[p], h / G, d);
+                    ref[h * D + d] = o / l;
+                }
+            }
+            static const int thr[3] = {1, 2, 4};
+            for (int pi = 0; pi < 2; pi++) {
+                assert_int_equal(dsq_cpu_force_isa(pi ? isa : "scalar"), DSQ_OK);
+                for (int ti = 0; ti < 3; ti++) {
+                    assert_int_equal(dsq_cpu_set_threads(thr[ti]), DSQ_OK);
+                    for (int i = 0; i < n_heads * D; i++)
+                        out[i] = NAN;
+                    assert_int_equal(dsq_cpu_attention(out, q, 1, n_heads, &kb.l, rseq, rpos,
+                                                       bt, nb, scale), DSQ_OK);
+                    double err = 0, dif = 0;
+                    for (int i = 0; i < n_heads * D; i++) {
+                        err = fmax(err, fabs(out[i] - ref[i]));
+                        if (ti == 0)
+                            out1[i] = out[i];
+                        dif = fmax(dif, fabs(out[i] - out1[i]));
+                    }
+                    printf("# attn long %s L=%d isa=%s threads=%d err=%.2e vs-1-thread %.2e\n",
+                           dt ? "int8" : "f16", L, pi ? isa : "scalar", thr[ti], err, dif);
+                    assert_true(err <= 2e-5);
+                    assert_true(dif <= 1e-5);
+                }
+            }
+            assert_int_equal(dsq_cpu_force_isa(isa), DSQ_OK);
+            assert_int_equal(dsq_cpu_set_threads(saved_thr), DSQ_OK);
+            free(ref); free(sc); free(K); free(V); free(bt); free(slot);
+            kv_free(&kb);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_write_f16),
         cmocka_unit_test(test_kv_write_int8),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
