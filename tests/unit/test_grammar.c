@@ -1,0 +1,415 @@
+/* tests for engine/text/grammar.c and grammar_match.c: GBNF compiled to a
+ * pushdown matcher, and the token mask.
+ *
+ *  - Membership against independent parsers: tests/golden/grammar_cases.jsonl
+ *    (tests/ref/make_grammar_golden.py: Lark Earley for the context-free
+ *    grammars, Python re.fullmatch for the regular ones) gives, per GBNF
+ *    grammar, strings and whether each is a sentence. The matcher must
+ *    agree on every string (accept_bytes succeeds and can_end), fed whole
+ *    and byte by byte, and every prefix of a sentence must be accepted.
+ *  - Bad grammars: each gives DSQ_EINVAL and a message naming the problem.
+ *  - The mask on real vocabularies (SmolLM2's 49,152-entry byte-level BPE,
+ *    the SPM vocabulary of ../shared/data): at every step of a walk the
+ *    trie walk's mask equals the brute-force mask (every token tried on a
+ *    clone of the matcher), the cached mask equals the computed one, and
+ *    end-of-generation is allowed exactly where the grammar accepts.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/common/error.h"
+#include "engine/io/gguf.h"
+#include "engine/text/grammar.h"
+#include "engine/text/tokenizer.h"
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return s;
+}
+
+static dsq_grammar_t *compile(const char *src)
+{
+    char err[256];
+    dsq_grammar_t *g = NULL;
+    int rc = dsq_grammar_from_gbnf(src, strlen(src), NULL, &g, err, sizeof(err));
+    if (rc != DSQ_OK)
+        fail_msg("grammar did not compile: %s\n%s", err, src);
+    return g;
+}
+
+/* whole string: accepted and complete */
+static bool sentence(const dsq_grammar_t *g, const char *s, size_t n)
+{
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    assert_non_null(m);
+    bool ok = dsq_grammar_matcher_accept_bytes(m, s, n) == DSQ_OK && dsq_grammar_matcher_can_end(m);
+    dsq_grammar_matcher_free(m);
+    return ok;
+}
+
+static void test_golden_membership(void **state)
+{
+    (void)state;
+    const char *root = getenv("DSQ_SOURCE_ROOT");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/golden/grammar_cases.jsonl", root ? root : ".");
+    char *text = read_all(path, NULL);
+    int n_grammars = 0, n_strings = 0, n_accepted = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        const char *name = cJSON_GetObjectItem(o, "name")->valuestring;
+        dsq_grammar_t *g = compile(cJSON_GetObjectItem(o, "gbnf")->valuestring);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(o, "cases")) {
+            const char *s = cJSON_GetArrayItem(c, 0)->valuestring;
+            bool want = cJSON_IsTrue(cJSON_GetArrayItem(c, 1));
+            size_t n = strlen(s);
+            bool got = sentence(g, s, n);
+            if (got != want)
+                fail_msg("%s: \"%s\": reference says %s, matcher %s", name, s,
+                         want ? "sentence" : "not a sentence", got ? "accepts" : "rejects");
+            /* byte by byte: same verdict; a sentence's prefixes all accepted */
+            dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+            bool alive = true;
+            for (size_t i = 0; i < n && alive; i++) {
+                alive = dsq_grammar_matcher_accept_bytes(m, s + i, 1) == DSQ_OK;
+                if (want && !alive)
+                    fail_msg("%s: \"%s\": prefix of %zu bytes rejected", name, s, i + 1);
+            }
+            assert_true((alive && dsq_grammar_matcher_can_end(m)) == want);
+            /* a failed advance leaves the state unchanged */
+            if (want) {
+                assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xff", 1), DSQ_EINVAL);
+                assert_true(dsq_grammar_matcher_can_end(m));
+            }
+            dsq_grammar_matcher_free(m);
+            n_strings++;
+            n_accepted += want;
+        }
+        dsq_grammar_free(g);
+        cJSON_Delete(o);
+        n_grammars++;
+    }
+    free(text);
+    print_message("# %d grammars, %d strings (%d sentences) agree with the references\n",
+                  n_grammars, n_strings, n_accepted);
+    assert_true(n_grammars >= 10 && n_strings >= 100);
+}
+
+static void test_bad_grammars(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *src, *msg;
+    } bad[] = {
+        {"root ::= foo", "undefined rule 'foo'"},
+        {"start ::= \"a\"", "no start rule 'root'"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+        {"root ::= root \"a\" | \"b\"", "left recursion"},
+        {"root ::= x\nx ::= y \"a\"\ny ::= \"\" | x", "left recursion"},
+        {"root ::= (\"\")*", "can recurse without consuming input"},
+        {"root ::= \"abc", "unterminated string literal"},
+        {"root ::= [a-", "unterminated character class"},
+        {"root ::= [z-a]", "reversed"},
+        {"root ::= \"\\q\"", "unknown escape"},
+        {"root ::= \"\\x4\"", "needs 2 hex digits"},
+        {"root ::= \"\\uD800\"", "not a Unicode scalar value"},
+        {"root ::= ( \"a\" ", "expected ')'"},
+        {"root ::= \"a\" )", "unmatched ')'"},
+        {"root ::= * \"a\"", "nothing before it to repeat"},
+        {"root ::= \"a\"{3,2}", "maximum is below the minimum"},
+        {"root ::= \"a\"{2000}", "repetition count above"},
+        {"root ::= \"a\"{2", "expected '}'"},
+        {"root \"a\"", "expected '::='"},
+        {"::= \"a\"", "expected a rule name"},
+        {"", "no rules"},
+        {"root ::= \"\xc3\"", "invalid UTF-8"},
+        {"root ::= @", "unexpected '@'"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[256] = "";
+        dsq_grammar_t *g = (dsq_grammar_t *)0x1;
+        int rc = dsq_grammar_from_gbnf(bad[i].src, strlen(bad[i].src), NULL, &g, err, sizeof(err));
+        if (rc != DSQ_EINVAL || g != NULL || !strstr(err, bad[i].msg))
+            fail_msg("grammar %zu <%s>: rc %d, err \"%s\", wanted \"%s\"", i, bad[i].src, rc, err,
+                     bad[i].msg);
+    }
+    /* nesting and size limits */
+    char *deep = malloc(4 * DSQ_GRAMMAR_MAX_NESTING + 64);
+    strcpy(deep, "root ::= ");
+    for (int i = 0; i <= DSQ_GRAMMAR_MAX_NESTING; i++)
+        strcat(deep, "(");
+    strcat(deep, "\"a\"");
+    for (int i = 0; i <= DSQ_GRAMMAR_MAX_NESTING; i++)
+        strcat(deep, ")");
+    char err[256];
+    dsq_grammar_t *g = NULL;
+    assert_int_equal(dsq_grammar_from_gbnf(deep, strlen(deep), NULL, &g, err, sizeof(err)),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(err, "nested deeper"));
+    free(deep);
+    /* a 1,040-character literal repeated 1,024 times: above 2^20 elements */
+    char *big = malloc(2048);
+    strcpy(big, "root ::= \"");
+    memset(big + strlen(big), 'a', 1040);
+    strcpy(big + 10 + 1040, "\"{1024}");
+    assert_int_equal(dsq_grammar_from_gbnf(big, strlen(big), NULL, &g, err, sizeof(err)),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(err, "more than"));
+    free(big);
+    /* references keep nested repetitions compact: 10^9 characters, 3k elements */
+    const char *nested = "root ::= ((\"a\"{1000}){1000}){1000}";
+    assert_int_equal(dsq_grammar_from_gbnf(nested, strlen(nested), NULL, &g, err, sizeof(err)),
+                     DSQ_OK);
+    assert_true(dsq_grammar_n_elements(g) < 4000);
+    assert_false(sentence(g, "aaa", 3));
+    dsq_grammar_free(g);
+    /* another start rule by name */
+    const char *two = "a ::= \"x\"\nb ::= \"y\"";
+    assert_int_equal(dsq_grammar_from_gbnf(two, strlen(two), "b", &g, err, sizeof(err)), DSQ_OK);
+    assert_true(sentence(g, "y", 1));
+    assert_false(sentence(g, "x", 1));
+    dsq_grammar_free(g);
+}
+
+static void test_utf8_split(void **state)
+{
+    (void)state;
+    dsq_grammar_t *g = compile("root ::= \"\xc3\xa9\" [\xe4\xb8\x80-\xe9\xbe\xa5]+ \"!\"");
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    /* é then 日 (E6 97 A5), one byte at a time */
+    const char *s = "\xc3\xa9\xe6\x97\xa5!";
+    for (size_t i = 0; i < strlen(s); i++) {
+        assert_int_equal(dsq_grammar_matcher_accept_bytes(m, s + i, 1), DSQ_OK);
+        assert_true(dsq_grammar_matcher_can_end(m) == (i == strlen(s) - 1));
+    }
+    assert_true(dsq_grammar_matcher_done(m));
+    dsq_grammar_matcher_free(m);
+    m = dsq_grammar_matcher_create(g);
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xc3\xa9", 2), DSQ_OK);
+    /* a lead byte whose every completion is outside the class: E1 xx xx < U+4E00 */
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xe1", 1), DSQ_EINVAL);
+    /* E9 BF.. is above U+9FA5: the second byte decides */
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xe9", 1), DSQ_OK);
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xbf", 1), DSQ_EINVAL);
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xbe\xa5", 2), DSQ_OK);
+    /* overlong and stray continuation bytes never match */
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\xc0\x80", 2), DSQ_EINVAL);
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "\x80", 1), DSQ_EINVAL);
+    /* lead bytes are judged by the characters they can begin: E0 only
+     * U+0800.., F0 only U+10000.., F4 nothing above U+10FFFF */
+    static const struct {
+        const char *gbnf, *bytes;
+        bool ok;
+    } lead[] = {
+        {"root ::= \"c\"", "\xe0", false},
+        {"root ::= \"c\"", "\xf0", false},
+        {"root ::= [\\x00-\\u07ff]", "\xe0", false},
+        {"root ::= [\\x00-\\u07ff]", "\xdf", true},
+        {"root ::= [\\u0800-\\uffff]", "\xe0", true},
+        {"root ::= [\\u0800-\\uffff]", "\xe0\x9f", false},   /* overlong: < U+0800 */
+        {"root ::= [\\u0800-\\uffff]", "\xe0\xa0\x80", true},
+        {"root ::= [\\U00010000-\\U0010FFFF]", "\xf4\x8f", true},
+        {"root ::= [\\U00010000-\\U0010FFFF]", "\xf4\x90", false},  /* > U+10FFFF */
+        {"root ::= [\\U00010000-\\U0010FFFF]", "\xf0\x8f", false},  /* overlong */
+    };
+    for (size_t i = 0; i < sizeof(lead) / sizeof(lead[0]); i++) {
+        dsq_grammar_t *lg = compile(lead[i].gbnf);
+        dsq_grammar_matcher_t *lm = dsq_grammar_matcher_create(lg);
+        int rc = dsq_grammar_matcher_accept_bytes(lm, lead[i].bytes, strlen(lead[i].bytes));
+        if ((rc == DSQ_OK) != lead[i].ok)
+            fail_msg("%s: bytes case %zu: rc %d, wanted %s", lead[i].gbnf, i, rc,
+                     lead[i].ok ? "accepted" : "rejected");
+        dsq_grammar_matcher_free(lm);
+        dsq_grammar_free(lg);
+    }
+    dsq_grammar_matcher_t *c = dsq_grammar_matcher_clone(m);
+    assert_non_null(c);
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(c, "!", 1), DSQ_OK);
+    assert_true(dsq_grammar_matcher_can_end(c));
+    assert_false(dsq_grammar_matcher_can_end(m));
+    dsq_grammar_matcher_free(c);
+    dsq_grammar_matcher_free(m);
+    dsq_grammar_free(g);
+}
+
+static dsq_tokenizer_t *load_tokenizer(const char *env, const char *rel)
+{
+    const char *base = getenv(env);
+    char p[1024], err[256] = "";
+    snprintf(p, sizeof(p), "%s/%s", base ? base : ".", rel);
+    struct stat st;
+    if (stat(p, &st) != 0)
+        fail_msg("missing test file %s", p);
+    dsq_gguf_t *gg = dsq_gguf_open(p, err, sizeof(err));
+    if (!gg)
+        fail_msg("dsq_gguf_open %s: %s", p, err);
+    dsq_tokenizer_t *t = dsq_tokenizer_from_gguf(gg, err, sizeof(err));
+    dsq_gguf_close(gg);
+    if (!t)
+        fail_msg("tokenizer from %s: %s", p, err);
+    return t;
+}
+
+/* At each of n_steps states: the mask equals brute force; then advance by
+ * an allowed token chosen by a fixed LCG (preferring text tokens so the
+ * walk goes deep). Returns the text produced. */
+static void mask_walk(const dsq_tokenizer_t *t, const char *gbnf, int n_steps, uint64_t seed,
+                      char *out, size_t out_cap)
+{
+    dsq_grammar_t *g = compile(gbnf);
+    dsq_grammar_vocab_t *v = dsq_grammar_vocab_create(t);
+    assert_non_null(v);
+    const int32_t nv = dsq_grammar_vocab_size(v);
+    const size_t words = ((size_t)nv + 31) / 32;
+    uint32_t *mask = malloc(words * 4), *again = malloc(words * 4);
+    int32_t *allowed = malloc((size_t)nv * sizeof(*allowed));
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    size_t used = 0;
+    out[0] = 0;
+    for (int step = 0; step < n_steps && !dsq_grammar_matcher_done(m); step++) {
+        bool cached = true;
+        int n = dsq_grammar_matcher_fill_mask(m, v, mask, &cached);
+        assert_true(n >= 0);
+        int brute = 0, n_text = 0;
+        for (int32_t id = 0; id < nv; id++) {
+            dsq_grammar_matcher_t *c = dsq_grammar_matcher_clone(m);
+            bool ok = dsq_grammar_matcher_accept_token(c, v, id) == DSQ_OK;
+            dsq_grammar_matcher_free(c);
+            bool bit = (mask[id / 32] >> (id % 32)) & 1u;
+            if (ok != bit) {
+                size_t bl = 0;
+                const char *b = dsq_tokenizer_token_bytes(t, id, &bl);
+                fail_msg("step %d after \"%s\": token %d \"%.*s\": brute force %s, mask %s", step,
+                         out, id, (int)bl, b ? b : "", ok ? "allows" : "rejects",
+                         bit ? "allows" : "rejects");
+            }
+            if (ok) {
+                brute++;
+                if (!dsq_tokenizer_is_eog(t, id))
+                    allowed[n_text++] = id;
+            }
+        }
+        assert_int_equal(n, brute);
+        /* the same state again: from the cache, identical */
+        assert_int_equal(dsq_grammar_matcher_fill_mask(m, v, again, &cached), n);
+        assert_true(cached);
+        assert_memory_equal(mask, again, words * 4);
+        if (n_text == 0)
+            break;
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t id = allowed[(seed >> 33) % (uint64_t)n_text];
+        size_t bl = 0;
+        const char *b = dsq_tokenizer_token_bytes(t, id, &bl);
+        assert_int_equal(dsq_grammar_matcher_accept_token(m, v, id), DSQ_OK);
+        if (getenv("DSQ_GRAMMAR_TRACE"))
+            fprintf(stderr, "step %d: %d allowed, token %d (%zu bytes, first %02x)\n", step, n,
+                    id, bl, (unsigned)(unsigned char)b[0]);
+        if (used + bl + 1 < out_cap) {
+            memcpy(out + used, b, bl);
+            used += bl;
+            out[used] = 0;
+        }
+    }
+    free(mask);
+    free(again);
+    free(allowed);
+    dsq_grammar_matcher_free(m);
+    dsq_grammar_vocab_free(v);
+    dsq_grammar_free(g);
+}
+
+static const char *JSON_GBNF =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\")\n"
+    "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n"
+    "array  ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )* \"\\\"\"\n"
+    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
+    "ws     ::= [ \\t\\n]{0,4}\n";
+
+static void test_mask_smollm2(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_tokenizer("DSQ_MODELS_DIR", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    char out[4096];
+    mask_walk(t, JSON_GBNF, 12, 1, out, sizeof(out));
+    print_message("# smollm2 json walk: %s\n", out);
+    for (uint64_t seed = 7; seed < 10; seed++) {
+        mask_walk(t, "root ::= \"caf\xc3\xa9 \" [\xe4\xb8\x80-\xe9\xbe\xa5]{2,3} (\"!\" | \"?\")", 24,
+                  seed, out, sizeof(out));
+        print_message("# smollm2 cjk walk: %s\n", out);
+        /* checked by hand-decoding (not by the matcher): "café ", then 2-3
+         * code points in U+4E00..U+9FA5, then ! or ? */
+        size_t n = strlen(out), i = 6, k = 0;
+        assert_true(n >= 6 && memcmp(out, "caf\xc3\xa9 ", 6) == 0);
+        for (; i + 3 <= n && (unsigned char)out[i] >= 0xe0; i += 3, k++) {
+            uint32_t cp = ((out[i] & 0x0Fu) << 12) | ((out[i + 1] & 0x3Fu) << 6) |
+                          (out[i + 2] & 0x3Fu);
+            assert_true(cp >= 0x4E00 && cp <= 0x9FA5);
+        }
+        assert_true(k >= 2 && k <= 3);
+        assert_true(i + 1 == n && (out[i] == '!' || out[i] == '?'));
+    }
+    dsq_tokenizer_destroy(t);
+}
+
+static void test_mask_spm(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_tokenizer("DSQ_TEST_DATA", "vocab/llama.cpp/ggml-vocab-llama-spm.gguf");
+    char out[4096];
+    mask_walk(t, "root ::= \"The \" [a-z]+ (\" \" [a-z]+){1,3} \".\"", 8, 3, out, sizeof(out));
+    print_message("# spm walk: %s\n", out);
+    dsq_tokenizer_destroy(t);
+}
+
+static void test_mask_deepseek(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_tokenizer("DSQ_TEST_DATA",
+                                        "vocab/llama.cpp/ggml-vocab-deepseek-llm.gguf");
+    assert_true(dsq_tokenizer_n_vocab(t) > 100000);
+    char out[4096];
+    mask_walk(t, JSON_GBNF, 6, 11, out, sizeof(out));
+    print_message("# deepseek-llm json walk: %s\n", out);
+    dsq_tokenizer_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_membership),
+        cmocka_unit_test(test_bad_grammars),
+        cmocka_unit_test(test_utf8_split),
+        cmocka_unit_test(test_mask_smollm2),
+        cmocka_unit_test(test_mask_spm),
+        cmocka_unit_test(test_mask_deepseek),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
