@@ -12,6 +12,7 @@
 #include <openssl/rand.h>
 
 #include "engine/common/error.h"
+#include "engine/text/grammar.h"
 #include "server/json.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -603,17 +604,99 @@ static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
     return DSQ_OK;
 }
 
-/* users: structured outputs and tool calls are not built yet (issue 22):
- * a request that asks for them gets a 400 naming the field, never text
- * that only pretends to comply. Asking: response_format other than
- * {"type": "text"}; vLLM's guided_json / guided_regex / guided_choice /
- * guided_grammar / structured_outputs and llama.cpp's grammar /
- * json_schema (non-null); a non-empty tools array unless tool_choice is
- * "none"; tool_choice other than "none" / "auto" without tools. */
+/* users: constrained decoding (issue 22, part 1): llama.cpp's `grammar`
+ * and vLLM's `guided_grammar` (GBNF text), vLLM's `guided_choice` (array
+ * of strings) and response_format {"type": "json_object"} compile into
+ * r->sp.grammar (engine/text/grammar.h); a grammar that does not compile
+ * is a 400 naming the field, with the compiler's line and column. At most
+ * one of them per request. */
+static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_error_t *err)
+{
+    static const char *const names[] = {"grammar", "guided_grammar", "guided_choice",
+                                        "response_format"};
+    const cJSON *given[4] = {0};
+    int n_given = 0;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *v = field(root, names[k]);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        if (k == 3) {   /* only json_object constrains; "text" is the default */
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(v, "type");
+            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "json_object"))
+                continue;
+        }
+        given[k] = v;
+        n_given++;
+    }
+    if (n_given == 0)
+        return DSQ_OK;
+    if (n_given > 1) {
+        const char *a = NULL, *b = NULL;
+        for (int k = 0; k < 4; k++)
+            if (given[k])
+                *(a ? &b : &a) = names[k];
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, b,
+                                 "'%s' and '%s' both constrain the output; give one", a, b);
+    }
+    char msg[256] = "";
+    int rc = DSQ_OK;
+    const char *param = NULL;
+    for (int k = 0; k < 4 && !param; k++) {
+        const cJSON *v = given[k];
+        if (!v)
+            continue;
+        param = names[k];
+        if (k <= 1) {
+            if (!cJSON_IsString(v))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                         "'%s' must be a GBNF grammar string, got %s", param,
+                                         type_name(v));
+            rc = dsq_grammar_from_gbnf(v->valuestring, strlen(v->valuestring), NULL,
+                                       &r->sp.grammar, msg, sizeof(msg));
+        } else if (k == 2) {
+            int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+            if (n < 1 || n > 4096)
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                         "'guided_choice' must be an array of 1 to 4096 "
+                                         "strings");
+            const char **c = calloc((size_t)n, sizeof(*c));
+            if (!c)
+                return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            int i = 0;
+            const cJSON *it;
+            cJSON_ArrayForEach(it, v) {
+                if (!cJSON_IsString(it)) {
+                    free(c);
+                    return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                             "'guided_choice[%d]' must be a string, got %s", i,
+                                             type_name(it));
+                }
+                c[i++] = it->valuestring;
+            }
+            rc = dsq_grammar_from_choices(c, n, &r->sp.grammar, msg, sizeof(msg));
+            free(c);
+        } else {
+            rc = dsq_grammar_builtin(DSQ_GRAMMAR_JSON_OBJECT, &r->sp.grammar, msg, sizeof(msg));
+        }
+    }
+    if (rc == DSQ_ENOMEM)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    if (rc)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param, "'%s': %s", param,
+                                 msg);
+    return DSQ_OK;
+}
+
+/* users: structured outputs and tool calls not built yet (issue 22): a
+ * request that asks for them gets a 400 naming the field, never text that
+ * only pretends to comply. Asking: response_format other than "text" /
+ * "json_object"; vLLM's guided_json / guided_regex / structured_outputs
+ * and llama.cpp's json_schema (non-null); a non-empty tools array unless
+ * tool_choice is "none"; tool_choice other than "none" / "auto" without
+ * tools. */
 static int reject_structured(const cJSON *root, dsq_api_error_t *err)
 {
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
-                                         "guided_grammar", "structured_outputs", "grammar",
+    static const char *const guided[] = {"guided_json", "guided_regex", "structured_outputs",
                                          "json_schema"};
     const cJSON *rf = field(root, "response_format"), *v;
     if (rf && !cJSON_IsNull(rf)) {
@@ -623,10 +706,10 @@ static int reject_structured(const cJSON *root, dsq_api_error_t *err)
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
                                      "'response_format' must be an object with a string "
                                      "'type'");
-        if (strcmp(ty->valuestring, "text"))
+        if (strcmp(ty->valuestring, "text") && strcmp(ty->valuestring, "json_object"))
             return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "response_format",
                                      "'response_format' of type '%.40s' is not supported yet "
-                                     "(structured outputs: only {\"type\": \"text\"})",
+                                     "(structured outputs: \"text\" and \"json_object\")",
                                      ty->valuestring);
     }
     for (size_t k = 0; k < sizeof(guided) / sizeof(guided[0]); k++)
@@ -708,6 +791,8 @@ static int parse_request(const char *body, size_t len,
     if ((rc = check_model(root, lim, true, err)))
         goto fail;
     if ((rc = reject_structured(root, err)))
+        goto fail;
+    if ((rc = parse_structured(root, r, err)))
         goto fail;
     if (chat) {
         if ((rc = dsq__openai_parse_messages(root, &r->messages, &r->tools, err)))
@@ -927,6 +1012,7 @@ void dsq_completion_req_deinit(dsq_completion_req_t *r)
     free(r->logit_bias_ids);
     free(r->logit_bias);
     free(r->model);
+    dsq_grammar_free(r->sp.grammar);
     memset(r, 0, sizeof(*r));
 }
 

@@ -26,6 +26,7 @@
 #include "dsq_config.h"
 #include "engine/backend/backend.h"
 #include "engine/text/detok.h"
+#include "engine/text/grammar.h"
 #include "engine/common/error.h"
 #include "kernels.h"
 #include "engine/kv/kv_cache.h"
@@ -45,6 +46,7 @@ typedef struct eseq {
     dsq_seq_t seq;                 /* scheduler view (must be first)          */
     dsq_req_t *req;
     dsq_detok_t *detok;
+    dsq_grammar_matcher_t *gm;     /* api: sp.grammar's matcher, or NULL      */
     dsq_rng_t rng;
     char *hold;                    /* decoded text not yet emitted            */
     size_t hold_len, hold_cap;
@@ -118,6 +120,8 @@ struct dsq_engine {
     dsq_sampler_t *sampler;
     const dsq_tokenizer_t *tok;
     int n_vocab;
+    dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
+    uint32_t *gmask;               /* [(n_vocab + 31) / 32] allowed tokens    */
     float *logits;
     int logits_cap;
     float *logits_fork;
@@ -182,6 +186,7 @@ void dsq_output_free(dsq_output_t *o)
 
 static void req_free(dsq_req_t *r)
 {
+    dsq_grammar_free(r->sp.grammar);
     free(r->prompt);
     free(r->bias_ids);
     free(r->bias);
@@ -231,6 +236,7 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
     pthread_mutex_init(&r->mu, NULL);
     r->id = atomic_fetch_add(&next_req_id, 1);
     r->sp = *sp;
+    dsq_grammar_retain(r->sp.grammar);
     r->notify = notify;
     r->user = user;
     r->prompt = malloc((size_t)n_prompt * sizeof(*r->prompt));
@@ -386,7 +392,10 @@ static eseq_t *eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
     s->seq.index = index;
     dsq_block_table_init(&s->seq.bt);
     s->detok = dsq_detok_create(e->tok, true, false);
-    if (!s->detok) {
+    if (r->sp.grammar)
+        s->gm = dsq_grammar_matcher_create(r->sp.grammar);
+    if (!s->detok || (r->sp.grammar && !s->gm)) {
+        dsq_detok_destroy(s->detok);
         free(s);
         return NULL;
     }
@@ -398,6 +407,7 @@ static void eseq_destroy(eseq_t *s)
     if (!s)
         return;
     dsq_detok_destroy(s->detok);
+    dsq_grammar_matcher_free(s->gm);
     dsq_block_table_deinit(&s->seq.bt);
     free(s->seq.tokens);
     free(s->hold);
@@ -949,9 +959,38 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         .output = s->seq.tokens + s->seq.n_prompt,
         .n_output = s->seq.n_tokens - s->seq.n_prompt,
     };
+    if (s->gm) {
+        /* api: the grammar's allowed tokens (cached per matcher state) */
+        if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
+            return DSQ_ENOMEM;
+        if (!e->gmask && !(e->gmask = malloc(((size_t)e->n_vocab + 31) / 32 * sizeof(uint32_t))))
+            return DSQ_ENOMEM;
+        int n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, e->gmask, NULL);
+        if (n_ok < 0)
+            return n_ok;
+        hist.allowed = e->gmask;
+    }
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
                               r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
                               n_top ? top : NULL, n_top);
+    if (rc == DSQ_ERANGE && s->gm) {
+        /* the grammar allows no token the model can give (every allowed
+         * logit -inf or NaN): end the choice here */
+        dsq_log(DSQ_LOG_WARN, "event=grammar_dead_end req=%llu (no allowed token has a "
+                "finite logit)", (unsigned long long)r->id);
+        finish_seq(e, s, DSQ_FINISH_STOP, false);
+        return DSQ_OK;
+    }
+    if (!rc && s->gm && (rc = dsq_grammar_matcher_accept_token(s->gm, e->gvocab, tok)) != 0) {
+        if (rc == DSQ_ENOMEM)
+            return rc;
+        /* the mask allowed tok, so the matcher must take it: a refusal is
+         * a bug in the grammar engine; end this choice, not the batch */
+        dsq_log(DSQ_LOG_ERROR, "event=grammar_rejected_token req=%llu token=%d (the mask "
+                "allowed a token the matcher refuses)", (unsigned long long)r->id, (int)tok);
+        finish_seq(e, s, DSQ_FINISH_ABORT, true);
+        return DSQ_OK;
+    }
     if (rc == DSQ_ERANGE) {
         /* every logit NaN: this sequence cannot go on, the others can */
         dsq_log(DSQ_LOG_ERROR, "event=nonfinite_logits req=%llu (the model's weights or "
@@ -961,6 +1000,10 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
     }
     if (!rc)
         rc = accept_token(e, s, tok, lp, top);
+    /* api: a grammar that admits nothing more (its sentence is complete, or
+     * it took an end token even under ignore_eos) ends the choice */
+    if (!rc && s->gm && !s->finished && dsq_grammar_matcher_done(s->gm))
+        finish_seq(e, s, DSQ_FINISH_STOP, false);
     return rc;
 }
 
@@ -1743,6 +1786,8 @@ void dsq_engine_destroy(dsq_engine_t *e)
     free(e->subq);
     dsq_sched_destroy(e->sched);
     dsq_sampler_destroy(e->sampler);
+    dsq_grammar_vocab_free(e->gvocab);
+    free(e->gmask);
     free(e->logits);
     free(e->logits_fork);
     free(e->lrows);

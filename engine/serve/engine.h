@@ -235,6 +235,12 @@ typedef struct dsq_sampling {
     const int32_t *stop_token_ids;   /* copied on create                        */
     int n_stop;
     const char *const *stop;         /* stop strings, copied on create          */
+    /* api: constrained decoding (engine/text/grammar.h), or NULL: every
+     * token of every choice is one the grammar allows, end-of-generation
+     * only where it accepts, and a choice whose grammar admits nothing more
+     * finishes with DSQ_FINISH_STOP. dsq_req_create takes its own reference
+     * (the caller keeps and frees its own). */
+    struct dsq_grammar *grammar;
 } dsq_sampling_t;
 
 /* Why a choice ended. */

@@ -204,6 +204,17 @@ int dsq_sampler_pick(dsq_sampler_t *s, const dsq_sampling_t *sp,
         if (top && n_top > 0)
             raw_top(s->raw, n, lse, top, n_top);
     }
+    if (hist && hist->allowed) {
+        int n_ok = 0;
+        for (int i = 0; i < n; i++) {
+            if (!((hist->allowed[i / 32] >> (i % 32)) & 1u))
+                logits[i] = -INFINITY;
+            else
+                n_ok += logits[i] > -INFINITY;
+        }
+        if (n_ok == 0)
+            return DSQ_ERANGE;
+    }
     for (int i = 0; i < sp->n_logit_bias; i++) {
         int32_t t = sp->logit_bias_ids[i];
         if (t >= 0 && t < n)

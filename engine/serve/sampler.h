@@ -33,6 +33,12 @@ double dsq_rng_uniform(dsq_rng_t *r);
 typedef struct dsq_sampler_hist {
     const int32_t *prompt;  int n_prompt;
     const int32_t *output;  int n_output;
+    /* api: constrained decoding: bit (id % 32) of allowed[id / 32] set for
+     * each token the grammar allows next (dsq_grammar_matcher_fill_mask), or
+     * NULL for no constraint. Applied after the raw logprobs are taken (as
+     * vLLM's default raw_logprobs) and before logit_bias, penalties,
+     * temperature, top-k/p and min-p. */
+    const uint32_t *allowed;
 } dsq_sampler_hist_t;
 
 /* Reusable scratch for the sampler (one per engine thread). */
@@ -48,7 +54,7 @@ void dsq_sampler_destroy(dsq_sampler_t *s);
  * NaN logits (non-finite weights or activations) are taken as -inf: never
  * picked, probability 0 in the logprobs (logged once per sampler).
  * Returns 0, DSQ_EINVAL for invalid parameters, or DSQ_ERANGE when every
- * logit is NaN (nothing can be sampled). */
+ * logit is NaN or masked out (nothing can be sampled). */
 int dsq_sampler_pick(dsq_sampler_t *s, const dsq_sampling_t *sp,
                      const dsq_sampler_hist_t *hist, float *logits,
                      dsq_rng_t *rng, int32_t *out_token, float *out_logprob,

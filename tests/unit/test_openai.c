@@ -39,17 +39,21 @@ static const bad_case_t bad[] = {
     {"{\"prompt\":\"a\"}", 400, "model", NULL},
     {"{\"model\":5,\"prompt\":\"a\"}", 400, "model", NULL},
     {"{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404, "model", "model_not_found"},
-    /* users: structured outputs / tool calls are not built: refused, not ignored */
-    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", 400,
-     "response_format", "unsupported_parameter"},
+    /* users: what is not built yet (JSON schema, regex, tools) is refused,
+     * not ignored; a grammar that does not compile is a 400 naming it */
     {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
      400, "response_format", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"response_format\":\"json\"}", 400, "response_format", NULL},
     {"{" M "\"prompt\":\"a\",\"guided_json\":{}}", 400, "guided_json", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "unsupported_parameter"},
-    {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice", "unsupported_parameter"},
-    {"{" M "\"prompt\":\"a\",\"guided_grammar\":\"x\"}", 400, "guided_grammar", "unsupported_parameter"},
-    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= x\"}", 400, "grammar", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_choice\":[]}", 400, "guided_choice", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\",\"\"]}", 400, "guided_choice", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\",3]}", 400, "guided_choice", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_grammar\":\"x\"}", 400, "guided_grammar", NULL},
+    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= x\"}", 400, "grammar", NULL},
+    {"{" M "\"prompt\":\"a\",\"grammar\":5}", 400, "grammar", NULL},
+    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= \\\"a\\\"\",\"guided_choice\":[\"a\"]}", 400,
+     "guided_choice", NULL},
     {"{" M "\"prompt\":\"a\",\"json_schema\":{}}", 400, "json_schema", "unsupported_parameter"},
     /* tools of the wrong shape, on /v1/completions too; legacy functions */
     {"{" M "\"prompt\":\"a\",\"tools\":\"x\"}", 400, "tools", NULL},
@@ -602,7 +606,7 @@ static void test_chat_parse(void **state)
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+             "\"response_format\":{\"type\":\"json_schema\"}}", "response_format"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"functions\":[{\"name\":\"f\"}]}", "functions"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
