@@ -146,6 +146,8 @@ struct dsq_engine {
     double t_burst;                /* engine thread: first wait of this burst */
     int window_ms;                 /* quiet time; <= 0: off                   */
     int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
+    int fail_choice;               /* DSQ_TEST_FAIL_SAMPLE_CHOICE + 1, debug:
+                                    * that choice's first sample fails once   */
 
     pthread_mutex_t mu;            /* guards submit queue and stats           */
     dsq_req_t **subq;
@@ -953,6 +955,12 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
     int32_t tok = 0;
     float lp = 0;
     int n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
+#ifndef NDEBUG
+    if (e->fail_choice > 0 && s->seq.index == e->fail_choice - 1) {
+        e->fail_choice = 0;   /* tests: a failed step, once (engine_main's path) */
+        return DSQ_EIO;
+    }
+#endif
     memcpy(e->logits_fork, row, (size_t)e->n_vocab * sizeof(float));
     dsq_sampler_hist_t hist = {
         .prompt = s->seq.tokens, .n_prompt = s->seq.n_prompt,
@@ -1190,8 +1198,16 @@ static bool engine_step(dsq_engine_t *e)
         if (rc) {
             dsq_log(DSQ_LOG_ERROR, "event=step_failed err=%s n_tokens=%d",
                     dsq_strerror(rc), out.n_tokens);
-            for (int i = 0; i < out.n_seqs; i++)
+            /* every choice of each request in the step: choices forked in
+             * this step are running but not in out.seqs, and a request with
+             * one choice left unfinished would never complete */
+            for (int i = 0; i < out.n_seqs; i++) {
+                dsq_req_t *fr = ((eseq_t *)out.seqs[i]->owner)->req;
                 finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
+                for (int c = 0; c < fr->n_seqs; c++)
+                    if (fr->seqs[c])
+                        finish_seq(e, fr->seqs[c], DSQ_FINISH_ABORT, true);
+            }
         }
     }
     if (n_x > 0) {
@@ -1655,6 +1671,8 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     {
         const char *w = getenv("DSQ_TEST_WEDGE_ENGINE_MS");
         e->wedge_ms = w ? atoi(w) : 0;
+        const char *f = getenv("DSQ_TEST_FAIL_SAMPLE_CHOICE");
+        e->fail_choice = f ? atoi(f) + 1 : 0;
     }
 #endif
     /* == end deploy == */

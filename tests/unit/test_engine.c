@@ -8,7 +8,10 @@
  *  - cancellation ends a request with "abort" and frees its KV blocks;
  *  - prompt + max_tokens > max_model_len is refused with DSQ_ERANGE;
  *  - prompt logprobs come once, unchanged by chunking and preemption, and
- *    best_of > n returns the n best candidates (api). */
+ *    best_of > n returns the n best candidates (api);
+ *  - a step that fails while a request forks its choices (debug hook
+ *    DSQ_TEST_FAIL_SAMPLE_CHOICE) ends every choice with "abort", never
+ *    leaving one unfinished, and the engine serves the next request. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -372,12 +375,48 @@ static void test_prompt_logprobs_and_best_of(void **state)
     free(ids);
 }
 
+static void test_failed_step_ends_all_choices(void **state)
+{
+    (void)state;
+#ifdef NDEBUG
+    skip();   /* the hook exists only in debug builds */
+#else
+    setenv("DSQ_TEST_FAIL_SAMPLE_CHOICE", "1", 1);
+    dsq_engine_t *e = open_engine(64 << 20, 512);
+    unsetenv("DSQ_TEST_FAIL_SAMPLE_CHOICE");
+    /* choice 1's first token is sampled in the step that forks choices
+     * 1 and 2 off choice 0: the step fails after the fork */
+    dsq_sampling_t sp = greedy(MAX_NEW);
+    sp.n = 3;
+    result_t res;
+    dsq_req_t *r = submit(e, prompts[0], &sp);
+    collect(r, &res);
+    dsq_req_unref(r);
+    assert_int_equal(res.n_choices_done, 3);
+    for (int c = 0; c < 3; c++)
+        assert_int_equal(res.finish[c], DSQ_FINISH_ABORT);
+    wait_idle(e);
+    /* the hook fires once: the same request now completes */
+    r = submit(e, prompts[0], &sp);
+    collect(r, &res);
+    dsq_req_unref(r);
+    assert_int_equal(res.n_choices_done, 3);
+    for (int c = 0; c < 3; c++) {
+        assert_int_equal(res.finish[c], DSQ_FINISH_LENGTH);
+        assert_int_equal(res.choice_n[c], MAX_NEW);
+    }
+    wait_idle(e);
+    dsq_engine_destroy(e);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_n_seed_stop_cancel),
         cmocka_unit_test(test_prompt_logprobs_and_best_of),
+        cmocka_unit_test(test_failed_step_ends_all_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
