@@ -30,6 +30,7 @@
 #include "engine/serve/engine.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/text/grammar.h"
 #include "kernels/kernels.h"
 #include "server/http.h"
 #include "server/metrics.h"
@@ -362,6 +363,7 @@ out:
         dsq_engine_destroy(engine);
     if (http)
         dsq_http_destroy(http);
+    dsq_grammar_registry_clear();   /* api: compiled grammars kept for reuse */
     dsq_metrics_destroy(metrics);
     if (rc == 0 && engine)
         dsq_log(DSQ_LOG_INFO, "event=stopped");

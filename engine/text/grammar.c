@@ -792,6 +792,104 @@ void dsq_grammar_free(dsq_grammar_t *g)
     free(g);
 }
 
+/* ------------------------------------------------------------ registry */
+
+/* The last REG_SLOTS grammars compiled, keyed by (start rule, source): a
+ * client that sends the same grammar or schema with every request (the
+ * common case) gets the compiled grammar and its warm mask cache back
+ * instead of a cold copy. Each slot holds one reference; oldest first. */
+#define REG_SLOTS 8
+
+typedef struct reg_slot {
+    char *key;          /* root, NUL, source */
+    size_t key_len;
+    uint64_t hash;
+    dsq_grammar_t *g;
+} reg_slot_t;
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static reg_slot_t reg[REG_SLOTS];
+static int reg_n;
+
+static uint64_t reg_hash(const char *root, const char *src, size_t len)
+{
+    uint64_t h = 0xCBF29CE484222325ull;   /* FNV-1a, 64 bit */
+    for (const char *c = root; *c; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001B3ull;
+    h = (h ^ 0xFFu) * 0x100000001B3ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)src[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static int reg_match(const reg_slot_t *e, uint64_t h, const char *root, const char *src,
+                     size_t len)
+{
+    size_t rl = strlen(root);
+    return e->hash == h && e->key_len == rl + 1 + len && memcmp(e->key, root, rl + 1) == 0 &&
+           memcmp(e->key + rl + 1, src, len) == 0;
+}
+
+static dsq_grammar_t *reg_get(const char *root, const char *src, size_t len, uint64_t h)
+{
+    dsq_grammar_t *g = NULL;
+    pthread_mutex_lock(&reg_mu);
+    for (int i = 0; i < reg_n && !g; i++)
+        if (reg_match(&reg[i], h, root, src, len)) {
+            g = dsq_grammar_retain(reg[i].g);
+            reg_slot_t t = reg[i];   /* most recently used goes last */
+            memmove(reg + i, reg + i + 1, (size_t)(reg_n - i - 1) * sizeof(*reg));
+            reg[reg_n - 1] = t;
+        }
+    pthread_mutex_unlock(&reg_mu);
+    return g;
+}
+
+static void reg_put(const char *root, const char *src, size_t len, uint64_t h, dsq_grammar_t *g)
+{
+    size_t rl = strlen(root);
+    char *key = malloc(rl + 1 + len + 1);
+    if (!key)
+        return;                     /* not kept: only a later miss */
+    memcpy(key, root, rl + 1);
+    memcpy(key + rl + 1, src, len);
+    dsq_grammar_t *old = NULL;
+    pthread_mutex_lock(&reg_mu);
+    for (int i = 0; i < reg_n; i++)
+        if (reg_match(&reg[i], h, root, src, len)) {   /* another thread won */
+            pthread_mutex_unlock(&reg_mu);
+            free(key);
+            return;
+        }
+    if (reg_n == REG_SLOTS) {
+        old = reg[0].g;
+        free(reg[0].key);
+        memmove(reg, reg + 1, (REG_SLOTS - 1) * sizeof(*reg));
+        reg_n--;
+    }
+    reg[reg_n++] = (reg_slot_t){.key = key, .key_len = rl + 1 + len, .hash = h,
+                                .g = dsq_grammar_retain(g)};
+    pthread_mutex_unlock(&reg_mu);
+    dsq_grammar_free(old);
+}
+
+void dsq_grammar_registry_clear(void)
+{
+    pthread_mutex_lock(&reg_mu);
+    int n = reg_n;
+    reg_slot_t copy[REG_SLOTS];
+    memcpy(copy, reg, (size_t)n * sizeof(*reg));
+    reg_n = 0;
+    pthread_mutex_unlock(&reg_mu);
+    for (int i = 0; i < n; i++) {
+        free(copy[i].key);
+        dsq_grammar_free(copy[i].g);
+    }
+}
+
+static int compile_gbnf(const char *src, size_t len, const char *root, dsq_grammar_t **out,
+                        char *err, size_t err_len);
+
 int dsq_grammar_from_gbnf(const char *src, size_t len, const char *root,
                           dsq_grammar_t **out, char *err, size_t err_len)
 {
@@ -800,6 +898,22 @@ int dsq_grammar_from_gbnf(const char *src, size_t len, const char *root,
     if (!out || (!src && len))
         return DSQ_EINVAL;
     *out = NULL;
+    if (!root)
+        root = "root";
+    if (len > DSQ_GRAMMAR_MAX_SOURCE)
+        return compile_gbnf(src, len, root, out, err, err_len);   /* its error */
+    uint64_t h = reg_hash(root, src ? src : "", len);
+    if ((*out = reg_get(root, src ? src : "", len, h)) != NULL)
+        return DSQ_OK;
+    int rc = compile_gbnf(src, len, root, out, err, err_len);
+    if (rc == DSQ_OK)
+        reg_put(root, src ? src : "", len, h, *out);
+    return rc;
+}
+
+static int compile_gbnf(const char *src, size_t len, const char *root, dsq_grammar_t **out,
+                        char *err, size_t err_len)
+{
     if (len > DSQ_GRAMMAR_MAX_SOURCE) {
         if (err && err_len)
             snprintf(err, err_len, "grammar: %zu bytes, above the limit of %u", len,

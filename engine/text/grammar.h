@@ -60,9 +60,18 @@ typedef struct dsq_grammar_matcher dsq_grammar_matcher_t;
  * column or the rule: DSQ_EINVAL (syntax error, undefined or twice-defined
  * rule, missing start rule, a rule that can recurse without consuming
  * input (left recursion, also `x*` of an x that can be empty), a limit
- * above exceeded, invalid UTF-8 in the text), DSQ_ENOMEM. */
+ * above exceeded, invalid UTF-8 in the text), DSQ_ENOMEM.
+ * The last 8 grammars compiled are kept, keyed by (root, text): the same
+ * text again returns another reference to the same grammar, with the mask
+ * cache its earlier requests warmed (a client sends the same schema with
+ * every request; XGrammar's compiler cache does the same). Each grammar's
+ * mask cache holds at most 16 MiB, so the kept grammars at most 128 MiB. */
 int dsq_grammar_from_gbnf(const char *src, size_t len, const char *root,
                           dsq_grammar_t **out, char *err, size_t err_len);
+
+/* Drop the references the registry of dsq_grammar_from_gbnf holds (tests,
+ * shutdown); grammars still referenced elsewhere live on. Thread-safe. */
+void dsq_grammar_registry_clear(void);
 
 /* Drop one reference (the creator holds the first); the last frees the
  * grammar. NULL is a no-op. Every matcher made from it must be freed

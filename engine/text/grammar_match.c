@@ -30,7 +30,6 @@ typedef struct gstate {
     uint32_t n;              /* stacks */
     uint32_t *off;           /* [n + 1] start of each stack in pos */
     uint32_t *pos;           /* concatenated stacks, bottom first */
-    uint64_t *h;             /* [n] hash of each stack (dedup) */
     uint32_t cap_n, cap_pos;
     uint32_t partial;        /* bits of the pending character */
     uint8_t left;            /* continuation bytes still expected */
@@ -55,7 +54,6 @@ static void st_free(gstate_t *s)
 {
     free(s->off);
     free(s->pos);
-    free(s->h);
     memset(s, 0, sizeof(*s));
 }
 
@@ -69,10 +67,6 @@ static int st_reserve(gstate_t *s, uint32_t n, uint32_t npos)
         if (!o)
             return DSQ_ENOMEM;
         s->off = o;
-        uint64_t *h = realloc(s->h, cap * sizeof(*h));
-        if (!h)
-            return DSQ_ENOMEM;
-        s->h = h;
         s->cap_n = cap;
     }
     if (npos > s->cap_pos) {
@@ -111,23 +105,28 @@ static uint64_t hash_stack(const uint32_t *a, uint32_t L)
     return h;
 }
 
-/* Append stack a[0..L) unless s holds it already (dedup). */
+/* Append stack a[0..L) unless s holds it already (dedup). States hold a
+ * few stacks as a rule, so the check compares length and top first, then
+ * the words; no hash. */
 static int st_add(gstate_t *s, const uint32_t *a, uint32_t L, int dedup)
 {
-    uint64_t h = dedup ? hash_stack(a, L) : 0;
-    if (dedup)
-        for (uint32_t i = 0; i < s->n; i++)
-            if (s->h[i] == h && s->off[i + 1] - s->off[i] == L &&
-                memcmp(s->pos + s->off[i], a, L * sizeof(*a)) == 0)
+    if (dedup && s->n > 0) {
+        uint32_t top = L ? a[L - 1] : 0;
+        for (uint32_t i = 0; i < s->n; i++) {
+            uint32_t o = s->off[i];
+            if (s->off[i + 1] - o == L && (L == 0 || (s->pos[o + L - 1] == top &&
+                memcmp(s->pos + o, a, (L - 1) * sizeof(*a)) == 0)))
                 return DSQ_OK;
+        }
+    }
     if (dedup && s->n >= DSQ_GRAMMAR_MAX_STACKS) {
         s->overflow = 1;
         return DSQ_OK;
     }
-    if (st_reserve(s, s->n + 1, s->off[s->n] + L))
+    if ((s->n + 2 > s->cap_n || s->off[s->n] + L > s->cap_pos) &&
+        st_reserve(s, s->n + 1, s->off[s->n] + L))
         return DSQ_ENOMEM;
     memcpy(s->pos + s->off[s->n], a, L * sizeof(*a));
-    s->h[s->n] = h;
     s->n++;
     s->off[s->n] = s->off[s->n - 1] + L;
     return DSQ_OK;
@@ -140,7 +139,6 @@ static int st_copy(gstate_t *d, const gstate_t *s)
     d->n = s->n;
     memcpy(d->off, s->off, (s->n + 1) * sizeof(*s->off));
     memcpy(d->pos, s->pos, s->off[s->n] * sizeof(*s->pos));
-    memcpy(d->h, s->h, s->n * sizeof(*s->h));
     d->partial = s->partial;
     d->left = s->left;
     d->need = s->need;
@@ -154,6 +152,8 @@ static int st_copy(gstate_t *d, const gstate_t *s)
 static int expand(const dsq_grammar_t *g, gstate_t *out, const uint32_t *a, uint32_t L,
                   gstate_t *w, uint32_t *tmp)
 {
+    if (L == 0 || G_TYPE(g->el[a[L - 1]]) == GT_CHARS)
+        return st_add(out, a, L, 1);   /* nothing to expand (most steps) */
     if (st_reset(w) || st_add(w, a, L, 0))
         return DSQ_ENOMEM;
     uint32_t budget = 1u << 16;
@@ -458,7 +458,7 @@ int dsq_grammar_matcher_accept_token(dsq_grammar_matcher_t *m, const dsq_grammar
 
 /* ------------------------------------------------------------ mask cache */
 
-#define CACHE_MAX_BYTES (32u << 20)
+#define CACHE_MAX_BYTES (16u << 20)   /* grammar.h: per grammar */
 
 void dsq__grammar_cache_init(dsq_grammar_t *g)
 {

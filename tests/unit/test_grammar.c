@@ -13,6 +13,8 @@
  *    trie walk's mask equals the brute-force mask (every token tried on a
  *    clone of the matcher), the cached mask equals the computed one, and
  *    end-of-generation is allowed exactly where the grammar accepts.
+ *  - The registry of compiled grammars: same text, same grammar and warm
+ *    mask cache; cleared, a fresh one.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -401,6 +403,60 @@ static void test_mask_deepseek(void **state)
     dsq_tokenizer_destroy(t);
 }
 
+/* The registry: the same text compiles to the same grammar, whose mask
+ * cache a second request's matcher then hits; another start rule or text
+ * is another grammar; after dsq_grammar_registry_clear the text compiles
+ * afresh (cold cache) while the old grammar lives on for its holders. */
+static void test_registry(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_tokenizer("DSQ_MODELS_DIR", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    dsq_grammar_vocab_t *v = dsq_grammar_vocab_create(t);
+    assert_non_null(v);
+    const size_t words = ((size_t)dsq_grammar_vocab_size(v) + 31) / 32;
+    uint32_t *m1 = malloc(words * 4), *m2 = malloc(words * 4);
+    static const char src[] = "root ::= \"reg\" [0-9]+ | x\nx ::= \"registry-test\"";
+    char err[256];
+    dsq_grammar_t *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    assert_int_equal(dsq_grammar_from_gbnf(src, strlen(src), NULL, &a, err, sizeof(err)), 0);
+    assert_int_equal(dsq_grammar_from_gbnf(src, strlen(src), "root", &b, err, sizeof(err)), 0);
+    assert_ptr_equal(a, b);
+    assert_int_equal(dsq_grammar_from_gbnf(src, strlen(src), "x", &c, err, sizeof(err)), 0);
+    assert_ptr_not_equal(a, c);
+    assert_int_equal(dsq_grammar_from_gbnf(src, strlen(src) - 1, NULL, &d, err, sizeof(err)),
+                     DSQ_EINVAL);   /* "registry-tes: unterminated string */
+    bool cached = true;
+    dsq_grammar_matcher_t *ma = dsq_grammar_matcher_create(a);
+    int n = dsq_grammar_matcher_fill_mask(ma, v, m1, &cached);
+    assert_true(n > 0);
+    assert_false(cached);
+    dsq_grammar_matcher_t *mb = dsq_grammar_matcher_create(b);
+    assert_int_equal(dsq_grammar_matcher_fill_mask(mb, v, m2, &cached), n);
+    assert_true(cached);
+    assert_memory_equal(m1, m2, words * 4);
+    dsq_grammar_matcher_free(mb);
+    dsq_grammar_free(b);
+    dsq_grammar_registry_clear();
+    assert_int_equal(dsq_grammar_from_gbnf(src, strlen(src), NULL, &b, err, sizeof(err)), 0);
+    mb = dsq_grammar_matcher_create(b);
+    assert_int_equal(dsq_grammar_matcher_fill_mask(mb, v, m2, &cached), n);
+    assert_false(cached);
+    assert_memory_equal(m1, m2, words * 4);
+    /* a, cleared from the registry, still works for its holder */
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(ma, "reg7", 4), 0);
+    assert_true(dsq_grammar_matcher_can_end(ma));
+    dsq_grammar_matcher_free(ma);
+    dsq_grammar_matcher_free(mb);
+    dsq_grammar_free(a);
+    dsq_grammar_free(b);
+    dsq_grammar_free(c);
+    dsq_grammar_registry_clear();
+    free(m1);
+    free(m2);
+    dsq_grammar_vocab_free(v);
+    dsq_tokenizer_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_mask_smollm2),
         cmocka_unit_test(test_mask_spm),
         cmocka_unit_test(test_mask_deepseek),
+        cmocka_unit_test(test_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
