@@ -69,6 +69,8 @@ typedef struct {
     double timeout_s;           /* per request                               */
     const char *model_name;     /* NULL: ask /v1/models                      */
     bool json;
+    char *grammar;              /* --grammar FILE's text (GBNF), or NULL     */
+    bool constrained;           /* this pass sends "grammar": grammar        */
 } load_t;
 
 /* One request in flight: its curl handle, SSE parser state, timings. */
@@ -306,6 +308,8 @@ static char *make_body(const load_t *ld, const char *model, int idx, int prompt_
         !cJSON_AddTrueToObject(so, "include_usage") ||
         !cJSON_AddTrueToObject(o, "ignore_eos") ||
         !cJSON_AddNumberToObject(o, "temperature", 0))
+        goto out;
+    if (ld->constrained && !cJSON_AddStringToObject(o, "grammar", ld->grammar))
         goto out;
     out = cJSON_PrintUnformatted(o);
 out:
@@ -760,6 +764,7 @@ static void usage(FILE *f)
         "         [--prompt-len 128] [--max-tokens 64] [--mix P:T,P:T,...] [--seed 1]\n"
         "         [--vocab 10000] [--warmup 1] [--timeout 600] [--model-name NAME]\n"
         "         [--dsqd-arg ARG]... [--llama-arg ARG]... [--log-dir DIR] [--json]\n"
+        "         [--grammar GBNF_FILE]\n"
         "Streams /v1/completions from N concurrent clients (prompts are token-id\n"
         "arrays, ignore_eos, greedy) and reports request throughput, output tok/s,\n"
         "TTFT, inter-token latency, time per output token and end-to-end latency.\n"
@@ -769,7 +774,11 @@ static void usage(FILE *f)
         "context --ctx (default: longest P+T rounded up to 256), and stopped after.\n"
         "With two targets the last row gives first/second ratios. Prompt ids are\n"
         "drawn from [100, --vocab); mix entries are used round robin. Exit status:\n"
-        "0 all requests succeeded, 1 some failed or a server did not start, 2 usage.\n");
+        "0 all requests succeeded, 1 some failed or a server did not start, 2 usage.\n"
+        "--grammar: each target runs the load twice, plain and then with every\n"
+        "request constrained by the file's GBNF grammar (\"grammar\" field, which\n"
+        "dsqd and llama-server both take); the grammar should never complete, so\n"
+        "every request still makes exactly T tokens.\n");
 }
 
 int dsq__bench_serve(int argc, char **argv)
@@ -825,6 +834,23 @@ int dsq__bench_serve(int argc, char **argv)
             s->extra[s->n_extra++] = v;
         } else if (strcmp(a, "--model") == 0) {
             model = v;
+        } else if (strcmp(a, "--grammar") == 0) {
+            FILE *f = fopen(v, "rb");
+            long n = -1;
+            if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1L << 20) &&
+                fseek(f, 0, SEEK_SET) == 0) {
+                free(ld.grammar);
+                ld.grammar = calloc(1, (size_t)n + 1);
+                if (!ld.grammar || fread(ld.grammar, 1, (size_t)n, f) != (size_t)n)
+                    n = -1;
+            }
+            if (f)
+                fclose(f);
+            if (n < 1) {
+                fprintf(stderr, "dsq-bench serve: --grammar %s: unreadable, empty or above "
+                        "1 MiB\n", v);
+                return 2;
+            }
         } else if (strcmp(a, "--model-name") == 0) {
             ld.model_name = v;
         } else if (strcmp(a, "--log-dir") == 0) {
@@ -914,7 +940,7 @@ int dsq__bench_serve(int argc, char **argv)
         fprintf(stderr, "dsq-bench serve: curl_global_init failed\n");
         return 1;
     }
-    stats_t st[MAX_TARGETS];
+    stats_t st[2 * MAX_TARGETS];
     memset(st, 0, sizeof(st));
     int n_st = 0, rc = 0;
     for (int ti = 0; ti < n_urls + 2; ti++) {
@@ -960,13 +986,30 @@ int dsq__bench_serve(int argc, char **argv)
         } else {
             fprintf(stderr, "dsq-bench serve: %s: %d requests, %d clients, model '%s'\n",
                     t->label, ld.n_requests, ld.n_clients, name);
-            /* warm-up: ids after the measured ones, 4 tokens, not counted */
-            if (ld.warmup > 0 && run_load(&ld, url, name, ld.n_requests, ld.warmup, 4, NULL))
-                rc = 1;
-            else if (run_load(&ld, url, name, 0, ld.n_requests, 0, t) != 0)
-                rc = 1;
-            else
-                n_st++;
+            /* warm-up: ids after the measured ones, 4 tokens, not counted;
+             * with --grammar, the same load again on the same server with
+             * every request constrained (its own row) */
+            for (int pass = 0; pass < (ld.grammar ? 2 : 1) && !rc; pass++) {
+                ld.constrained = pass == 1;
+                t = &st[n_st];
+                if (pass == 1) {
+                    char base[64];
+                    memcpy(base, st[n_st - 1].label, sizeof(base));
+                    base[40] = 0;
+                    *t = (stats_t){0};
+                    memcpy(t->label, base, strlen(base));
+                    memcpy(t->label + strlen(base), "+grammar", sizeof("+grammar"));
+                    snprintf(t->url, sizeof(t->url), "%s", url);
+                }
+                if (ld.warmup > 0 &&
+                    run_load(&ld, url, name, ld.n_requests, ld.warmup, 4, NULL))
+                    rc = 1;
+                else if (run_load(&ld, url, name, 0, ld.n_requests, 0, t) != 0)
+                    rc = 1;
+                else
+                    n_st++;
+            }
+            ld.constrained = false;
         }
         free(name);
         if (pid > 0)
@@ -986,5 +1029,6 @@ int dsq__bench_serve(int argc, char **argv)
         if (st[i].n_ok != st[i].n_req)
             rc = 1;
     curl_global_cleanup();
+    free(ld.grammar);
     return rc;
 }

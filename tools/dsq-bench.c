@@ -272,6 +272,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "sched") == 0) { extern int dsq__bench_sched(int, char **); return dsq__bench_sched(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "serve") == 0) { extern int dsq__bench_serve(int, char **); return dsq__bench_serve(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "soak") == 0) { extern int dsq__bench_soak(int, char **); return dsq__bench_soak(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "grammar") == 0) { extern int dsq__bench_grammar(int, char **); return dsq__bench_grammar(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "gpu") == 0) { extern int dsq__bench_gpu(int, char **); return dsq__bench_gpu(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
@@ -286,6 +287,8 @@ int main(int argc, char **argv)
                    " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
+                   "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-object]"
+                   " [--tokens 2000]\n"
                    "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
                    " [--threads N] [--reps 3] [--context 128]\n"
                    "       dsq-bench gpu [--quick] [--seconds S] [--no-e2e] [--json FILE] [--write-model PATH]"
