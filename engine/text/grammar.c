@@ -297,7 +297,8 @@ static uint32_t intern_set(parser_t *p, uint32_t *tmp, size_t n, int negated)
 {
     if (p->rc)
         return 0;
-    qsort(tmp, n, 2 * sizeof(uint32_t), cmp_range);
+    if (n)   /* an empty class ([]) may come with no array at all */
+        qsort(tmp, n, 2 * sizeof(uint32_t), cmp_range);
     size_t m = 0;
     for (size_t k = 0; k < n; k++) {
         if (m > 0 && tmp[2 * k] <= tmp[2 * (m - 1) + 1] + 1) {
@@ -346,7 +347,10 @@ static uint32_t intern_set(parser_t *p, uint32_t *tmp, size_t n, int negated)
             return 0;
         }
         for (uint32_t id = 0; id < p->cs_off.n; id++) {
-            uint64_t hh = hash_words(p->ranges.v + 2 * (size_t)p->cs_off.v[id], 2 * p->cs_n.v[id]);
+            /* ranges.v is NULL while every set so far is empty ([]) */
+            uint64_t hh = p->cs_n.v[id] ? hash_words(p->ranges.v + 2 * (size_t)p->cs_off.v[id],
+                                                     2 * p->cs_n.v[id])
+                                        : hash_words(NULL, 0);
             uint32_t s = (uint32_t)hh & (cap - 1);
             while (nh[s])
                 s = (s + 1) & (cap - 1);
@@ -359,8 +363,8 @@ static uint32_t intern_set(parser_t *p, uint32_t *tmp, size_t n, int negated)
     uint32_t s = (uint32_t)h & (p->cs_hash_cap - 1);
     while (p->cs_hash[s]) {
         uint32_t id = p->cs_hash[s] - 1;
-        if (p->cs_n.v[id] == m &&
-            memcmp(p->ranges.v + 2 * (size_t)p->cs_off.v[id], set, 2 * m * sizeof(uint32_t)) == 0) {
+        if (p->cs_n.v[id] == m && (m == 0 ||
+            memcmp(p->ranges.v + 2 * (size_t)p->cs_off.v[id], set, 2 * m * sizeof(uint32_t)) == 0)) {
             free(negbuf);
             return id;
         }
@@ -444,7 +448,8 @@ static void repeat(parser_t *p, uint32_t r, size_t start)
         oom(p);
         return;
     }
-    memcpy(item, p->rules[r].body.v + start, n * sizeof(*item));
+    if (n)
+        memcpy(item, p->rules[r].body.v + start, n * sizeof(*item));
     int op = peek(p);
     p->i++;
     uint32_t lo = 0, hi = 0;
@@ -964,7 +969,8 @@ static int compile_gbnf(const char *src, size_t len, const char *root, dsq_gramm
     uint32_t at = 0;
     for (uint32_t r = 0; r < p.n_rules; r++) {
         g->rule_start[r] = at;
-        memcpy(g->el + at, p.rules[r].body.v, p.rules[r].body.n * sizeof(uint32_t));
+        if (p.rules[r].body.n)   /* an empty rule (x ::= ) has no body array */
+            memcpy(g->el + at, p.rules[r].body.v, p.rules[r].body.n * sizeof(uint32_t));
         at += (uint32_t)p.rules[r].body.n;
         g->el[at++] = G_EL(GT_END, 0);
         g->rule_name[r] = p.rules[r].name;
@@ -976,8 +982,12 @@ static int compile_gbnf(const char *src, size_t len, const char *root, dsq_gramm
     g->cs_off = p.cs_off.v;
     g->cs_n = p.cs_n.v;
     p.ranges.v = p.cs_off.v = p.cs_n.v = NULL;
+    /* only empty classes ([]) leave no range at all: keep the arrays
+     * non-NULL so that cs_ranges + 0 stays defined */
+    if (!g->cs_ranges)
+        g->cs_ranges = calloc(2, sizeof(*g->cs_ranges));
     g->cs_ascii = calloc(g->n_cs ? g->n_cs : 1, sizeof(*g->cs_ascii));
-    if (!g->cs_ascii)
+    if (!g->cs_ascii || !g->cs_ranges)
         goto fail;
     for (uint32_t c = 0; c < g->n_cs; c++) {
         const uint32_t *rg = g->cs_ranges + 2 * (size_t)g->cs_off[c];

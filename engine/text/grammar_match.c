@@ -69,7 +69,7 @@ static int st_reserve(gstate_t *s, uint32_t n, uint32_t npos)
         s->off = o;
         s->cap_n = cap;
     }
-    if (npos > s->cap_pos) {
+    if (npos > s->cap_pos || !s->pos) {   /* pos never NULL: pos + 0 stays defined */
         uint32_t cap = s->cap_pos ? s->cap_pos : 64;
         while (cap < npos)
             cap *= 2;

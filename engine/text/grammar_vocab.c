@@ -51,7 +51,8 @@ dsq_grammar_vocab_t *dsq_grammar_vocab_create(const dsq_tokenizer_t *t)
                 v->max_len = (uint32_t)len;
         }
     }
-    qsort(v->sorted, (size_t)v->n_sorted, sizeof(*v->sorted), cmp_vtok);
+    if (v->n_sorted > 0)
+        qsort(v->sorted, (size_t)v->n_sorted, sizeof(*v->sorted), cmp_vtok);
     for (int32_t i = 0; i < v->n_sorted; i++) {
         uint32_t l = 0;
         if (i > 0) {

@@ -403,6 +403,23 @@ static void test_mask_deepseek(void **state)
     dsq_tokenizer_destroy(t);
 }
 
+/* An empty rule (`x ::=`, no elements at all) matches the empty string,
+ * an empty class `[]` nothing (fuzz_openai found both reaching NULL
+ * pointers under UBSan). */
+static void test_empty_rule(void **state)
+{
+    (void)state;
+    dsq_grammar_t *g = compile("root ::= \"a\" x \"b\"\nx ::=");
+    assert_true(sentence(g, "ab", 2));
+    assert_false(sentence(g, "a", 1));
+    dsq_grammar_free(g);
+    /* the empty class [] matches nothing; {0,4} of it, only "" */
+    g = compile("root ::= \"a\" obj [] ?\nobj ::= []{0,4}");   /* two: one interned set */
+    assert_true(sentence(g, "a", 1));
+    assert_false(sentence(g, "ab", 2));
+    dsq_grammar_free(g);
+}
+
 /* The registry: the same text compiles to the same grammar, whose mask
  * cache a second request's matcher then hits; another start rule or text
  * is another grammar; after dsq_grammar_registry_clear the text compiles
@@ -467,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_mask_spm),
         cmocka_unit_test(test_mask_deepseek),
         cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_empty_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
