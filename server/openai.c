@@ -655,10 +655,10 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
                                        &r->sp.grammar, msg, sizeof(msg));
         } else if (k == 2) {
             int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
-            if (n < 1 || n > 4096)
+            if (n < 1 || n > DSQ_GRAMMAR_MAX_STACKS)   /* one start stack each */
                 return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
-                                         "'guided_choice' must be an array of 1 to 4096 "
-                                         "strings");
+                                         "'guided_choice' must be an array of 1 to %d "
+                                         "strings", DSQ_GRAMMAR_MAX_STACKS);
             const char **c = calloc((size_t)n, sizeof(*c));
             if (!c)
                 return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");

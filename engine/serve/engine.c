@@ -121,7 +121,7 @@ struct dsq_engine {
     const dsq_tokenizer_t *tok;
     int n_vocab;
     dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
-    uint32_t *gmask;               /* [(n_vocab + 31) / 32] allowed tokens    */
+    uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
     float *logits;
     int logits_cap;
     float *logits_fork;
@@ -971,9 +971,23 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         /* api: the grammar's allowed tokens (cached per matcher state) */
         if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
             return DSQ_ENOMEM;
-        if (!e->gmask && !(e->gmask = malloc(((size_t)e->n_vocab + 31) / 32 * sizeof(uint32_t))))
+        /* the tokenizer's vocabulary may be smaller than the model's
+         * (padded embedding rows) or larger: the mask covers both, and
+         * rows the tokenizer does not know stay disallowed */
+        int32_t nv = dsq_grammar_vocab_size(e->gvocab);
+        size_t gwords = ((size_t)(nv > e->n_vocab ? nv : e->n_vocab) + 31) / 32;
+        if (!e->gmask && !(e->gmask = malloc(gwords * sizeof(uint32_t))))
             return DSQ_ENOMEM;
+        memset(e->gmask, 0, gwords * sizeof(uint32_t));
         int n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, e->gmask, NULL);
+        if (n_ok == DSQ_ERANGE) {
+            /* the grammar's state costs more than a mask may (grammar.h):
+             * end this choice, not the batch */
+            dsq_log(DSQ_LOG_WARN, "event=grammar_too_costly req=%llu (the grammar's state is "
+                    "beyond the matcher's limits)", (unsigned long long)r->id);
+            finish_seq(e, s, DSQ_FINISH_ABORT, true);
+            return DSQ_OK;
+        }
         if (n_ok < 0)
             return n_ok;
         hist.allowed = e->gmask;

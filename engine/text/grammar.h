@@ -53,6 +53,8 @@ typedef struct dsq_grammar_matcher dsq_grammar_matcher_t;
 #define DSQ_GRAMMAR_MAX_REPEAT   1024        /* m and n of {m,n}             */
 #define DSQ_GRAMMAR_MAX_STACKS   1024        /* stacks one state may hold    */
 #define DSQ_GRAMMAR_MAX_DEPTH    1024        /* positions one stack may hold */
+#define DSQ_GRAMMAR_MAX_MASK_WORK (1ull << 28)  /* stack steps + comparisons
+                                               one mask may take (~1 s)     */
 
 /* Compile GBNF text (len bytes, need not be NUL-terminated) with start rule
  * `root` (NULL: "root"). On success *out owns the grammar (free with
@@ -150,7 +152,12 @@ bool dsq_grammar_matcher_done(const dsq_grammar_matcher_t *m);
  * set for an allowed id; mask has (dsq_grammar_vocab_size(v) + 31) / 32
  * words. Computed by the trie walk, or copied from the grammar's cache
  * when this state was seen before (*cached, may be NULL, says which).
- * Returns the number of allowed tokens (>= 0), or DSQ_ENOMEM. */
+ * Returns the number of allowed tokens (>= 0), DSQ_ENOMEM, or DSQ_ERANGE
+ * when the state is beyond what a mask may cost: more work than
+ * DSQ_GRAMMAR_MAX_MASK_WORK (a grammar of very many simultaneous
+ * alternatives, e.g. hundreds of `.*` branches), or a state a limit above
+ * truncated (whose mask would refuse valid text). The caller ends the
+ * sequence; the engine thread is never held longer than that bound. */
 int dsq_grammar_matcher_fill_mask(dsq_grammar_matcher_t *m, const dsq_grammar_vocab_t *v,
                                   uint32_t *mask, bool *cached);
 

@@ -146,6 +146,9 @@ static int st_copy(gstate_t *d, const gstate_t *s)
     return DSQ_OK;
 }
 
+#define EXPAND_BUDGET (1u << 16)      /* references expanded + stacks pushed */
+#define EXPAND_MAX_WORDS (1u << 22)   /* scratch positions: 16 MiB */
+
 /* Expand stack a[0..L) (its top may be a GT_REF) into stacks whose top is
  * a character class, or that are empty, and add them to out. w is scratch;
  * tmp holds DSQ_GRAMMAR_MAX_DEPTH + 2 words. */
@@ -156,7 +159,7 @@ static int expand(const dsq_grammar_t *g, gstate_t *out, const uint32_t *a, uint
         return st_add(out, a, L, 1);   /* nothing to expand (most steps) */
     if (st_reset(w) || st_add(w, a, L, 0))
         return DSQ_ENOMEM;
-    uint32_t budget = 1u << 16;
+    uint32_t budget = EXPAND_BUDGET;
     while (w->n > 0) {
         uint32_t i = w->n - 1, bl = w->off[i + 1] - w->off[i];
         const uint32_t *b = w->pos + w->off[i];
@@ -181,6 +184,13 @@ static int expand(const dsq_grammar_t *g, gstate_t *out, const uint32_t *a, uint
             uint32_t nl = base;
             if (!G_ENDS(g->el[q]))
                 tmp[nl++] = q;
+            /* every pushed stack costs budget too, and the scratch holds
+             * at most EXPAND_MAX_WORDS: a rule with many alternatives behind
+             * a long nullable chain cannot grow it without bound */
+            if (--budget == 0 || w->off[w->n] + nl > EXPAND_MAX_WORDS) {
+                out->overflow = 1;
+                return DSQ_OK;
+            }
             if (nl > DSQ_GRAMMAR_MAX_DEPTH)
                 out->overflow = 1;
             else if (st_add(w, tmp, nl, 0))
@@ -279,6 +289,18 @@ static uint32_t char_hi(uint32_t v, unsigned left)
     return hi > G_MAX_CP ? G_MAX_CP : hi;
 }
 
+/* A character is pending whose code point lies in [lo, hi]: keep the
+ * stacks that can still take it. An empty range (an overlong or too-large
+ * prefix such as E0 80 or F4 90) or one of surrogates only (ED A0..) can
+ * never complete, so it is rejected here, not one byte later. */
+static int st_pending(const dsq_grammar_t *g, const gstate_t *in, uint32_t lo, uint32_t hi,
+                      gstate_t *out)
+{
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF))
+        return st_reset(out);
+    return st_prune(g, in, lo, hi, out);
+}
+
 /* out = in after byte c. out->n == 0: rejected. */
 static int st_step_byte(const dsq_grammar_t *g, const gstate_t *in, uint8_t c, gstate_t *out,
                         gstate_t *w, uint32_t *tmp)
@@ -300,7 +322,7 @@ static int st_step_byte(const dsq_grammar_t *g, const gstate_t *in, uint8_t c, g
         } else {
             return st_reset(out);        /* not a lead byte: rejected */
         }
-        int rc = st_prune(g, in, char_lo(v, need, need), char_hi(v, need), out);
+        int rc = st_pending(g, in, char_lo(v, need, need), char_hi(v, need), out);
         out->partial = v;
         out->left = out->need = need;
         return rc;
@@ -314,7 +336,7 @@ static int st_step_byte(const dsq_grammar_t *g, const gstate_t *in, uint8_t c, g
             return st_reset(out);
         return st_step_cp(g, in, v, out, w, tmp);
     }
-    int rc = st_prune(g, in, char_lo(v, left, in->need), char_hi(v, left), out);
+    int rc = st_pending(g, in, char_lo(v, left, in->need), char_hi(v, left), out);
     out->partial = v;
     out->left = left;
     out->need = in->need;
@@ -612,7 +634,10 @@ int dsq_grammar_matcher_fill_mask(dsq_grammar_matcher_t *m, const dsq_grammar_vo
     }
     if (ensure_depth(m, v->max_len + 1))
         return DSQ_ENOMEM;
+    if (m->cur.overflow)
+        return DSQ_ERANGE;   /* a limit dropped stacks: the mask would lie */
     int n_allowed = 0;
+    uint64_t work = 0;      /* stacks stepped + dedup comparisons (bound) */
     /* st(0) = cur; st(d) = m->depth[d] for d >= 1 */
     uint32_t valid = 0;     /* st(0..valid) hold the current prefix's states */
     for (int32_t i = 0; i < v->n_sorted;) {
@@ -625,6 +650,9 @@ int dsq_grammar_matcher_fill_mask(dsq_grammar_matcher_t *m, const dsq_grammar_vo
             int rc = st_step_byte(g, in, t->bytes[d], out, &m->work, m->tmp);
             if (rc)
                 return rc;
+            work += in->n + (uint64_t)out->n * out->n / 2 + 1;
+            if (work > DSQ_GRAMMAR_MAX_MASK_WORK)
+                return DSQ_ERANGE;
             if (out->n == 0) {
                 ok = 0;
                 break;

@@ -129,6 +129,7 @@ def test_json_object_through_sdk(server):
     ({"guided_grammar": "root ::= \"a"}, "guided_grammar", "unterminated string"),
     ({"grammar": "root ::= root \"a\""}, "grammar", "left recursion"),
     ({"guided_choice": []}, "guided_choice", "array of 1 to"),
+    ({"guided_choice": [f"c{i}" for i in range(1025)]}, "guided_choice", "array of 1 to 1024"),
     ({"grammar": "root ::= \"a\"", "guided_choice": ["a"]}, "guided_choice", "give one"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}},
      "response_format", "give one"),

@@ -239,6 +239,13 @@ static void test_utf8_split(void **state)
         {"root ::= [\\U00010000-\\U0010FFFF]", "\xf4\x8f", true},
         {"root ::= [\\U00010000-\\U0010FFFF]", "\xf4\x90", false},  /* > U+10FFFF */
         {"root ::= [\\U00010000-\\U0010FFFF]", "\xf0\x8f", false},  /* overlong */
+        /* classes over everything: the pending range itself decides */
+        {"root ::= .", "\xe0\x80", false},       /* overlong: nothing left */
+        {"root ::= [^a]", "\xe0\x9f", false},
+        {"root ::= .", "\xf4\x90", false},       /* above U+10FFFF */
+        {"root ::= .", "\xed\xa0", false},       /* surrogates only */
+        {"root ::= .", "\xed\x9f\xbf", true},   /* U+D7FF */
+        {"root ::= .", "\xed", true},
     };
     for (size_t i = 0; i < sizeof(lead) / sizeof(lead[0]); i++) {
         dsq_grammar_t *lg = compile(lead[i].gbnf);
@@ -420,6 +427,53 @@ static void test_empty_rule(void **state)
     dsq_grammar_free(g);
 }
 
+/* Limits of the mask: a state of ~1024 distinct `.*` branches (each its
+ * own rule) would take minutes of trie walk; fill_mask stops at
+ * DSQ_GRAMMAR_MAX_MASK_WORK with DSQ_ERANGE. A start state over 1024
+ * stacks (1100 alternatives) is truncated, and fill_mask says so
+ * (DSQ_ERANGE) instead of a mask that refuses valid text. */
+static void test_mask_limits(void **state)
+{
+    (void)state;
+    dsq_tokenizer_t *t = load_tokenizer("DSQ_MODELS_DIR", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    dsq_grammar_vocab_t *v = dsq_grammar_vocab_create(t);
+    assert_non_null(v);
+    uint32_t *mask = malloc(((size_t)dsq_grammar_vocab_size(v) + 31) / 32 * 4);
+    size_t cap = 64 * 1024, n = 0;
+    char *src = malloc(cap);
+    n += (size_t)snprintf(src + n, cap - n, "root ::= .*");
+    for (int i = 1; i < 1000; i++)
+        n += (size_t)snprintf(src + n, cap - n, " | .*");
+    dsq_grammar_t *g = compile(src);
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    assert_int_equal(dsq_grammar_matcher_fill_mask(m, v, mask, NULL), DSQ_ERANGE);
+    /* the matcher itself still follows text */
+    assert_int_equal(dsq_grammar_matcher_accept_bytes(m, "abc", 3), DSQ_OK);
+    dsq_grammar_matcher_free(m);
+    dsq_grammar_free(g);
+    n = (size_t)snprintf(src, cap, "root ::= \"a0\"");
+    for (int i = 1; i < 1100; i++)
+        n += (size_t)snprintf(src + n, cap - n, " | \"a%d\"", i);
+    g = compile(src);
+    m = dsq_grammar_matcher_create(g);
+    assert_int_equal(dsq_grammar_matcher_fill_mask(m, v, mask, NULL), DSQ_ERANGE);
+    dsq_grammar_matcher_free(m);
+    dsq_grammar_free(g);
+    /* 1024 alternatives fit */
+    n = (size_t)snprintf(src, cap, "root ::= \"a0\"");
+    for (int i = 1; i < 1024; i++)
+        n += (size_t)snprintf(src + n, cap - n, " | \"a%d\"", i);
+    g = compile(src);
+    m = dsq_grammar_matcher_create(g);
+    assert_true(dsq_grammar_matcher_fill_mask(m, v, mask, NULL) > 0);
+    dsq_grammar_matcher_free(m);
+    dsq_grammar_free(g);
+    free(src);
+    free(mask);
+    dsq_grammar_vocab_free(v);
+    dsq_tokenizer_destroy(t);
+}
+
 /* The registry: the same text compiles to the same grammar, whose mask
  * cache a second request's matcher then hits; another start rule or text
  * is another grammar; after dsq_grammar_registry_clear the text compiles
@@ -485,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_mask_deepseek),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_empty_rule),
+        cmocka_unit_test(test_mask_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
