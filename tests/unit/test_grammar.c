@@ -176,14 +176,13 @@ static void test_bad_grammars(void **state)
     assert_non_null(strstr(err, "nested deeper"));
     free(deep);
     /* a 1,040-character literal repeated 1,024 times: above 2^20 elements */
-    char *big = malloc(2048);
-    strcpy(big, "root ::= \"");
-    memset(big + strlen(big), 'a', 1040);
-    strcpy(big + 10 + 1040, "\"{1024}");
+    static char big[2048];
+    memcpy(big, "root ::= \"", 10);
+    memset(big + 10, 'a', 1040);
+    memcpy(big + 10 + 1040, "\"{1024}", sizeof("\"{1024}"));
     assert_int_equal(dsq_grammar_from_gbnf(big, strlen(big), NULL, &g, err, sizeof(err)),
                      DSQ_EINVAL);
     assert_non_null(strstr(err, "more than"));
-    free(big);
     /* references keep nested repetitions compact: 10^9 characters, 3k elements */
     const char *nested = "root ::= ((\"a\"{1000}){1000}){1000}";
     assert_int_equal(dsq_grammar_from_gbnf(nested, strlen(nested), NULL, &g, err, sizeof(err)),
