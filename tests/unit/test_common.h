@@ -13,6 +13,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The whole file at path, NUL-terminated, malloc'd (the caller frees);
+ * *len (unless NULL) gets its size in bytes. Fails the test if it cannot be read. */
+static inline char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!b)
+        fail_msg("cannot read %s", path);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    if (len)
+        *len = (size_t)n;
+    return b;
+}
+
 /* "$env/rel", or "def/rel" when env is unset (env: DSQ_TEST_DATA,
  * DSQ_MODELS_DIR or DSQ_SOURCE_ROOT, set by tests/meson.build). Returns a
  * malloc'd string the caller frees; fails the test if allocation fails. */

@@ -32,24 +32,7 @@
 #include "engine/io/gguf.h"
 #include "engine/text/grammar.h"
 #include "engine/text/tokenizer.h"
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    assert_non_null(s);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return s;
-}
+#include "test_common.h"
 
 static dsq_grammar_t *compile(const char *src)
 {

@@ -17,6 +17,7 @@
 #include "engine/common/error.h"
 #include "engine/io/gguf.h"
 #include "engine/io/model_config.h"
+#include "test_common.h"
 
 static char *data_path(const char *env, const char *rel)
 {
@@ -29,22 +30,6 @@ static char *data_path(const char *env, const char *rel)
     if (access(p, R_OK) != 0)
         fail_msg("missing test file %s", p);
     return p;
-}
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    b[n] = '\0';
-    *len = (size_t)n;
-    return b;
 }
 
 static void gguf_cfg(const char *env, const char *rel, dsq_model_config_t *c,
