@@ -56,23 +56,6 @@ struct dsq_grammar {
     size_t cache_bytes, cache_max_bytes;
 };
 
-/* Code point cp in set c. */
-static inline int g_cs_has(const struct dsq_grammar *g, uint32_t c, uint32_t cp)
-{
-    if (cp < 128)
-        return (int)((g->cs_ascii[c][cp >> 6] >> (cp & 63)) & 1u);
-    const uint32_t *r = g->cs_ranges + 2 * (size_t)g->cs_off[c];
-    uint32_t lo = 0, hi = g->cs_n[c];
-    while (lo < hi) {               /* first range with r.hi >= cp */
-        uint32_t mid = (lo + hi) / 2;
-        if (r[2 * mid + 1] < cp)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < g->cs_n[c] && r[2 * lo] <= cp;
-}
-
 /* Some code point of [lo, hi] in set c. */
 static inline int g_cs_meets(const struct dsq_grammar *g, uint32_t c, uint32_t lo, uint32_t hi)
 {
@@ -86,6 +69,14 @@ static inline int g_cs_meets(const struct dsq_grammar *g, uint32_t c, uint32_t l
             b = mid;
     }
     return a < g->cs_n[c] && r[2 * a] <= hi;
+}
+
+/* Code point cp in set c. */
+static inline int g_cs_has(const struct dsq_grammar *g, uint32_t c, uint32_t cp)
+{
+    if (cp < 128)
+        return (int)((g->cs_ascii[c][cp >> 6] >> (cp & 63)) & 1u);
+    return g_cs_meets(g, c, cp, cp);
 }
 
 #define KIND_TEXT 0
