@@ -82,6 +82,32 @@ static dsq_req_t *submit(dsq_engine_t *e, const char *text, const dsq_sampling_t
     return req_submit_text(e, &W, text, sp);
 }
 
+/* The preemption checks need every request of submit_all competing for
+ * the KV blocks in the same steps, however slow the box: a quiet time
+ * before the first step of a burst long enough that all are waiting when
+ * it runs, and no step budget (on a slow or loaded box the measured step
+ * cost would cut the prefill chunks, so fewer sequences would hold blocks
+ * at once; the budget has its own tests in test_sched_latency.c). */
+#define BURST_WINDOW_MS 1000
+#define NO_STEP_BUDGET (-1.0)
+
+/* Every prompt, encoded first, then submitted back to back into rs. */
+static void submit_all(dsq_engine_t *e, const dsq_sampling_t *sp, dsq_req_t **rs)
+{
+    int32_t *ids[N_PROMPTS];
+    size_t n[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ids[i] = NULL;
+        assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), prompts[i],
+                                              strlen(prompts[i]), DSQ_TOK_PARSE_SPECIAL,
+                                              &ids[i], &n[i]), 0);
+    }
+    for (int i = 0; i < N_PROMPTS; i++)
+        rs[i] = req_submit_ids(e, &W, ids[i], (int)n[i], sp);
+    for (int i = 0; i < N_PROMPTS; i++)
+        free(ids[i]);
+}
+
 /* Drain events until every choice of r has finished. */
 static void collect(dsq_req_t *r, result_t *res)
 {
@@ -151,9 +177,11 @@ static void test_batch_invariance(void **state)
     /* a KV budget of 8 blocks (128 tokens): the 16 sequences cannot all
      * fit, so the scheduler must preempt and recompute */
     int64_t per_block = 2LL * 30 * 3 * 64 * 2 * 16;
-    e = open_engine(8 * per_block, 128);
-    for (int i = 0; i < N_PROMPTS; i++)
-        rs[i] = submit(e, prompts[i], &sp);
+    dsq_engine_opts_t tiny = {.kv_cache_memory_bytes = 8 * per_block, .max_model_len = 128,
+                              .block_size = 16, .admission_window_ms = BURST_WINDOW_MS,
+                              .step_budget_ms = NO_STEP_BUDGET};
+    e = smollm2_engine(&tiny);
+    submit_all(e, &sp, rs);
     for (int i = 0; i < N_PROMPTS; i++) {
         collect(rs[i], &together);
         assert_int_equal(together.n_tokens, MAX_NEW);
@@ -343,12 +371,13 @@ static void test_prompt_logprobs_and_best_of(void **state)
     int64_t per_block = 2LL * 30 * 3 * 64 * 2 * 16;
     dsq_engine_opts_t o = {.kv_cache_memory_bytes = 8 * per_block,
                            .max_model_len = 128, .block_size = 16,
-                           .max_num_batched_tokens = 8};
+                           .max_num_batched_tokens = 8,
+                           .admission_window_ms = BURST_WINDOW_MS,
+                           .step_budget_ms = NO_STEP_BUDGET};
     e = smollm2_engine(&o);
     dsq_sampling_t other = greedy(MAX_NEW);
     dsq_req_t *rs[N_PROMPTS];
-    for (int i = 0; i < N_PROMPTS; i++)
-        rs[i] = submit(e, prompts[i], &other);
+    submit_all(e, &other, rs);
     sp.max_tokens = 8;
     r = submit_ids(e, ids, (int)n, &sp);
     collect_plp(r, &crowd);
