@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "tokenizer.h"
 
 typedef struct dsq_grammar dsq_grammar_t;
@@ -102,6 +104,43 @@ int dsq_grammar_builtin(dsq_grammar_builtin_t which, dsq_grammar_t **out, char *
  * DSQ_ENOMEM. */
 int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **out,
                              char *err, size_t err_len);
+
+/* GBNF text (for dsq_grammar_from_gbnf, start rule "root") whose
+ * sentences are instances valid against the JSON Schema `schema` (2020-12
+ * Validation vocabulary, draft 4-7 spellings read too; engine/text/
+ * grammar_schema.c). Supported: type (a name or a list), enum, const,
+ * properties, required, additionalProperties, items, prefixItems (and
+ * draft 4-7 tuple items), additionalItems, minItems, maxItems,
+ * uniqueItems false, minLength, maxLength, pattern (the regex subset of
+ * dsq_grammar_gbnf_from_regex, a search as JSON Schema says), format
+ * (date, time, date-time, uuid, email, ipv4), minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum (whole bounds; a number's bounds
+ * inclusive), anyOf, oneOf (branches of different types), allOf of one
+ * schema, $ref to a JSON pointer inside the schema (recursion included),
+ * and the annotations (title, description, default, examples, $defs...).
+ * The grammar is narrower than the schema where that keeps it exact:
+ * properties in the schema's order, no additional ones, bounded
+ * whitespace and digits. On success *gbnf is malloc'd text the caller
+ * frees. Errors, with one line in err naming the keyword and its JSON
+ * pointer: DSQ_EUNSUPPORTED (a keyword or combination outside that
+ * subset), DSQ_EINVAL (a malformed schema, or one no instance satisfies),
+ * DSQ_ERANGE (nesting, counts or size beyond the grammar limits),
+ * DSQ_ENOMEM. */
+int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
+                                      size_t err_len);
+
+/* GBNF text whose sentences are exactly the strings the regex re (len
+ * bytes, UTF-8) matches in full (Python re.fullmatch; vLLM's
+ * guided_regex). The dialect: literals, ., [...] with ranges and ^, \d \w
+ * \s \D \W \S, \n \t \r \f \v \xHH \uHHHH and escaped punctuation,
+ * groups ( ), (?: ), (?P<name> ), (?<name> ), |, * + ? {m} {m,} {m,n}
+ * (lazy forms the same), ^ first and $ last. *gbnf as above. Errors:
+ * DSQ_EUNSUPPORTED (backreferences, lookaround, \b and other anchors,
+ * inline flags, possessive quantifiers), DSQ_EINVAL (a malformed regex;
+ * err gives the byte offset), DSQ_ERANGE (a repetition above
+ * DSQ_GRAMMAR_MAX_REPEAT, deep nesting, a long regex), DSQ_ENOMEM. */
+int dsq_grammar_gbnf_from_regex(const char *re, size_t len, char **gbnf, char *err,
+                                size_t err_len);
 
 /* Number of rules (including the ones synthesised for groups and
  * repetitions) and of compiled elements: for logs and tests. */

@@ -1,0 +1,236 @@
+/* tests for engine/text/grammar_schema.c: JSON Schema and regexes turned
+ * into GBNF, compiled and matched (grammar.h).
+ *
+ *  - Against independent references: tests/golden/schema_cases.jsonl
+ *    (tests/ref/make_schema_golden.py) gives, per schema, instances
+ *    Python's jsonschema (Draft 2020-12, FormatChecker) found valid that
+ *    the grammar must accept ("ok"), and others with jsonschema's verdict:
+ *    any of them the grammar accepts must be valid (the grammar may be
+ *    narrower than the schema, never wider). Per regex, strings with
+ *    re.fullmatch's verdict, which the grammar must equal exactly.
+ *  - Unsupported keywords and malformed schemas or regexes: the error code
+ *    and a message naming the keyword and where it is.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/common/error.h"
+#include "engine/text/grammar.h"
+#include "test_common.h"
+
+static bool sentence(const dsq_grammar_t *g, const char *s)
+{
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    assert_non_null(m);
+    bool ok = dsq_grammar_matcher_accept_bytes(m, s, strlen(s)) == DSQ_OK &&
+              dsq_grammar_matcher_can_end(m);
+    dsq_grammar_matcher_free(m);
+    return ok;
+}
+
+static dsq_grammar_t *compile_gbnf(char *gbnf, const char *what)
+{
+    char err[256];
+    dsq_grammar_t *g = NULL;
+    int rc = dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &g, err, sizeof(err));
+    if (rc)
+        fail_msg("%s: the GBNF did not compile: %s\n%s", what, err, gbnf);
+    free(gbnf);
+    return g;
+}
+
+static void test_golden(void **state)
+{
+    (void)state;
+    char *path = path_join("DSQ_SOURCE_ROOT", ".", "tests/golden/schema_cases.jsonl");
+    char *text = read_all(path, NULL);
+    free(path);
+    int n_schemas = 0, n_regexes = 0, n_ok = 0, n_other = 0, n_rejected_invalid = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#')
+            continue;
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        char err[256] = "", *gbnf = NULL;
+        const cJSON *schema = cJSON_GetObjectItem(o, "schema");
+        if (schema) {
+            char *stxt = cJSON_PrintUnformatted(schema);
+            int rc = dsq_grammar_gbnf_from_json_schema(schema, &gbnf, err, sizeof(err));
+            if (rc)
+                fail_msg("schema %s: %s", stxt, err);
+            dsq_grammar_t *g = compile_gbnf(gbnf, stxt);
+            const cJSON *t;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItem(o, "ok")) {
+                if (!sentence(g, t->valuestring))
+                    fail_msg("schema %s: valid instance %s rejected", stxt, t->valuestring);
+                n_ok++;
+            }
+            const cJSON *valid = cJSON_GetObjectItem(o, "valid");
+            int i = 0;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItem(o, "other")) {
+                bool v = cJSON_IsTrue(cJSON_GetArrayItem(valid, i++));
+                bool acc = sentence(g, t->valuestring);
+                if (acc && !v)
+                    fail_msg("schema %s: accepts %s, which jsonschema says is invalid", stxt,
+                             t->valuestring);
+                n_rejected_invalid += !v;
+                n_other++;
+            }
+            dsq_grammar_free(g);
+            free(stxt);
+            n_schemas++;
+        } else {
+            const char *rx = cJSON_GetObjectItem(o, "regex")->valuestring;
+            int rc = dsq_grammar_gbnf_from_regex(rx, strlen(rx), &gbnf, err, sizeof(err));
+            if (rc)
+                fail_msg("regex %s: %s", rx, err);
+            dsq_grammar_t *g = compile_gbnf(gbnf, rx);
+            const cJSON *match = cJSON_GetObjectItem(o, "match");
+            int i = 0;
+            const cJSON *t;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItem(o, "strings")) {
+                bool want = cJSON_IsTrue(cJSON_GetArrayItem(match, i++));
+                if (sentence(g, t->valuestring) != want)
+                    fail_msg("regex /%s/: \"%s\": re.fullmatch says %s", rx, t->valuestring,
+                             want ? "match" : "no match");
+            }
+            dsq_grammar_free(g);
+            n_regexes++;
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+    print_message("# %d schemas: %d valid instances accepted, %d others (%d invalid, all "
+                  "rejected); %d regexes agree with re.fullmatch\n",
+                  n_schemas, n_ok, n_other, n_rejected_invalid, n_regexes);
+    assert_true(n_schemas >= 30 && n_regexes >= 10 && n_rejected_invalid >= 50);
+}
+
+static void test_unsupported_schemas(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        int rc;
+        const char *msg;
+    } bad[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"not\":{}}}}",
+         DSQ_EUNSUPPORTED, "the keyword 'not' is not supported (at /properties/a)"},
+        {"{\"patternProperties\":{}}", DSQ_EUNSUPPORTED, "'patternProperties'"},
+        {"{\"type\":\"array\",\"uniqueItems\":true}", DSQ_EUNSUPPORTED, "'uniqueItems'"},
+        {"{\"type\":\"array\",\"items\":{\"minimum\":1.5}}", DSQ_EUNSUPPORTED,
+         "'minimum' 1.5 on a number"},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":3}", DSQ_EUNSUPPORTED, "'exclusiveMaximum'"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", DSQ_EUNSUPPORTED,
+         "'format' \"hostname\""},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", DSQ_EUNSUPPORTED, "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", DSQ_EUNSUPPORTED, "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", DSQ_EUNSUPPORTED,
+         "minLength/maxLength"},
+        {"{\"$ref\":\"https://example.com/s.json\"}", DSQ_EUNSUPPORTED, "'$ref'"},
+        {"{\"$ref\":\"#/$defs/missing\"}", DSQ_EUNSUPPORTED, "that exist"},
+        {"{\"type\":\"integer\",\"anyOf\":[{\"minimum\":1}]}", DSQ_EUNSUPPORTED,
+         "'type' beside 'anyOf'"},
+        {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", DSQ_EUNSUPPORTED,
+         "may overlap"},
+        {"{\"allOf\":[{\"type\":\"integer\"},{\"minimum\":1}]}", DSQ_EUNSUPPORTED,
+         "'allOf' of more than one"},
+        {"{\"enum\":[1,2],\"minimum\":2}", DSQ_EUNSUPPORTED, "'minimum' beside 'enum'"},
+        {"{\"type\":\"array\",\"maxItems\":5000}", DSQ_EUNSUPPORTED, "'maxItems' above 1024"},
+        {"{\"type\":\"integer\",\"minimum\":1e20}", DSQ_EUNSUPPORTED, "beyond +-1e15"},
+        {"false", DSQ_EUNSUPPORTED, "no instance is valid"},
+        {"{\"type\":\"strin\"}", DSQ_EINVAL, "'type' must be one of"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", DSQ_EINVAL,
+         "no integer lies within"},
+        {"{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", DSQ_EINVAL,
+         "maxLength 2 is below minLength 3"},
+        {"{\"enum\":[]}", DSQ_EINVAL, "non-empty array"},
+        {"{\"type\":\"string\",\"enum\":[1,2]}", DSQ_EINVAL, "no 'enum' value"},
+        {"{\"properties\":{\"a\":3}}", DSQ_EINVAL, "an object or a boolean (at /properties/a)"},
+        {"{\"required\":\"a\"}", DSQ_EINVAL, "'required' must be an array"},
+        {"3", DSQ_EINVAL, "an object or a boolean"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cJSON *s = cJSON_Parse(bad[i].schema);
+        assert_non_null(s);
+        char err[256] = "", *gbnf = NULL;
+        int rc = dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err));
+        if (rc != bad[i].rc || !strstr(err, bad[i].msg))
+            fail_msg("%s: got %d \"%s\", want %d with \"%s\"", bad[i].schema, rc, err,
+                     bad[i].rc, bad[i].msg);
+        assert_null(gbnf);
+        cJSON_Delete(s);
+    }
+    /* a deep nest is refused, not a stack overflow */
+    char deep[4096] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(deep, "{\"items\":");
+    strcat(deep, "{}");
+    for (int i = 0; i < 200; i++)
+        strcat(deep, "}");
+    cJSON *s = cJSON_Parse(deep);
+    assert_non_null(s);
+    char err[256], *gbnf = NULL;
+    assert_int_equal(dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)),
+                     DSQ_ERANGE);
+    assert_non_null(strstr(err, "nested deeper"));
+    cJSON_Delete(s);
+}
+
+static void test_bad_regexes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *re;
+        int rc;
+        const char *msg;
+    } bad[] = {
+        {"(ab", DSQ_EINVAL, "unterminated ("},
+        {"ab)", DSQ_EINVAL, "unmatched )"},
+        {"[ab", DSQ_EINVAL, "unterminated ["},
+        {"*a", DSQ_EINVAL, "nothing to repeat"},
+        {"a**", DSQ_EINVAL, "quantifier follows"},
+        {"[z-a]", DSQ_EINVAL, "out of order"},
+        {"a{3,2}", DSQ_EINVAL, "out of order"},
+        {"a{2000}", DSQ_ERANGE, "above 1024"},
+        {"a\\", DSQ_EINVAL, "trailing backslash"},
+        {"\\x4", DSQ_EINVAL, "hex digits"},
+        {"(a)\\1", DSQ_EUNSUPPORTED, "backreferences"},
+        {"\\bword", DSQ_EUNSUPPORTED, "anchor"},
+        {"a(?!b)", DSQ_EUNSUPPORTED, "lookaround"},
+        {"(?i)a", DSQ_EUNSUPPORTED, "inline flags"},
+        {"a++", DSQ_EUNSUPPORTED, "possessive"},
+        {"a^b", DSQ_EUNSUPPORTED, "only at the start"},
+        {"a$b", DSQ_EUNSUPPORTED, "only at the start"},
+        {"[[:alpha:]]", DSQ_EUNSUPPORTED, "POSIX"},
+        {"\\p{L}", DSQ_EUNSUPPORTED, "\\p"},
+        {"\xff", DSQ_EINVAL, "UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[256] = "", *gbnf = NULL;
+        int rc = dsq_grammar_gbnf_from_regex(bad[i].re, strlen(bad[i].re), &gbnf, err,
+                                             sizeof(err));
+        if (rc != bad[i].rc || !strstr(err, bad[i].msg))
+            fail_msg("/%s/: got %d \"%s\", want %d with \"%s\"", bad[i].re, rc, err, bad[i].rc,
+                     bad[i].msg);
+        assert_null(gbnf);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_unsupported_schemas),
+        cmocka_unit_test(test_bad_regexes),
+    };
+    return cmocka_run_group_tests_name("grammar_schema", tests, NULL, NULL);
+}
