@@ -604,101 +604,46 @@ static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
     return DSQ_OK;
 }
 
-/* users: constrained decoding (issue 22, part 1): llama.cpp's `grammar`
- * and vLLM's `guided_grammar` (GBNF text), vLLM's `guided_choice` (array
- * of strings) and response_format {"type": "json_object"} compile into
- * r->sp.grammar (engine/text/grammar.h); a grammar that does not compile
- * is a 400 naming the field, with the compiler's line and column. At most
- * one of them per request. */
-static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_error_t *err)
-{
-    static const char *const names[] = {"grammar", "guided_grammar", "guided_choice",
-                                        "response_format"};
-    const cJSON *given[4] = {0};
-    int n_given = 0;
-    for (int k = 0; k < 4; k++) {
-        const cJSON *v = field(root, names[k]);
-        if (!v || cJSON_IsNull(v))
-            continue;
-        if (k == 3) {   /* only json_object constrains; "text" is the default */
-            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(v, "type");
-            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "json_object"))
-                continue;
-        }
-        given[k] = v;
-        n_given++;
-    }
-    if (n_given == 0)
-        return DSQ_OK;
-    if (n_given > 1) {
-        const char *a = NULL, *b = NULL;
-        for (int k = 0; k < 4; k++)
-            if (given[k])
-                *(a ? &b : &a) = names[k];
-        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, b,
-                                 "'%s' and '%s' both constrain the output; give one", a, b);
-    }
-    char msg[256] = "";
-    int rc = DSQ_OK;
-    const char *param = NULL;
-    for (int k = 0; k < 4 && !param; k++) {
-        const cJSON *v = given[k];
-        if (!v)
-            continue;
-        param = names[k];
-        if (k <= 1) {
-            if (!cJSON_IsString(v))
-                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
-                                         "'%s' must be a GBNF grammar string, got %s", param,
-                                         type_name(v));
-            rc = dsq_grammar_from_gbnf(v->valuestring, strlen(v->valuestring), NULL,
-                                       &r->sp.grammar, msg, sizeof(msg));
-        } else if (k == 2) {
-            int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
-            if (n < 1 || n > DSQ_GRAMMAR_MAX_STACKS)   /* one start stack each */
-                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
-                                         "'guided_choice' must be an array of 1 to %d "
-                                         "strings", DSQ_GRAMMAR_MAX_STACKS);
-            const char **c = calloc((size_t)n, sizeof(*c));
-            if (!c)
-                return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
-            int i = 0;
-            const cJSON *it;
-            cJSON_ArrayForEach(it, v) {
-                if (!cJSON_IsString(it)) {
-                    free(c);
-                    return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
-                                             "'guided_choice[%d]' must be a string, got %s", i,
-                                             type_name(it));
-                }
-                c[i++] = it->valuestring;
-            }
-            rc = dsq_grammar_from_choices(c, n, &r->sp.grammar, msg, sizeof(msg));
-            free(c);
-        } else {
-            rc = dsq_grammar_builtin(DSQ_GRAMMAR_JSON_OBJECT, &r->sp.grammar, msg, sizeof(msg));
-        }
-    }
-    if (rc == DSQ_ENOMEM)
-        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
-    if (rc)
-        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param, "'%s': %s", param,
-                                 msg);
-    return DSQ_OK;
-}
+/* users: constrained decoding (issue 22): every field of the three APIs
+ * that asks for it compiles into r->sp.grammar (engine/text/grammar.h):
+ *  - GBNF text: llama.cpp's `grammar`, vLLM's `guided_grammar`,
+ *    `structured_outputs.grammar`;
+ *  - a list of strings: vLLM's `guided_choice`, `structured_outputs.choice`;
+ *  - a JSON Schema: OpenAI's response_format {"type": "json_schema",
+ *    "json_schema": {"schema": ...}}, llama.cpp's `json_schema` and
+ *    response_format {"type": "json_object", "schema": ...}, vLLM's
+ *    `guided_json` (an object or its JSON text), `structured_outputs.json`;
+ *  - a regex: vLLM's `guided_regex`, `structured_outputs.regex`;
+ *  - any JSON object: response_format {"type": "json_object"},
+ *    `structured_outputs.json_object` true.
+ * At most one per request. A constraint that does not compile, or a schema
+ * keyword outside the supported subset, is a 400 naming the field and,
+ * for schemas, the keyword and its JSON pointer. */
+typedef enum so_kind { SO_GBNF, SO_CHOICE, SO_SCHEMA, SO_REGEX, SO_JSON_OBJECT } so_kind_t;
 
-/* users: structured outputs and tool calls not built yet (issue 22): a
- * request that asks for them gets a 400 naming the field, never text that
- * only pretends to comply. Asking: response_format other than "text" /
- * "json_object"; vLLM's guided_json / guided_regex / structured_outputs
- * and llama.cpp's json_schema (non-null); a non-empty tools array unless
- * tool_choice is "none"; tool_choice other than "none" / "auto" without
- * tools. */
-static int reject_structured(const cJSON *root, dsq_api_error_t *err)
+typedef struct so {
+    const char *param;             /* the request field, for messages        */
+    so_kind_t kind;
+    const cJSON *v;
+} so_t;
+
+/* The constraint fields of root into so[] (at most 8); 400 for a
+ * malformed response_format or structured_outputs. */
+static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error_t *err)
 {
-    static const char *const guided[] = {"guided_json", "guided_regex", "structured_outputs",
-                                         "json_schema"};
-    const cJSON *rf = field(root, "response_format"), *v;
+    static const struct {
+        const char *name;
+        so_kind_t kind;
+    } top[] = {{"grammar", SO_GBNF}, {"guided_grammar", SO_GBNF},
+               {"guided_choice", SO_CHOICE}, {"guided_json", SO_SCHEMA},
+               {"guided_regex", SO_REGEX}, {"json_schema", SO_SCHEMA}};
+    *n = 0;
+    for (size_t k = 0; k < sizeof(top) / sizeof(top[0]); k++) {
+        const cJSON *v = field(root, top[k].name);
+        if (v && !cJSON_IsNull(v))
+            so[(*n)++] = (so_t){top[k].name, top[k].kind, v};
+    }
+    const cJSON *rf = field(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type")
                                              : NULL;
@@ -706,17 +651,154 @@ static int reject_structured(const cJSON *root, dsq_api_error_t *err)
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
                                      "'response_format' must be an object with a string "
                                      "'type'");
-        if (strcmp(ty->valuestring, "text") && strcmp(ty->valuestring, "json_object"))
+        const cJSON *sch = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+        if (!strcmp(ty->valuestring, "json_object")) {
+            if (sch && !cJSON_IsNull(sch))   /* llama.cpp's form */
+                so[(*n)++] = (so_t){"response_format.schema", SO_SCHEMA, sch};
+            else
+                so[(*n)++] = (so_t){"response_format", SO_JSON_OBJECT, rf};
+        } else if (!strcmp(ty->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            sch = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            if (!sch || cJSON_IsNull(sch))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
+                                         "'response_format' of type 'json_schema' needs "
+                                         "'json_schema': {\"name\": ..., \"schema\": {...}}");
+            so[(*n)++] = (so_t){"response_format.json_schema.schema", SO_SCHEMA, sch};
+        } else if (strcmp(ty->valuestring, "text")) {
             return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "response_format",
-                                     "'response_format' of type '%.40s' is not supported yet "
-                                     "(structured outputs: \"text\" and \"json_object\")",
+                                     "'response_format' of type '%.40s' is not supported "
+                                     "(\"text\", \"json_object\" or \"json_schema\")",
                                      ty->valuestring);
+        }
     }
-    for (size_t k = 0; k < sizeof(guided) / sizeof(guided[0]); k++)
-        if ((v = field(root, guided[k])) && !cJSON_IsNull(v))
-            return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, guided[k],
-                                     "'%s' (constrained decoding) is not supported yet",
-                                     guided[k]);
+    const cJSON *st = field(root, "structured_outputs");
+    if (st && !cJSON_IsNull(st)) {
+        static const struct {
+            const char *key, *param;
+            so_kind_t kind;
+        } sub[] = {{"json", "structured_outputs.json", SO_SCHEMA},
+                   {"regex", "structured_outputs.regex", SO_REGEX},
+                   {"choice", "structured_outputs.choice", SO_CHOICE},
+                   {"grammar", "structured_outputs.grammar", SO_GBNF},
+                   {"json_object", "structured_outputs.json_object", SO_JSON_OBJECT}};
+        if (!cJSON_IsObject(st))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "structured_outputs",
+                                     "'structured_outputs' must be an object, got %s",
+                                     type_name(st));
+        const cJSON *it;
+        cJSON_ArrayForEach(it, st) {
+            size_t k = 0;
+            while (k < sizeof(sub) / sizeof(sub[0]) && strcmp(sub[k].key, it->string))
+                k++;
+            if (k == sizeof(sub) / sizeof(sub[0]))
+                return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "structured_outputs",
+                                         "'structured_outputs.%.40s' is not supported (json, "
+                                         "regex, choice, grammar, json_object)", it->string);
+            if (cJSON_IsNull(it) || (sub[k].kind == SO_JSON_OBJECT && cJSON_IsFalse(it)))
+                continue;
+            if (sub[k].kind == SO_JSON_OBJECT && !cJSON_IsTrue(it))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, sub[k].param,
+                                         "'%s' must be a boolean", sub[k].param);
+            if (*n < 8)
+                so[(*n)++] = (so_t){sub[k].param, sub[k].kind, it};
+        }
+    }
+    return DSQ_OK;
+}
+
+static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_error_t *err)
+{
+    so_t so[8];
+    int n = 0;
+    int rc = collect_structured(root, so, &n, err);
+    if (rc || n == 0)
+        return rc;
+    if (n > 1)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, so[1].param,
+                                 "'%s' and '%s' both constrain the output; give one",
+                                 so[0].param, so[1].param);
+    const char *param = so[0].param;
+    const cJSON *v = so[0].v;
+    char msg[320] = "";
+    char *gbnf = NULL;
+    cJSON *parsed = NULL;
+    switch (so[0].kind) {
+    case SO_GBNF:
+        if (!cJSON_IsString(v))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                     "'%s' must be a GBNF grammar string, got %s", param,
+                                     type_name(v));
+        rc = dsq_grammar_from_gbnf(v->valuestring, strlen(v->valuestring), NULL,
+                                   &r->sp.grammar, msg, sizeof(msg));
+        break;
+    case SO_CHOICE: {
+        int nc = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+        if (nc < 1 || nc > DSQ_GRAMMAR_MAX_STACKS)   /* one start stack each */
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                     "'%s' must be an array of 1 to %d strings", param,
+                                     DSQ_GRAMMAR_MAX_STACKS);
+        const char **c = calloc((size_t)nc, sizeof(*c));
+        if (!c)
+            return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        int i = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) {
+            if (!cJSON_IsString(it)) {
+                free(c);
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                         "'%s[%d]' must be a string, got %s", param, i,
+                                         type_name(it));
+            }
+            c[i++] = it->valuestring;
+        }
+        rc = dsq_grammar_from_choices(c, nc, &r->sp.grammar, msg, sizeof(msg));
+        free(c);
+        break;
+    }
+    case SO_SCHEMA:
+        if (cJSON_IsString(v)) {   /* vLLM takes the schema's JSON text too */
+            parsed = cJSON_Parse(v->valuestring);
+            if (!parsed)
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                         "'%s' is a string that is not JSON", param);
+            v = parsed;
+        }
+        rc = dsq_grammar_gbnf_from_json_schema(v, &gbnf, msg, sizeof(msg));
+        break;
+    case SO_REGEX:
+        if (!cJSON_IsString(v))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                     "'%s' must be a regular expression string, got %s", param,
+                                     type_name(v));
+        rc = dsq_grammar_gbnf_from_regex(v->valuestring, strlen(v->valuestring), &gbnf, msg,
+                                         sizeof(msg));
+        break;
+    case SO_JSON_OBJECT:
+        rc = dsq_grammar_builtin(DSQ_GRAMMAR_JSON_OBJECT, &r->sp.grammar, msg, sizeof(msg));
+        break;
+    }
+    cJSON_Delete(parsed);
+    if (!rc && gbnf)
+        rc = dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &r->sp.grammar, msg, sizeof(msg));
+    free(gbnf);
+    if (rc == DSQ_ENOMEM)
+        return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    if (rc)
+        return dsq_api_error_set(err, rc == DSQ_EUNSUPPORTED ? DSQ_APIERR_UNSUPPORTED
+                                                             : DSQ_APIERR_INVALID_REQUEST,
+                                 param, "'%s': %s", param, msg);
+    return DSQ_OK;
+}
+
+/* users: tool calls not built yet (issue 22): a request that asks for
+ * them gets a 400 naming the field, never text that only pretends to
+ * comply. Asking: a non-empty tools array unless tool_choice is "none";
+ * tool_choice other than "none" / "auto" without tools; the legacy
+ * functions / function_call. */
+static int reject_structured(const cJSON *root, dsq_api_error_t *err)
+{
+    const cJSON *v;
     const cJSON *tools = field(root, "tools"), *tc = field(root, "tool_choice");
     bool choice_none = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
     bool choice_auto = cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto");

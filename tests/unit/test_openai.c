@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/common/error.h"
+#include "engine/text/grammar.h"
 #include "server/error.h"
 #include "server/openai.h"
 
@@ -39,13 +40,34 @@ static const bad_case_t bad[] = {
     {"{\"prompt\":\"a\"}", 400, "model", NULL},
     {"{\"model\":5,\"prompt\":\"a\"}", 400, "model", NULL},
     {"{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404, "model", "model_not_found"},
-    /* users: what is not built yet (JSON schema, regex, tools) is refused,
-     * not ignored; a grammar that does not compile is a 400 naming it */
+    /* users: a constraint outside what is built (schema keywords, regex
+     * features, tools) is refused, not ignored; a grammar that does not
+     * compile is a 400 naming it */
     {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
-     400, "response_format", "unsupported_parameter"},
+     400, "response_format", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"schema\":{\"not\":{}}}}}", 400, "response_format.json_schema.schema",
+     "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format",
+     "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"response_format\":\"json\"}", 400, "response_format", NULL},
-    {"{" M "\"prompt\":\"a\",\"guided_json\":{}}", 400, "guided_json", "unsupported_parameter"},
-    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"array\",\"uniqueItems\":true}}", 400,
+     "guided_json", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":\"{not json\"}", 400, "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"strng\"}}", 400, "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"(a)\\\\1\"}", 400, "guided_regex",
+     "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"(a\"}", 400, "guided_regex", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":7}", 400, "guided_regex", NULL},
+    {"{" M "\"prompt\":\"a\",\"json_schema\":{\"type\":\"string\",\"format\":\"hostname\"}}", 400,
+     "json_schema", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":{\"regex\":\"a\",\"json\":{}}}", 400,
+     "structured_outputs.json", NULL},
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":{\"structural_tag\":\"x\"}}", 400,
+     "structured_outputs", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":[1]}", 400, "structured_outputs", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"a\",\"json_schema\":{}}", 400, "json_schema",
+     NULL},
     {"{" M "\"prompt\":\"a\",\"guided_choice\":[]}", 400, "guided_choice", NULL},
     {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\",\"\"]}", 400, "guided_choice", NULL},
     {"{" M "\"prompt\":\"a\",\"guided_choice\":[\"a\",3]}", 400, "guided_choice", NULL},
@@ -54,7 +76,6 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"grammar\":5}", 400, "grammar", NULL},
     {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= \\\"a\\\"\",\"guided_choice\":[\"a\"]}", 400,
      "guided_choice", NULL},
-    {"{" M "\"prompt\":\"a\",\"json_schema\":{}}", 400, "json_schema", "unsupported_parameter"},
     /* tools of the wrong shape, on /v1/completions too; legacy functions */
     {"{" M "\"prompt\":\"a\",\"tools\":\"x\"}", 400, "tools", NULL},
     {"{" M "\"prompt\":\"a\",\"tools\":{}}", 400, "tools", NULL},
@@ -222,6 +243,56 @@ static void test_bad_requests(void **state)
 
 /* hardening: an integer field's message says what was wrong: a fraction,
  * or an integer out of range (1e26 is integral; "fraction" misled) */
+/* users: every constraint field of the three APIs reaches sp.grammar as
+ * the constraint it names: a sentence of it is accepted, a near miss not */
+static void test_constraint_fields(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *field, *yes, *no;
+    } ok[] = {
+        {"\"grammar\":\"root ::= [0-9]{2}\"", "42", "4"},
+        {"\"guided_grammar\":\"root ::= \\\"ab\\\"\"", "ab", "a"},
+        {"\"guided_choice\":[\"yes\",\"no\"]", "no", "maybe"},
+        {"\"guided_regex\":\"[a-c]+x\"", "abcx", "abc"},
+        {"\"guided_json\":{\"type\":\"integer\",\"maximum\":9}", "9", "10"},
+        {"\"guided_json\":\"{\\\"type\\\":\\\"boolean\\\"}\"", "true", "1"},
+        {"\"json_schema\":{\"enum\":[\"a\",\"b\"]}", "\"b\"", "\"c\""},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+         "\"strict\":true,\"schema\":{\"type\":\"array\",\"maxItems\":1}}}", "[1]", "[1,2]"},
+        {"\"response_format\":{\"type\":\"json_object\"}", "{\"a\":1}", "[1]"},
+        {"\"response_format\":{\"type\":\"json_object\",\"schema\":{\"type\":\"null\"}}", "null",
+         "{}"},
+        {"\"structured_outputs\":{\"regex\":\"z{3}\"}", "zzz", "zz"},
+        {"\"structured_outputs\":{\"choice\":[\"x\"],\"json_object\":false}", "x", "y"},
+        {"\"structured_outputs\":{\"json_object\":true}", "{}", "1"},
+        {"\"structured_outputs\":{\"grammar\":\"root ::= \\\"q\\\"\"}", "q", "qq"},
+        {"\"structured_outputs\":{\"json\":{\"type\":\"string\",\"maxLength\":1}}", "\"a\"",
+         "\"ab\""},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        char body[512];
+        snprintf(body, sizeof(body), "{" M "\"prompt\":\"a\",%s}", ok[i].field);
+        dsq_completion_req_t r;
+        dsq_api_error_t e;
+        memset(&e, 0, sizeof(e));
+        if (dsq_openai_parse_completion(body, strlen(body), &LIM, &r, &e) != 0)
+            fail_msg("%s: refused: %s", body, e.message);
+        assert_non_null(r.sp.grammar);
+        const char *s[2] = {ok[i].yes, ok[i].no};
+        for (int k = 0; k < 2; k++) {
+            dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(r.sp.grammar);
+            assert_non_null(m);
+            bool acc = dsq_grammar_matcher_accept_bytes(m, s[k], strlen(s[k])) == DSQ_OK &&
+                       dsq_grammar_matcher_can_end(m);
+            if (acc != (k == 0))
+                fail_msg("%s: \"%s\" %s", body, s[k], acc ? "accepted" : "refused");
+            dsq_grammar_matcher_free(m);
+        }
+        dsq_completion_req_deinit(&r);
+    }
+}
+
 static void test_int_messages(void **state)
 {
     (void)state;
@@ -605,8 +676,6 @@ static void test_chat_parse(void **state)
              "\"tool_choice\":\"required\"}", "tools"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"response_format\":{\"type\":\"json_schema\"}}", "response_format"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
              "\"functions\":[{\"name\":\"f\"}]}", "functions"},
             {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
@@ -1045,6 +1114,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_constraint_fields),
         cmocka_unit_test(test_int_messages),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_all_fields),
