@@ -69,12 +69,24 @@ static void sb_fmt(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf
 static void sb_fmt(sbuf_t *b, const char *fmt, ...)
 {
     char tmp[256];
-    va_list ap;
+    va_list ap, ap2;
     va_start(ap, fmt);
+    va_copy(ap2, ap);
     int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
     va_end(ap);
-    if (n > 0)
-        sb_add(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
+    if (n >= (int)sizeof(tmp)) {
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            vsnprintf(big, (size_t)n + 1, fmt, ap2);
+            sb_add(b, big, (size_t)n);
+            free(big);
+        } else {
+            b->oom = true;
+        }
+    } else if (n > 0) {
+        sb_add(b, tmp, (size_t)n);
+    }
+    va_end(ap2);
 }
 
 /* A GBNF literal of n bytes: '"' and '\\' escaped, control bytes \xHH,
@@ -524,6 +536,7 @@ typedef struct rx {
     const char *s;
     size_t n, i;
     bool json;
+    bool uni;                      /* the last escape was \d \w \s or a complement */
     int depth;
     char *err;
     size_t err_len;
@@ -628,8 +641,15 @@ static int rx_escape(rx_t *x, cset_t *set)
         cset_add(set, (uint32_t)(unsigned char)e, (uint32_t)(unsigned char)e);
         return DSQ_OK;
     }
-    if (isupper((unsigned char)e))
+    x->uni = true;
+    if (isupper((unsigned char)e)) {
         cset_negate(set);
+        /* inside a schema the reference is Python's re in Unicode mode
+         * (jsonschema), whose \d \w \s also hold non-ASCII characters:
+         * their complements keep to ASCII, so they stay a subset */
+        if (x->json)
+            cset_remove(set, 0x80, 0x10ffff);
+    }
     return DSQ_OK;
 }
 
@@ -640,7 +660,7 @@ static int rx_class(rx_t *x, cset_t *set)
     if (neg)
         x->i++;
     set->n = 0;
-    bool first = true;
+    bool first = true, uni = false;
     for (;;) {
         if (x->i >= x->n)
             return rx_fail(x, DSQ_EINVAL, "an unterminated [");
@@ -655,9 +675,11 @@ static int rx_class(rx_t *x, cset_t *set)
             return rx_fail(x, DSQ_EUNSUPPORTED, "POSIX classes [:name:] are not supported");
         if (x->s[x->i] == '\\') {
             x->i++;
+            x->uni = false;
             int rc = rx_escape(x, &one);
             if (rc)
                 return rc;
+            uni |= x->uni;
         } else {
             int32_t c = rx_cp(x);
             if (c < 0)
@@ -692,8 +714,11 @@ static int rx_class(rx_t *x, cset_t *set)
             if (!cset_add(set, one.r[k].lo, one.r[k].hi))
                 return rx_fail(x, DSQ_ERANGE, "a class of too many ranges");
     }
-    if (neg)
+    if (neg) {
         cset_negate(set);
+        if (x->json && uni)   /* as for \D above */
+            cset_remove(set, 0x80, 0x10ffff);
+    }
     return DSQ_OK;
 }
 
@@ -1002,6 +1027,22 @@ static int value_literal(conv_t *c, const cJSON *v, sbuf_t *o)
             sb_str(o, "ws ");
         }
         sb_str(o, obj ? "\"}\" " : "\"]\" ");
+        return DSQ_OK;
+    }
+    if (cJSON_IsNumber(v)) {
+        /* the shortest text that reads back as the same double (cJSON's
+         * printer treats doubles within an epsilon as equal, so
+         * 9007199254740993 would come out as 9.00719925474099e+15) */
+        char num[40];
+        if (!isfinite(v->valuedouble))
+            return fail(c, DSQ_EUNSUPPORTED, "a number beyond a double's range");
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(num, sizeof(num), "%.*g", prec, v->valuedouble);
+            if (strtod(num, NULL) == v->valuedouble)
+                break;
+        }
+        sb_lit(o, num, strlen(num));
+        sb_str(o, " ");
         return DSQ_OK;
     }
     char *txt = cJSON_PrintUnformatted(v);
@@ -1459,6 +1500,10 @@ static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             return fail(c, DSQ_EUNSUPPORTED, "the keyword '%.60s' is not supported",
                         k->string);
         }
+    }
+    if (c->depth > 1 && cJSON_HasObjectItem(s, "$id")) {
+        c->depth--;   /* a new base URI for the $refs below it */
+        return fail(c, DSQ_EUNSUPPORTED, "'$id' inside the schema is not supported");
     }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const char *comp = ref ? "$ref"

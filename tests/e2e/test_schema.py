@@ -47,7 +47,7 @@ def validate(schema, text):
         inst = json.loads(text)
     except ValueError as e:
         return f"not JSON: {e}"
-    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     errs = list(v.iter_errors(inst))
     return "; ".join(e.message for e in errs) or None
 

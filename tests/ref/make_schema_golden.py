@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write tests/golden/schema_cases.jsonl: JSON Schemas and regexes with
 instances whose verdicts come from references that share nothing with dsq,
-Python's `jsonschema` (Draft 2020-12 validator with its FormatChecker) and
+Python's `jsonschema` (Draft 2020-12 validator with that draft's FORMAT_CHECKER) and
 Python's `re.fullmatch`. tests/unit/test_grammar_schema.c reads it:
 
   {"schema": S, "ok": [texts], "other": [texts], "valid": [bools]}
@@ -33,7 +33,7 @@ def verdict(schema, text):
         inst = json.loads(text)
     except ValueError:
         return False
-    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     return v.is_valid(inst)
 
 
@@ -86,11 +86,19 @@ SCHEMAS = [
     # inside a JSON string: '"' and '\\' as escapes, raw control characters never
     ({"type": "string", "pattern": "^[^0-9]+$"},
      ["ab", "a\"b", "a\\b", "tab\there"], ["\"a\u0001b\"", "\"a\nb\"", "\"a1\"", "\"a\\\""]),
+    # jsonschema runs Python's re in Unicode mode: the complement of \d (or of
+    # a class holding it) must not take the non-ASCII digits
+    ({"type": "string", "pattern": "^\\D+$"}, ["ab", "a b"], ["\"\u0663\"", "\"a1\""]),
+    ({"type": "string", "pattern": "^[^\\d\\s]+$"}, ["ab"], ["\"\u0663\"", "\"a b\""]),
     ({"type": "string", "pattern": "^.{2}$"}, ["ab", "\"\\"], ["\"a\nb\"", "\"a\u0009\""]),
     ({"type": "string", "format": "date"},
      ["2024-01-31", "1999-12-28", "2023-04-30", "2023-02-28"],
      ["\"2024-13-01\"", "\"2024-1-01\"", "\"20240101\"", "\"2023-02-30\"", "\"2023-04-31\"",
       "\"2023-06-31\"", "\"2023-00-10\"", "\"2023-01-00\"", "\"2023-01-32\""]),
+    ({"type": "string", "format": "date-time"},
+     ["2024-01-31T23:59:59Z", "1999-12-28T00:00:00.123+05:30"],
+     ["\"2024-01-31 23:59:59Z\"", "\"2024-01-31T24:00:00Z\"", "\"2024-01-31T23:59:59\""]),
+    ({"type": "string", "format": "time"}, ["23:59:59Z", "00:00:00.5-01:00"], ["\"23:59\""]),
     ({"type": "string", "format": "uuid"},
      ["123e4567-e89b-12d3-a456-426614174000"], ["\"123e4567e89b12d3a456426614174000\""]),
     ({"type": "string", "format": "ipv4"},

@@ -8,6 +8,12 @@
  *    any of them the grammar accepts must be valid (the grammar may be
  *    narrower than the schema, never wider). Per regex, strings with
  *    re.fullmatch's verdict, which the grammar must equal exactly.
+ *  - The official JSON-Schema-Test-Suite (draft 2020-12, fetched by
+ *    tests/ref/fetch_schema_suite.py into $DSQ_MODELS_DIR/jsonschema-suite):
+ *    every schema is either refused with DSQ_EUNSUPPORTED / DSQ_EINVAL or
+ *    compiles, and then no instance the suite calls invalid is accepted
+ *    and at least the instances in the grammar's own form (compact, keys in
+ *    the schema's order) that it calls valid are counted.
  *  - Unsupported keywords and malformed schemas or regexes: the error code
  *    and a message naming the keyword and where it is.
  */
@@ -17,6 +23,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +119,145 @@ static void test_golden(void **state)
                   "rejected); %d regexes agree with re.fullmatch\n",
                   n_schemas, n_ok, n_other, n_rejected_invalid, n_regexes);
     assert_true(n_schemas >= 30 && n_regexes >= 10 && n_rejected_invalid >= 50);
+}
+
+/* v as compact JSON, numbers exact (cJSON's printer rounds doubles that
+ * are within an epsilon of a 15-digit form). */
+static void print_exact(const cJSON *v, char **buf, size_t *len, size_t *cap)
+{
+    char tmp[48];
+    const char *piece = tmp;
+    char *owned = NULL;
+    if (cJSON_IsObject(v) || cJSON_IsArray(v)) {
+        bool obj = cJSON_IsObject(v);
+        print_exact(NULL, buf, len, cap);   /* ensure capacity */
+        *len += (size_t)sprintf(*buf + *len, "%c", obj ? '{' : '[');
+        int i = 0;
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (i++)
+                print_exact(NULL, buf, len, cap), *len += (size_t)sprintf(*buf + *len, ",");
+            if (obj) {
+                cJSON *k = cJSON_CreateString(e->string);
+                char *kt = cJSON_PrintUnformatted(k);
+                cJSON_Delete(k);
+                size_t kl = strlen(kt);
+                while (*len + kl + 2 >= *cap)
+                    *buf = realloc(*buf, *cap *= 2);
+                memcpy(*buf + *len, kt, kl);
+                *len += kl;
+                (*buf)[(*len)++] = ':';
+                (*buf)[*len] = 0;
+                free(kt);
+            }
+            print_exact(e, buf, len, cap);
+        }
+        print_exact(NULL, buf, len, cap);
+        *len += (size_t)sprintf(*buf + *len, "%c", obj ? '}' : ']');
+        return;
+    }
+    if (!v) {
+        tmp[0] = 0;
+    } else if (cJSON_IsNumber(v)) {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(tmp, sizeof(tmp), "%.*g", prec, v->valuedouble);
+            if (strtod(tmp, NULL) == v->valuedouble)
+                break;
+        }
+    } else {
+        piece = owned = cJSON_PrintUnformatted(v);
+    }
+    size_t pl = strlen(piece);
+    while (*len + pl + 8 >= *cap)
+        *buf = realloc(*buf, *cap *= 2);
+    memcpy(*buf + *len, piece, pl + 1);
+    *len += pl;
+    free(owned);
+}
+
+static char *exact_json(const cJSON *v)
+{
+    size_t len = 0, cap = 64;
+    char *buf = malloc(cap);
+    buf[0] = 0;
+    print_exact(v, &buf, &len, &cap);
+    return buf;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void test_official_suite(void **state)
+{
+    (void)state;
+    char *dir = path_join("DSQ_MODELS_DIR", "models", "jsonschema-suite");
+    char *probe = path_join("DSQ_MODELS_DIR", "models", "jsonschema-suite/type.json");
+    require_file_hint(probe, "tests/ref/fetch_schema_suite.py (scripts/test runs it)");
+    free(probe);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char *names[128];
+    int n_files = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n_files < 128) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && !strcmp(de->d_name + l - 5, ".json"))
+            names[n_files++] = strdup(de->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n_files, sizeof(names[0]), name_cmp);
+    int n_schemas = 0, n_ok = 0, n_refused = 0, n_inst = 0, n_acc = 0, n_rej_invalid = 0;
+    for (int fi = 0; fi < n_files; fi++) {
+        char path[2048];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[fi]);
+        char *text = read_all(path, NULL);
+        cJSON *groups = cJSON_Parse(text);
+        free(text);
+        assert_non_null(groups);
+        const cJSON *g;
+        cJSON_ArrayForEach(g, groups) {
+            const cJSON *schema = cJSON_GetObjectItem(g, "schema");
+            const char *desc = cJSON_GetObjectItem(g, "description")->valuestring;
+            char err[320] = "", *gbnf = NULL;
+            n_schemas++;
+            int rc = dsq_grammar_gbnf_from_json_schema(schema, &gbnf, err, sizeof(err));
+            if (rc) {
+                if (rc != DSQ_EUNSUPPORTED && rc != DSQ_EINVAL)
+                    fail_msg("%s: %s: error %d: %s", names[fi], desc, rc, err);
+                n_refused++;
+                continue;
+            }
+            dsq_grammar_t *gr = NULL;
+            rc = dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &gr, err, sizeof(err));
+            if (rc)
+                fail_msg("%s: %s: the GBNF did not compile: %s\n%s", names[fi], desc, err, gbnf);
+            free(gbnf);
+            n_ok++;
+            const cJSON *t;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItem(g, "tests")) {
+                char *inst = exact_json(cJSON_GetObjectItem(t, "data"));
+                bool valid = cJSON_IsTrue(cJSON_GetObjectItem(t, "valid"));
+                bool acc = sentence(gr, inst);
+                if (acc && !valid)
+                    fail_msg("%s: %s: accepts %s, which the suite calls invalid (\"%s\")",
+                             names[fi], desc, inst,
+                             cJSON_GetObjectItem(t, "description")->valuestring);
+                n_inst++;
+                n_acc += acc;
+                n_rej_invalid += !valid;
+                free(inst);
+            }
+            dsq_grammar_free(gr);
+        }
+        cJSON_Delete(groups);
+        free(names[fi]);
+    }
+    free(dir);
+    print_message("# official suite: %d files, %d schemas: %d compiled, %d refused; %d instances, "
+                  "%d accepted (all valid), %d invalid ones all rejected\n",
+                  n_files, n_schemas, n_ok, n_refused, n_inst, n_acc, n_rej_invalid);
+    assert_true(n_files >= 40 && n_ok >= 100 && n_acc >= 100);
 }
 
 static void test_unsupported_schemas(void **state)
@@ -229,6 +375,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_official_suite),
         cmocka_unit_test(test_unsupported_schemas),
         cmocka_unit_test(test_bad_regexes),
     };
