@@ -5,8 +5,9 @@
  * compiles a grammar: by default a nested object of the shape a JSON
  * schema for a person record compiles to (fixed keys, strings, an
  * integer, a nested address object, an array of strings), or
- * --json-object (the API's json_object grammar), or --grammar FILE
- * (GBNF). Then it generates --tokens tokens in walks from the start rule:
+ * --json-object (the API's json_object grammar), --grammar FILE (GBNF),
+ * or --json-schema FILE (a JSON Schema, converted as the API converts
+ * response_format json_schema). Then it generates --tokens tokens in walks from the start rule:
  * at each step the allowed-token mask (dsq_grammar_matcher_fill_mask),
  * then one allowed token chosen by a fixed LCG (uniform over the allowed
  * text tokens, so string states see long random tokens, the worst case
@@ -64,7 +65,7 @@ static double pct(double *v, int n, double p)
 
 int dsq__bench_grammar(int argc, char **argv)
 {
-    const char *model = NULL, *gfile = NULL;
+    const char *model = NULL, *gfile = NULL, *sfile = NULL;
     bool json_object = false;
     int n_tokens = 2000;
     for (int i = 0; i < argc; i++) {
@@ -72,13 +73,15 @@ int dsq__bench_grammar(int argc, char **argv)
             model = argv[++i];
         else if (!strcmp(argv[i], "--grammar") && i + 1 < argc)
             gfile = argv[++i];
+        else if (!strcmp(argv[i], "--json-schema") && i + 1 < argc)
+            sfile = argv[++i];
         else if (!strcmp(argv[i], "--json-object"))
             json_object = true;
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
             n_tokens = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | "
-                            "--json-object] [--tokens 2000]\n");
+                            "--json-schema FILE | --json-object] [--tokens 2000]\n");
             return 2;
         }
     }
@@ -106,10 +109,10 @@ int dsq__bench_grammar(int argc, char **argv)
     }
     char *src = NULL;
     size_t src_len = 0;
-    if (gfile) {
-        FILE *f = fopen(gfile, "rb");
+    if (gfile || sfile) {
+        FILE *f = fopen(gfile ? gfile : sfile, "rb");
         if (!f) {
-            fprintf(stderr, "dsq-bench grammar: cannot open %s\n", gfile);
+            fprintf(stderr, "dsq-bench grammar: cannot open %s\n", gfile ? gfile : sfile);
             dsq_tokenizer_destroy(t);
             return 1;
         }
@@ -118,11 +121,30 @@ int dsq__bench_grammar(int argc, char **argv)
         fseek(f, 0, SEEK_SET);
         src = malloc((size_t)n + 1);
         src_len = src ? fread(src, 1, (size_t)n, f) : 0;
+        if (src)
+            src[src_len] = 0;
         fclose(f);
+    }
+    if (sfile) {
+        /* the schema's GBNF, as server/openai.c makes it */
+        cJSON *js = src ? cJSON_Parse(src) : NULL;
+        char *gbnf = NULL;
+        int crc = js ? dsq_grammar_gbnf_from_json_schema(js, &gbnf, err, sizeof(err)) : DSQ_EINVAL;
+        if (!js)
+            snprintf(err, sizeof(err), "%s: not JSON", sfile);
+        cJSON_Delete(js);
+        free(src);
+        src = gbnf;
+        src_len = gbnf ? strlen(gbnf) : 0;
+        if (crc) {
+            fprintf(stderr, "dsq-bench grammar: %s\n", err);
+            dsq_tokenizer_destroy(t);
+            return 1;
+        }
     }
     dsq_grammar_t *g = NULL;
     int rc = json_object ? dsq_grammar_builtin(DSQ_GRAMMAR_JSON_OBJECT, &g, err, sizeof(err))
-           : gfile ? dsq_grammar_from_gbnf(src, src_len, NULL, &g, err, sizeof(err))
+           : gfile || sfile ? dsq_grammar_from_gbnf(src, src_len, NULL, &g, err, sizeof(err))
                    : dsq_grammar_from_gbnf(NESTED, strlen(NESTED), NULL, &g, err, sizeof(err));
     free(src);
     if (rc) {
@@ -183,7 +205,7 @@ int dsq__bench_grammar(int argc, char **argv)
     }
     printf("# dsq-bench grammar: model %s, vocab %d, grammar %s (%d rules, %d elements), "
            "vocab index built in %.1f ms\n", model, nv,
-           json_object ? "json_object" : gfile ? gfile : "nested object (built in)",
+           json_object ? "json_object" : gfile ? gfile : sfile ? sfile : "nested object (built in)",
            dsq_grammar_n_rules(g), dsq_grammar_n_elements(g), t_vocab / 1e3);
     printf("# %d tokens in %d walks; mask per token: mean %.1f us; computed %d (%.1f%%): p50 "
            "%.1f us, p99 %.1f us; cached %d: p50 %.2f us, p99 %.2f us; accept: mean %.2f us\n",

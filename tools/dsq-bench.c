@@ -287,7 +287,7 @@ int main(int argc, char **argv)
                    " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
-                   "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-object]"
+                   "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-schema FILE | --json-object]"
                    " [--tokens 2000]\n"
                    "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
                    " [--threads N] [--reps 3] [--context 128]\n"

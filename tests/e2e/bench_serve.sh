@@ -154,5 +154,20 @@ for args in "--clients 0 --url http://127.0.0.1:1" "--mix 16:x --url http://127.
   check "bad options '$args': exit 2 with a message" $? "rc=$rc" "$(cat "$tmp/e")"
 done
 
+# ---- dsq-bench grammar: every grammar source runs and reports the mask cost ----
+src=${DSQ_SOURCE_ROOT:-.}
+for g in "" "--json-object" "--grammar $src/tools/grammars/person.gbnf" \
+         "--json-schema $src/tools/grammars/person.schema.json"; do
+  # shellcheck disable=SC2086
+  "$DSQ_BENCH" grammar --model "$gguf" --tokens 60 $g >"$tmp/o" 2>"$tmp/e"; rc=$?
+  [ $rc -eq 0 ] && grep -q "vocab 49152" "$tmp/o" && grep -q "mask per token: mean" "$tmp/o"
+  check "dsq-bench grammar ${g:-(built in)}: a report" $? "rc=$rc" "$(cat "$tmp/o" "$tmp/e")"
+done
+printf '{"type": "object", "patternProperties": {}}' >"$tmp/bad.schema.json"
+"$DSQ_BENCH" grammar --model "$gguf" --json-schema "$tmp/bad.schema.json" >"$tmp/o" 2>"$tmp/e"; rc=$?
+[ $rc -eq 1 ] && grep -q "'patternProperties' is not supported" "$tmp/e"
+check "dsq-bench grammar: an unsupported schema is exit 1 naming the keyword" $? "rc=$rc" \
+  "$(cat "$tmp/e")"
+
 echo "1..$n"
 exit $fail
