@@ -20,6 +20,7 @@ struct dsq_chat {
     char *bos, *eos;             /* token text, or NULL when none          */
     char *source;                /* the template's text, or NULL           */
     bool reasoning;
+    dsq_tool_parser_t tool_parser;   /* issue 22: --tool-call-parser */
 };
 
 static char *read_all(const char *path, size_t *len, char *err, size_t err_len)
@@ -58,8 +59,8 @@ static char *token_text(const dsq_tokenizer_t *tok, int32_t id)
 dsq_chat_t *dsq_chat_create(const char *template_path,
                             const char *model_template,
                             const dsq_tokenizer_t *tok,
-                            const char *reasoning_parser, char *err,
-                            size_t err_len)
+                            const char *reasoning_parser, const char *tool_parser,
+                            char *err, size_t err_len)
 {
     dsq_chat_t *c = calloc(1, sizeof(*c));
     char *src = NULL, why[400] = "";
@@ -108,9 +109,24 @@ dsq_chat_t *dsq_chat_create(const char *template_path,
             goto fail;
         }
     }
-    dsq_log(DSQ_LOG_INFO, "event=chat_template source=%s reasoning_parser=%s",
+    /* issue 22: the tool-call syntax, named or from the template; a
+     * template that shows none gets Hermes' <tool_call> JSON (what a
+     * constrained call is then written in) */
+    if (!tool_parser || !*tool_parser || !strcmp(tool_parser, "auto")) {
+        c->tool_parser = dsq_tool_parser_detect(c->source);
+        if (c->tool_parser == DSQ_TOOL_PARSER_NONE)
+            c->tool_parser = DSQ_TOOL_PARSER_HERMES;
+    } else if (dsq_tool_parser_from_name(tool_parser, &c->tool_parser)) {
+        snprintf(err, err_len, "--tool-call-parser %.100s: unknown parser (known: auto, "
+                 "deepseek, deepseek_v3, deepseek_v31, hermes, qwen, none)", tool_parser);
+        goto fail;
+    }
+    dsq_log(DSQ_LOG_INFO, "event=chat_template source=%s reasoning_parser=%s "
+            "tool_call_parser=%s",
             template_path ? "file" : model_template ? "model" : "none",
-            c->reasoning ? "deepseek_r1" : "none");
+            c->reasoning ? "deepseek_r1" : "none",
+            c->tool_parser == DSQ_TOOL_PARSER_DEEPSEEK ? "deepseek"
+            : c->tool_parser == DSQ_TOOL_PARSER_HERMES ? "hermes" : "none");
     free(src);
     return c;
 fail:
@@ -137,6 +153,11 @@ const char *dsq_chat_template_source(const dsq_chat_t *c)
 
 const char *dsq_chat_bos_text(const dsq_chat_t *c) { return c ? c->bos : NULL; }
 const char *dsq_chat_eos_text(const dsq_chat_t *c) { return c ? c->eos : NULL; }
+
+dsq_tool_parser_t dsq_chat_tool_parser(const dsq_chat_t *c)
+{
+    return c ? c->tool_parser : DSQ_TOOL_PARSER_NONE;
+}
 
 bool dsq_chat_has_reasoning(const dsq_chat_t *c)
 {

@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/text/tokenizer.h"
+#include "engine/text/tool_calls.h"
 #include "server/error.h"
 
 /* Immutable after create; shared by every connection thread. */
@@ -27,15 +28,17 @@ typedef struct dsq_chat dsq_chat_t;
 
 /* template_path: --chat-template FILE or NULL; model_template: the model's
  * own template text or NULL; tok: borrowed, must outlive the result;
- * reasoning_parser: NULL, "" or "none" (off) or "deepseek_r1".
+ * reasoning_parser: NULL, "" or "none" (off) or "deepseek_r1";
+ * tool_parser: NULL, "" or "auto" (from the template's text, Hermes when
+ * it shows no call syntax), or a name of dsq_tool_parser_from_name.
  * No template at all is not an error (chat requests then get a 400).
  * Returns NULL with a one-line reason in err when the file cannot be read,
  * the template does not compile, or the parser name is unknown. */
 dsq_chat_t *dsq_chat_create(const char *template_path,
                             const char *model_template,
                             const dsq_tokenizer_t *tok,
-                            const char *reasoning_parser, char *err,
-                            size_t err_len);
+                            const char *reasoning_parser, const char *tool_parser,
+                            char *err, size_t err_len);
 void dsq_chat_destroy(dsq_chat_t *c);   /* NULL is a no-op */
 
 /* users: the template's Jinja2 text as loaded (NUL-terminated, owned by
@@ -45,6 +48,10 @@ const char *dsq_chat_template_source(const dsq_chat_t *c);
  * owned by c; NULL when the tokenizer has none. */
 const char *dsq_chat_bos_text(const dsq_chat_t *c);
 const char *dsq_chat_eos_text(const dsq_chat_t *c);
+
+/* The tool-call syntax (--tool-call-parser): how calls are parsed out of
+ * the output and written when tool_choice constrains decoding. */
+dsq_tool_parser_t dsq_chat_tool_parser(const dsq_chat_t *c);
 
 /* True when --reasoning-parser deepseek_r1 is on. */
 bool dsq_chat_has_reasoning(const dsq_chat_t *c);

@@ -37,6 +37,8 @@
 #include "server/json.h"
 #include "server/openai.h"
 #include "server/reasoning.h"
+#include "engine/text/grammar.h"
+#include "engine/text/tool_calls.h"
 
 #define CANCEL_GRACE_S 5.0
 #define QUEUE_TIMEOUT_MSG "the request waited past --max-queue-wait without being " \
@@ -200,6 +202,12 @@ typedef struct choice_st {
     int64_t final_tokens;        /* engine's completion_tokens, if given    */
     double t_last;
     dsq_reasoning_t rs;          /* chat with a reasoning parser, streaming */
+    /* issue 22, chat with tools, streaming: content held back from where a
+     * tool call may start (parsed at the finish), and whether any content
+     * went out before it */
+    char *th;
+    size_t th_len, th_cap;
+    bool th_any;
 } choice_st;
 
 typedef struct conn {
@@ -255,6 +263,7 @@ typedef struct conn {
     /* chat */
     bool reasoning;              /* split output with the reasoning parser  */
     bool prompt_in_think;        /* the rendered prompt opened <think>      */
+    dsq_tool_parser_t tools;     /* issue 22: parse calls out (NONE: off)   */
 } conn_t;
 
 static void cancel_all(conn_t *c)
@@ -778,6 +787,97 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     }
 }
 
+/* issue 22: tool calls of a chat choice, streamed. The content delta *d
+ * goes into the choice's hold buffer; what cannot be the start of a call
+ * (dsq_tool_calls_safe_prefix, and not trailing whitespace, which the
+ * non-streamed answer trims before a call) is given back in *d to send.
+ * At the finish the held text is parsed: true when it held calls (then
+ * *d is the content around them, tool_stream_calls sends them), else all
+ * of it is content. */
+static bool tool_stream_hold(conn_t *c, int idx, choice_st *ch, dsq_reasoning_delta_t *d,
+                             dsq_finish_t finish)
+{
+    (void)idx;
+    if (d->content_len) {
+        if (ch->th_len + d->content_len + 1 > ch->th_cap) {
+            size_t cap = (ch->th_len + d->content_len + 1) * 2;
+            char *p = realloc(ch->th, cap);
+            if (!p)
+                return false;   /* out of memory: the delta goes out as is */
+            ch->th = p;
+            ch->th_cap = cap;
+        }
+        memcpy(ch->th + ch->th_len, d->content, d->content_len);
+        ch->th_len += d->content_len;
+        ch->th[ch->th_len] = '\0';
+    }
+    free(d->content);
+    d->content = NULL;
+    d->content_len = 0;
+    size_t emit = 0;
+    bool called = false;
+    if (finish == DSQ_FINISH_NONE) {
+        emit = dsq_tool_calls_safe_prefix(c->tools, ch->th ? ch->th : "", ch->th_len);
+        while (emit > 0 && strchr(" \t\r\n", ch->th[emit - 1]))
+            emit--;
+    } else {
+        dsq_tool_parse_t r;
+        if (ch->th_len && finish == DSQ_FINISH_STOP &&
+            dsq_tool_calls_parse(c->tools, ch->th, ch->th_len, &r) == DSQ_OK) {
+            if (r.n_calls > 0) {
+                called = true;
+                /* the content around the calls, as the non-streamed
+                 * answer has it: after what went out, a newline */
+                size_t n = r.content_len + (ch->th_any && r.content_len ? 1 : 0);
+                char *t = malloc(n + 1);
+                if (t) {
+                    size_t k = 0;
+                    if (ch->th_any && r.content_len)
+                        t[k++] = '\n';
+                    memcpy(t + k, r.content, r.content_len);
+                    t[n] = '\0';
+                    d->content = t;
+                    d->content_len = n;
+                }
+                /* the calls stay in ch->th as the parsed text for
+                 * tool_stream_calls */
+            }
+            dsq_tool_parse_free(&r);
+        }
+        if (!called)
+            emit = ch->th_len;
+    }
+    if (emit > 0) {
+        d->content = strndup(ch->th, emit);
+        d->content_len = d->content ? emit : 0;
+        memmove(ch->th, ch->th + emit, ch->th_len - emit + 1);
+        ch->th_len -= emit;
+        ch->th_any = true;
+    }
+    return called;
+}
+
+/* The held text's calls as one delta.tool_calls chunk. */
+static void tool_stream_calls(conn_t *c, int idx, choice_st *ch)
+{
+    dsq_tool_parse_t r;
+    if (dsq_tool_calls_parse(c->tools, ch->th, ch->th_len, &r) != DSQ_OK)
+        return;
+    dsq_tool_call_out_t *out = calloc((size_t)r.n_calls, sizeof(*out));
+    char (*ids)[40] = calloc((size_t)r.n_calls, sizeof(*ids));
+    if (out && ids) {
+        for (int k = 0; k < r.n_calls; k++) {
+            dsq_openai_new_id(ids[k], sizeof(ids[k]), "call_");
+            out[k] = (dsq_tool_call_out_t){ids[k], r.calls[k].name, r.calls[k].arguments};
+        }
+        pend_add(c, dsq_openai_chat_tool_chunk(c->id, c->created, c->h->cfg.served_model_name,
+                                               idx, out, r.n_calls, 0, c->req.include_usage));
+    }
+    free(out);
+    free(ids);
+    dsq_tool_parse_free(&r);
+}
+
 /* chatapi: one engine event of a streamed chat choice -> content /
  * reasoning_content deltas, then a separate finish_reason chunk. */
 static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
@@ -812,6 +912,9 @@ static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
         d.content = strndup(o->text, o->text_len);
         d.content_len = d.content ? o->text_len : 0;
     }
+    bool called = false;
+    if (c->tools != DSQ_TOOL_PARSER_NONE)
+        called = tool_stream_hold(c, idx, ch, &d, o->finish);
     if (c->req.sp.logprobs >= 0 && o->n_tokens &&
         (lp = dsq_openai_chat_logprobs_new()))
         dsq_openai_chat_logprobs_add(lp, o, token_text, (void *)c->tok);
@@ -821,10 +924,14 @@ static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
                         d.content_len || !d.reasoning_len ? (d.content ? d.content : "") : NULL,
                         d.content_len, d.reasoning_len ? d.reasoning : NULL,
                         d.reasoning_len, lp, DSQ_FINISH_NONE, usage_null));
+    if (called)
+        tool_stream_calls(c, idx, ch);
     if (o->finish != DSQ_FINISH_NONE)
-        pend_add(c, dsq_openai_chat_chunk(c->id, c->created, model, idx, NULL,
-                                          NULL, 0, NULL, 0, NULL, o->finish,
-                                          usage_null));
+        pend_add(c, called ? dsq_openai_chat_tool_finish_chunk(c->id, c->created, model, idx,
+                                                               usage_null)
+                           : dsq_openai_chat_chunk(c->id, c->created, model, idx, NULL,
+                                                   NULL, 0, NULL, 0, NULL, o->finish,
+                                                   usage_null));
     cJSON_Delete(lp);
     dsq_reasoning_delta_free(&d);
 }
@@ -994,9 +1101,14 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
 {
     dsq_chat_choice_out_t *outs = calloc((size_t)c->n_choices, sizeof(*outs));
     dsq_reasoning_delta_t *ds = calloc((size_t)c->n_choices, sizeof(*ds));
+    /* issue 22: per choice, the parsed calls, their output rows and ids */
+    bool tools = c->tools != DSQ_TOOL_PARSER_NONE;
+    dsq_tool_parse_t *tp = tools ? calloc((size_t)c->n_choices, sizeof(*tp)) : NULL;
+    dsq_tool_call_out_t **tc = tools ? calloc((size_t)c->n_choices, sizeof(*tc)) : NULL;
+    char (**tid)[40] = tools ? calloc((size_t)c->n_choices, sizeof(*tid)) : NULL;
     dsq_usage_t u;
     char *body = NULL;
-    bool ok = outs && ds;
+    bool ok = outs && ds && (!tools || (tp && tc && tid));
     for (int i = 0; ok && i < c->n_choices; i++) {
         choice_st *ch = &c->choices[i];
         outs[i].index = i;
@@ -1037,6 +1149,30 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
             outs[i].reasoning = ds[i].reasoning_len ? ds[i].reasoning : NULL;
             outs[i].reasoning_len = ds[i].reasoning_len;
         }
+        /* issue 22: tool calls parsed out of a choice that stopped */
+        if (c->tools != DSQ_TOOL_PARSER_NONE && ch->finish == DSQ_FINISH_STOP && tp && tc) {
+            if (dsq_tool_calls_parse(c->tools, outs[i].content, outs[i].content_len, &tp[i])) {
+                ok = false;
+                break;
+            }
+            if (tp[i].n_calls > 0) {
+                tc[i] = calloc((size_t)tp[i].n_calls, sizeof(*tc[i]));
+                tid[i] = calloc((size_t)tp[i].n_calls, sizeof(*tid[i]));
+                if (!tc[i] || !tid[i]) {
+                    ok = false;
+                    break;
+                }
+                for (int k = 0; k < tp[i].n_calls; k++) {
+                    dsq_openai_new_id(tid[i][k], sizeof(tid[i][k]), "call_");
+                    tc[i][k] = (dsq_tool_call_out_t){tid[i][k], tp[i].calls[k].name,
+                                                     tp[i].calls[k].arguments};
+                }
+                outs[i].content = tp[i].content;
+                outs[i].content_len = tp[i].content_len;
+                outs[i].tool_calls = tc[i];
+                outs[i].n_tool_calls = tp[i].n_calls;
+            }
+        }
     }
     if (ok) {
         usage_of(c, &u);
@@ -1046,6 +1182,14 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
     }
     for (int i = 0; ds && i < c->n_choices; i++)
         dsq_reasoning_delta_free(&ds[i]);
+    for (int i = 0; tools && tp && tc && tid && i < c->n_choices; i++) {
+        dsq_tool_parse_free(&tp[i]);
+        free(tc[i]);
+        free(tid[i]);
+    }
+    free(tp);
+    free(tc);
+    free(tid);
     free(ds);
     free(outs);
     if (!body)
@@ -1190,6 +1334,35 @@ static enum MHD_Result do_chat(conn_t *c)
     c->reasoning = dsq_chat_has_reasoning(c->h->chat);
     c->prompt_in_think = c->reasoning &&
         dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
+    /* issue 22: tools. required / a named function: decoding is
+     * constrained to calls in the model's syntax with valid arguments */
+    if (q->tool_choice != DSQ_TOOL_CHOICE_NONE)
+        c->tools = dsq_chat_tool_parser(c->h->chat);
+    if (q->tool_choice >= DSQ_TOOL_CHOICE_REQUIRED) {
+        char why[320] = "", *gbnf = NULL;
+        int rc = c->tools == DSQ_TOOL_PARSER_NONE ? DSQ_EINVAL
+               : dsq_grammar_gbnf_for_tool_calls(q->tools,
+                                                 q->tool_choice == DSQ_TOOL_CHOICE_NAMED
+                                                     ? q->tool_name : NULL,
+                                                 c->tools, q->parallel_tool_calls, &gbnf, why,
+                                                 sizeof(why));
+        if (c->tools == DSQ_TOOL_PARSER_NONE)
+            snprintf(why, sizeof(why), "--tool-call-parser none: no call syntax to constrain "
+                     "to");
+        if (!rc)
+            rc = dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &q->sp.grammar, why,
+                                       sizeof(why));
+        free(gbnf);
+        if (rc == DSQ_ENOMEM)
+            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        if (rc) {
+            char msg[400];
+            snprintf(msg, sizeof(msg), "'tools': %s", why);
+            return send_error(c, rc == DSQ_EUNSUPPORTED ? DSQ_APIERR_UNSUPPORTED
+                                                        : DSQ_APIERR_INVALID_REQUEST,
+                              "tools", msg);
+        }
+    }
     return start_requests(c);
 }
 
@@ -1658,6 +1831,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     waiter_put(h, c->w);
     for (int i = 0; i < c->n_choices; i++) {
         free(c->choices[i].text);
+        free(c->choices[i].th);
         cJSON_Delete(c->choices[i].lp);
     }
     free(c->choices);
@@ -2108,11 +2282,11 @@ fail:
 
 int dsq_http_set_chat(dsq_http_t *h, dsq_engine_t *e,
                       const char *template_path, const char *reasoning_parser,
-                      char *err, size_t err_len)
+                      const char *tool_parser, char *err, size_t err_len)
 {
     dsq_chat_t *chat = dsq_chat_create(template_path, dsq_engine_chat_template(e),
                                        dsq_engine_tokenizer(e),
-                                       reasoning_parser, err, err_len);
+                                       reasoning_parser, tool_parser, err, err_len);
     if (!chat)
         return DSQ_EINVAL;
     dsq_chat_destroy(h->chat);

@@ -83,13 +83,14 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
 /* chatapi: set up /v1/chat/completions for engine e (call after the engine
  * is created, before dsq_http_set_engine): compiles the chat template from
  * template_path (--chat-template; NULL = the model's own, if any) and
- * selects the reasoning parser (NULL/"none" or "deepseek_r1"). Returns 0,
+ * selects the reasoning parser (NULL/"none" or "deepseek_r1") and the
+ * tool-call parser (dsq_chat_create). Returns 0,
  * or DSQ_EINVAL with a one-line reason in err (unreadable file, template
  * that does not compile, unknown parser): the daemon should then refuse
  * to start. Without a template chat requests get a 400. */
 int dsq_http_set_chat(dsq_http_t *h, dsq_engine_t *e,
                       const char *template_path, const char *reasoning_parser,
-                      char *err, size_t err_len);
+                      const char *tool_parser, char *err, size_t err_len);
 /* The engine is loaded: serve requests with it (borrowed until
  * dsq_http_stop returns). /health turns 200. */
 void dsq_http_set_engine(dsq_http_t *h, dsq_engine_t *e);

@@ -311,7 +311,7 @@ int main(int argc, char **argv)
     }
     /* chatapi: a chat template that does not compile stops the daemon */
     if (dsq_http_set_chat(http, engine, o.chat_template, o.reasoning_parser,
-                          err, sizeof(err))) {
+                          o.tool_call_parser, err, sizeof(err))) {
         dsq_log(DSQ_LOG_ERROR, "event=chat_template_failed reason=\"%s\"", err);
         goto out;
     }

@@ -791,17 +791,17 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
     return DSQ_OK;
 }
 
-/* users: tool calls not built yet (issue 22): a request that asks for
- * them gets a 400 naming the field, never text that only pretends to
- * comply. Asking: a non-empty tools array unless tool_choice is "none";
- * tool_choice other than "none" / "auto" without tools; the legacy
- * functions / function_call. */
-static int reject_structured(const cJSON *root, dsq_api_error_t *err)
+/* users: tools (issue 22). tools must have OpenAI's shape on either
+ * route; tool_choice ("none", "auto", "required" or {"type": "function",
+ * "function": {"name": ...}} naming one of the tools) and
+ * parallel_tool_calls go into r (chat only: a completions request that
+ * asks for calls is a 400). The legacy functions / function_call are
+ * refused, not ignored. */
+static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
+                       dsq_api_error_t *err)
 {
     const cJSON *v;
     const cJSON *tools = field(root, "tools"), *tc = field(root, "tool_choice");
-    bool choice_none = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
-    bool choice_auto = cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto");
     if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
                                  "'tools' must be an array, got %s", type_name(tools));
@@ -812,11 +812,16 @@ static int reject_structured(const cJSON *root, dsq_api_error_t *err)
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(v, "type");
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(v, "function");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         if (!cJSON_IsObject(v) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") ||
             !cJSON_IsObject(fn) || !cJSON_IsString(nm) || !nm->valuestring[0])
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
                                      "'tools[%d]' must be {\"type\": \"function\", "
                                      "\"function\": {\"name\": string, ...}}", ti);
+        if (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                     "'tools[%d].function.parameters' must be a JSON Schema "
+                                     "object", ti);
         ti++;
     }
     /* the legacy function-calling fields (OpenAI's deprecated functions /
@@ -824,21 +829,65 @@ static int reject_structured(const cJSON *root, dsq_api_error_t *err)
     const cJSON *fns = field(root, "functions"), *fc = field(root, "function_call");
     if (fns && !cJSON_IsNull(fns) && !(cJSON_IsArray(fns) && cJSON_GetArraySize(fns) == 0))
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "functions",
-                                 "function calling ('functions') is not supported yet");
+                                 "the legacy 'functions' is not supported: use 'tools'");
     if (fc && !cJSON_IsNull(fc) &&
         !(cJSON_IsString(fc) && (!strcmp(fc->valuestring, "none") ||
                                  !strcmp(fc->valuestring, "auto"))))
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "function_call",
-                                 "function calling ('function_call') is not supported yet");
-    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 && !choice_none)
+                                 "the legacy 'function_call' is not supported: use "
+                                 "'tool_choice'");
+    r->parallel_tool_calls = true;
+    int rc = get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err);
+    if (rc)
+        return rc;
+    r->tool_choice = ti > 0 ? DSQ_TOOL_CHOICE_AUTO : DSQ_TOOL_CHOICE_NONE;
+    if (tc && !cJSON_IsNull(tc)) {
+        const cJSON *fn = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "function")
+                                             : NULL;
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *ty = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "type")
+                                             : NULL;
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) {
+            r->tool_choice = DSQ_TOOL_CHOICE_NONE;
+        } else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")) {
+            r->tool_choice = ti > 0 ? DSQ_TOOL_CHOICE_AUTO : DSQ_TOOL_CHOICE_NONE;
+        } else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) {
+            r->tool_choice = DSQ_TOOL_CHOICE_REQUIRED;
+        } else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "function") &&
+                   cJSON_IsString(nm)) {
+            bool found = false;
+            cJSON_ArrayForEach(v, tool_list) {
+                const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(
+                    cJSON_GetObjectItemCaseSensitive(v, "function"), "name");
+                found |= !strcmp(n2->valuestring, nm->valuestring);
+            }
+            if (!found)
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tool_choice",
+                                         "'tool_choice' names '%.80s', which is not in "
+                                         "'tools'", nm->valuestring);
+            if (!(r->tool_name = strdup(nm->valuestring)))
+                return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            r->tool_choice = DSQ_TOOL_CHOICE_NAMED;
+        } else {
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tool_choice",
+                                     "'tool_choice' must be \"none\", \"auto\", "
+                                     "\"required\" or {\"type\": \"function\", "
+                                     "\"function\": {\"name\": ...}}");
+        }
+        if (r->tool_choice >= DSQ_TOOL_CHOICE_REQUIRED && ti == 0)
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tool_choice",
+                                     "'tool_choice' asks for a call but 'tools' is empty");
+    }
+    if (!chat && r->tool_choice != DSQ_TOOL_CHOICE_NONE)
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "tools",
-                                 "tool calls are not supported yet: 'tools' needs "
-                                 "'tool_choice': \"none\" (the tools are then only shown "
-                                 "to the model's chat template)");
-    if (tc && !cJSON_IsNull(tc) && !choice_none && !choice_auto)
-        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "tool_choice",
-                                 "tool calls are not supported yet: 'tool_choice' may "
-                                 "only be \"none\" or \"auto\"");
+                                 "tool calls are for /v1/chat/completions; on completions "
+                                 "'tools' needs 'tool_choice': \"none\"");
+    if (r->tool_choice >= DSQ_TOOL_CHOICE_REQUIRED && r->sp.grammar)
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tool_choice",
+                                 "'tool_choice' %s and another constraint both constrain the "
+                                 "output; give one",
+                                 r->tool_choice == DSQ_TOOL_CHOICE_NAMED ? "naming a function"
+                                                                         : "\"required\"");
     return DSQ_OK;
 }
 
@@ -872,9 +921,9 @@ static int parse_request(const char *body, size_t len,
 
     if ((rc = check_model(root, lim, true, err)))
         goto fail;
-    if ((rc = reject_structured(root, err)))
-        goto fail;
     if ((rc = parse_structured(root, r, err)))
+        goto fail;
+    if ((rc = parse_tools(root, chat, r, err)))
         goto fail;
     if (chat) {
         if ((rc = dsq__openai_parse_messages(root, &r->messages, &r->tools, err)))
@@ -1082,6 +1131,7 @@ void dsq_completion_req_deinit(dsq_completion_req_t *r)
         return;
     cJSON_Delete(r->messages);
     cJSON_Delete(r->tools);
+    free(r->tool_name);
     for (int i = 0; i < r->n_prompts; i++) {
         free(r->prompts[i].text);
         free(r->prompts[i].ids);
@@ -1535,21 +1585,49 @@ int dsq_openai_chat_logprobs_add(cJSON *lp, const dsq_output_t *o,
     return DSQ_OK;
 }
 
+static cJSON *tool_calls_json(const dsq_tool_call_out_t *calls, int n, int first, bool stream)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (int k = 0; arr && k < n; k++) {
+        cJSON *t = cJSON_CreateObject(), *f;
+        if (!t)
+            break;
+        cJSON_AddItemToArray(arr, t);
+        if (stream)
+            cJSON_AddNumberToObject(t, "index", first + k);
+        cJSON_AddStringToObject(t, "id", calls[k].id);
+        cJSON_AddStringToObject(t, "type", "function");
+        f = cJSON_AddObjectToObject(t, "function");
+        if (f) {
+            cJSON_AddStringToObject(f, "name", calls[k].name);
+            cJSON_AddStringToObject(f, "arguments", calls[k].arguments);
+        }
+    }
+    return arr;
+}
+
 static cJSON *chat_choice(const dsq_chat_choice_out_t *c)
 {
     cJSON *o = cJSON_CreateObject(), *m;
-    const char *fr = dsq_openai_finish_reason(c->finish);
+    const char *fr = c->n_tool_calls > 0 && c->finish == DSQ_FINISH_STOP
+                         ? "tool_calls" : dsq_openai_finish_reason(c->finish);
     if (!o)
         return NULL;
     cJSON_AddNumberToObject(o, "index", c->index);
     m = cJSON_AddObjectToObject(o, "message");
     if (m) {
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddItemToObject(m, "content",
-                              clean_string(c->content, c->content_len));
+        if (c->n_tool_calls > 0 && c->content_len == 0)
+            cJSON_AddNullToObject(m, "content");
+        else
+            cJSON_AddItemToObject(m, "content",
+                                  clean_string(c->content, c->content_len));
         if (c->reasoning)
             cJSON_AddItemToObject(m, "reasoning_content",
                                   clean_string(c->reasoning, c->reasoning_len));
+        if (c->n_tool_calls > 0)
+            cJSON_AddItemToObject(m, "tool_calls",
+                                  tool_calls_json(c->tool_calls, c->n_tool_calls, 0, false));
     }
     if (c->logprobs)
         cJSON_AddItemToObject(o, "logprobs", cJSON_Duplicate(c->logprobs, true));
@@ -1560,6 +1638,55 @@ static cJSON *chat_choice(const dsq_chat_choice_out_t *c)
     else
         cJSON_AddNullToObject(o, "finish_reason");
     return o;
+}
+
+char *dsq_openai_chat_tool_chunk(const char *id, int64_t created, const char *model,
+                                 int index, const dsq_tool_call_out_t *calls, int n,
+                                 int first, bool usage_null)
+{
+    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c, *d;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    c = cJSON_CreateObject();
+    if (!arr || !c) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    d = cJSON_AddObjectToObject(c, "delta");
+    if (d)
+        cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(calls, n, first, true));
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    if (usage_null)
+        cJSON_AddNullToObject(o, "usage");
+    return sse(o);
+}
+
+char *dsq_openai_chat_tool_finish_chunk(const char *id, int64_t created, const char *model,
+                                        int index, bool usage_null)
+{
+    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    c = cJSON_CreateObject();
+    if (!arr || !c) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
+    if (usage_null)
+        cJSON_AddNullToObject(o, "usage");
+    return sse(o);
 }
 
 char *dsq_openai_chat_body(const char *id, int64_t created, const char *model,

@@ -61,12 +61,26 @@ typedef struct dsq_completion_req {
     cJSON *messages;             /* validated, content normalised to string
                                     (text parts joined by "\n") or null    */
     cJSON *tools;                /* as sent, or NULL                        */
+    /* chat: tool_choice (DSQ_TOOL_CHOICE_*; AUTO when tools are given and
+     * tool_choice is not, else NONE), the function of a named choice
+     * (owned), parallel_tool_calls (default true) */
+    int tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
     /* storage behind sp */
     int32_t *logit_bias_ids;
     float *logit_bias;
     int32_t *stop_token_ids;
     char **stop;
 } dsq_completion_req_t;
+
+/* tool_choice of a chat request. */
+enum {
+    DSQ_TOOL_CHOICE_NONE = 0,    /* no tools, or "none": text only           */
+    DSQ_TOOL_CHOICE_AUTO,        /* the model may call; calls parsed out     */
+    DSQ_TOOL_CHOICE_REQUIRED,    /* decoding constrained to >= 1 call        */
+    DSQ_TOOL_CHOICE_NAMED,       /* constrained to a call of tool_name       */
+};
 
 /* What the parser checks against. */
 typedef struct dsq_openai_limits {
@@ -227,13 +241,25 @@ cJSON *dsq_openai_chat_logprobs_new(void);
 int dsq_openai_chat_logprobs_add(cJSON *lp, const dsq_output_t *o,
                                  dsq_token_text_fn fn, void *u);
 
-/* One finished chat choice. reasoning NULL: no "reasoning_content". */
+/* One tool call of a chat choice: id ("call_..."), function name and its
+ * arguments (JSON text). Borrowed strings. */
+typedef struct dsq_tool_call_out {
+    const char *id;
+    const char *name;
+    const char *arguments;
+} dsq_tool_call_out_t;
+
+/* One finished chat choice. reasoning NULL: no "reasoning_content".
+ * n_tool_calls > 0: message.tool_calls, content null when content_len is
+ * 0, finish_reason "tool_calls" (OpenAI's chat completion object). */
 typedef struct dsq_chat_choice_out {
     int index;
     const char *content;
     size_t content_len;
     const char *reasoning;
     size_t reasoning_len;
+    const dsq_tool_call_out_t *tool_calls;
+    int n_tool_calls;
     cJSON *logprobs;             /* borrowed; NULL -> "logprobs": null      */
     dsq_finish_t finish;
 } dsq_chat_choice_out_t;
@@ -255,6 +281,18 @@ char *dsq_openai_chat_chunk(const char *id, int64_t created, const char *model,
                             size_t content_len, const char *reasoning,
                             size_t reasoning_len, cJSON *logprobs,
                             dsq_finish_t finish, bool usage_null);
+/* One chat.completion.chunk whose delta carries n tool calls whole
+ * (delta.tool_calls[{index: first + k, id, type "function", function
+ * {name, arguments}}]), as the OpenAI SDKs assemble them. malloc'd, NULL
+ * on ENOMEM. */
+char *dsq_openai_chat_tool_chunk(const char *id, int64_t created, const char *model,
+                                 int index, const dsq_tool_call_out_t *calls, int n,
+                                 int first, bool usage_null);
+/* The finish chunk of a choice that ended in tool calls
+ * (finish_reason "tool_calls", empty delta). malloc'd. */
+char *dsq_openai_chat_tool_finish_chunk(const char *id, int64_t created, const char *model,
+                                        int index, bool usage_null);
+
 /* The final usage event of a chat stream ("choices": []). malloc'd. */
 char *dsq_openai_chat_usage_chunk(const char *id, int64_t created,
                                   const char *model, const dsq_usage_t *usage);

@@ -78,6 +78,7 @@ static const opt_t table[] = {
     {"padding-model", T_STR, O(padding_model), NULL, 0, 0, NULL, "padding cost model JSON from 'dsq-bench pad' (default: $XDG_CACHE_HOME/dsq/padding-<backend>.json when present; informational on cpu)", NULL},
     {"chat-template", T_STR, O(chat_template), NULL, 0, 0, NULL, "chat template file (overrides the model's)", NULL},
     {"reasoning-parser", T_STR, O(reasoning_parser), "none", 0, 0, "none|deepseek_r1", "split <think>...</think> into reasoning_content (chat)", NULL},
+    {"tool-call-parser", T_STR, O(tool_call_parser), "auto", 0, 0, "auto|deepseek|hermes|none", "the model's tool-call syntax (chat tools): auto = from the chat template", NULL},
     {"config", T_STR, O(config), NULL, 0, 0, NULL, "JSON config file; keys are these option names", NULL},
     {"plan", T_BOOL, O(plan), "false", 0, 0, NULL, "print the memory plan and exit", NULL},
     {"json", T_BOOL, O(json), "false", 0, 0, NULL, "with --plan: print the plan as a JSON object", NULL},

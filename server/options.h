@@ -64,6 +64,7 @@ typedef struct dsq_options {
     char *chat_template;
     char *padding_model;         /* pad: padding cost model JSON           */
     char *reasoning_parser;      /* none | deepseek_r1                     */
+    char *tool_call_parser;      /* auto | deepseek | hermes | none        */
     char *config;
     bool plan;
     bool json;

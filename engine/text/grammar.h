@@ -42,6 +42,7 @@
 #include <cjson/cJSON.h>
 
 #include "tokenizer.h"
+#include "tool_calls.h"
 
 typedef struct dsq_grammar dsq_grammar_t;
 typedef struct dsq_grammar_vocab dsq_grammar_vocab_t;
@@ -128,6 +129,22 @@ int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **
  * DSQ_ENOMEM. */
 int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
                                       size_t err_len);
+
+/* GBNF text whose sentences are tool calls in the model's own syntax
+ * (tool_calls.h: DSQ_TOOL_PARSER_HERMES or _DEEPSEEK, as its chat template
+ * writes them) of the functions in tools (OpenAI's array of {"type":
+ * "function", "function": {"name", "parameters"}}), each call's arguments
+ * valid against that function's parameters schema (as
+ * dsq_grammar_gbnf_from_json_schema; no parameters: any object). name:
+ * only that function (tool_choice {"type": "function", ...}), NULL: any
+ * (tool_choice "required"). parallel: 1 to DSQ_GRAMMAR_MAX_TOOL_CALLS
+ * calls, else exactly one. *gbnf as above. Errors: those of the schema conversion (err names
+ * the tool's parameters by JSON pointer, /tools/N/function/parameters),
+ * DSQ_EINVAL (no such tool, no tools, format NONE), DSQ_ERANGE, DSQ_ENOMEM. */
+#define DSQ_GRAMMAR_MAX_TOOL_CALLS 8
+int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+                                    dsq_tool_parser_t format, bool parallel, char **gbnf,
+                                    char *err, size_t err_len);
 
 /* GBNF text whose sentences are exactly the strings the regex re (len
  * bytes, UTF-8) matches in full (Python re.fullmatch; vLLM's

@@ -1707,3 +1707,122 @@ int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *er
     *gbnf = root.p;
     return DSQ_OK;
 }
+
+/* ------------------------------------------------------------ tool calls */
+
+int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+                                    dsq_tool_parser_t format, bool parallel, char **gbnf,
+                                    char *err, size_t err_len)
+{
+    *gbnf = NULL;
+    if (format != DSQ_TOOL_PARSER_DEEPSEEK && format != DSQ_TOOL_PARSER_HERMES) {
+        snprintf(err, err_len, "no tool-call format to constrain to");
+        return DSQ_EINVAL;
+    }
+    conv_t c = {.err = err, .err_len = err_len};
+    sbuf_t calls = {0};
+    int rc = DSQ_OK, n = 0, i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        i++;
+        if (!cJSON_IsString(nm) || (name && strcmp(name, nm->valuestring)))
+            continue;
+        /* each tool's parameters on their own: refs resolve inside them */
+        cJSON *any = NULL;
+        if (!params || cJSON_IsNull(params))
+            params = any = cJSON_CreateObject();   /* no parameters: {} or any object */
+        c.root = params;
+        c.n_refs = 0;
+        snprintf(c.path, sizeof(c.path), "/tools/%d/function/parameters", i - 1);
+        sbuf_t args = {0};
+        rc = schema_expr(&c, params, &args);
+        cJSON_Delete(any);
+        if (rc) {
+            free(args.p);
+            break;
+        }
+        /* the name as the template writes it: a JSON string (Hermes) or
+         * bare (DeepSeek) */
+        sb_str(&calls, n ? "| " : "");
+        if (format == DSQ_TOOL_PARSER_HERMES) {
+            cJSON *ks = cJSON_CreateString(nm->valuestring);
+            char *kt = ks ? cJSON_PrintUnformatted(ks) : NULL;
+            cJSON_Delete(ks);
+            if (!kt) {
+                free(args.p);
+                rc = DSQ_ENOMEM;
+                break;
+            }
+            sbuf_t head = {0};
+            sb_str(&head, "<tool_call>\n{\"name\": ");
+            sb_str(&head, kt);
+            sb_str(&head, ", \"arguments\": ");
+            free(kt);
+            sb_lit(&calls, head.p ? head.p : "", head.n);
+            free(head.p);
+            sb_str(&calls, " ");
+            sb_add(&calls, args.p ? args.p : "", args.n);
+            sb_lit(&calls, "}\n</tool_call>", 14);
+        } else {
+            sbuf_t head = {0};
+            sb_str(&head, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+                          "function<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>");
+            sb_str(&head, nm->valuestring);
+            sb_str(&head, "\n```json\n");
+            sb_lit(&calls, head.p ? head.p : "", head.n);
+            free(head.p);
+            sb_str(&calls, " ");
+            sb_add(&calls, args.p ? args.p : "", args.n);
+            static const char tail[] = "\n```<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81"
+                                       "end\xef\xbd\x9c>";
+            sb_lit(&calls, tail, sizeof(tail) - 1);
+        }
+        sb_str(&calls, " ");
+        free(args.p);
+        n++;
+    }
+    if (!rc && n == 0) {
+        snprintf(err, err_len, name ? "no tool named '%.80s' in 'tools'" : "'tools' is empty",
+                 name ? name : "");
+        rc = DSQ_EINVAL;
+    }
+    sbuf_t out = {0};
+    if (!rc) {
+        /* parallel: at most DSQ_GRAMMAR_MAX_TOOL_CALLS calls, so a model
+         * that repeats itself still ends */
+        char sep[48] = "";
+        if (parallel)
+            snprintf(sep, sizeof(sep), "( \"\\n\" call ){0,%d}", DSQ_GRAMMAR_MAX_TOOL_CALLS - 1);
+        if (format == DSQ_TOOL_PARSER_HERMES)
+            sb_fmt(&out, "root ::= call %s\n", sep);
+        else
+            sb_fmt(&out, "root ::= \"<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
+                         "begin\xef\xbd\x9c>\" call %s \"<\xef\xbd\x9ctool\xe2\x96\x81"
+                         "calls\xe2\x96\x81" "end\xef\xbd\x9c>\"\n", sep);
+        sb_str(&out, "call ::= ");
+        sb_add(&out, calls.p, calls.n);
+        sb_str(&out, "\n");
+        sb_add(&out, c.rules.p ? c.rules.p : "", c.rules.n);
+        sb_str(&out, base_rules);
+        if (out.oom || calls.oom || c.rules.oom)
+            rc = DSQ_ENOMEM;
+        else if (out.n > DSQ_GRAMMAR_MAX_SOURCE) {
+            snprintf(err, err_len, "the tools' grammar would be larger than %u bytes",
+                     DSQ_GRAMMAR_MAX_SOURCE);
+            rc = DSQ_ERANGE;
+        }
+    }
+    free(calls.p);
+    free(c.rules.p);
+    if (rc) {
+        if (rc == DSQ_ENOMEM)
+            snprintf(err, err_len, "out of memory");
+        free(out.p);
+        return rc;
+    }
+    *gbnf = out.p;
+    return DSQ_OK;
+}

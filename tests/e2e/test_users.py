@@ -113,19 +113,18 @@ def test_json_body_without_json_content_type(server):
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
 
 
-@pytest.mark.parametrize("extra,param", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-     "tools"),
-])
-def test_structured_outputs_refused_until_built(server, extra, param):
-    body = dict({"model": MODEL_NAME, "max_tokens": 2,
-                 "messages": [{"role": "user", "content": "hi"}]}, **extra)
-    r = post(server, "/v1/chat/completions", body)
+def test_tool_calls_refused_on_completions(server):
+    # tool calls are a chat feature (tests/e2e/test_tools.py); on
+    # /v1/completions asking for them is a 400, never silently ignored
+    body = {"model": MODEL_NAME, "max_tokens": 2, "prompt": "hi",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    r = post(server, "/v1/completions", body)
     assert r.status_code == 400, r.text
     e = r.json()["error"]
-    assert e["param"] == param and e["code"] == "unsupported_parameter", e
-    assert "not supported yet" in e["message"]
+    assert e["param"] == "tools" and e["code"] == "unsupported_parameter", e
+    assert "/v1/chat/completions" in e["message"]
+    r = post(server, "/v1/completions", dict(body, tool_choice="none"))
+    assert r.status_code == 200, r.text
 
 
 def test_structured_outputs_refused_through_sdk(server):

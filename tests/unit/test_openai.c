@@ -80,6 +80,8 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"tools\":\"x\"}", 400, "tools", NULL},
     {"{" M "\"prompt\":\"a\",\"tools\":{}}", 400, "tools", NULL},
     {"{" M "\"prompt\":\"a\",\"tools\":[1],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+     400, "tools", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"tools\":[{}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
     {"{" M "\"prompt\":\"a\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
      "unsupported_parameter"},
@@ -665,30 +667,56 @@ static void test_chat_parse(void **state)
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(m, "tool_calls")));
     assert_int_equal(cJSON_GetArraySize(r.tools), 1);
     dsq_completion_req_deinit(&r);
-    /* users: tools that ask for calls, and tool_choice without "none"/"auto",
-     * are refused until tool calling exists; response_format text passes */
+    /* users: tool_choice and parallel_tool_calls (issue 22); a named
+     * function must be one of the tools; the legacy functions fields are
+     * refused; response_format text passes */
     {
-        static const struct { const char *body, *param; } no[] = {
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", "tools"},
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
-             "\"tool_choice\":\"required\"}", "tools"},
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice"},
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"functions\":[{\"name\":\"f\"}]}", "functions"},
-            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-             "\"function_call\":{\"name\":\"f\"}}", "function_call"},
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+#define TOOL_F "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"
+        static const struct { const char *body; int choice; const char *name; bool par; } yes[] = {
+            {"{" M MSG TOOL_F "}", DSQ_TOOL_CHOICE_AUTO, NULL, true},
+            {"{" M MSG TOOL_F ",\"tool_choice\":\"none\"}", DSQ_TOOL_CHOICE_NONE, NULL, true},
+            {"{" M MSG TOOL_F ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false}",
+             DSQ_TOOL_CHOICE_REQUIRED, NULL, false},
+            {"{" M MSG TOOL_F ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+             "\"f\"}}}", DSQ_TOOL_CHOICE_NAMED, "f", true},
+            {"{" M MSG "\"tool_choice\":\"auto\"}", DSQ_TOOL_CHOICE_NONE, NULL, true},
+        };
+        for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+            memset(&e, 0, sizeof(e));
+            if (dsq_openai_parse_chat(yes[i].body, strlen(yes[i].body), &LIM, &r, &e))
+                fail_msg("refused: %s: %s", yes[i].body, e.message);
+            assert_int_equal(r.tool_choice, yes[i].choice);
+            assert_true(r.parallel_tool_calls == yes[i].par);
+            if (yes[i].name)
+                assert_string_equal(r.tool_name, yes[i].name);
+            dsq_completion_req_deinit(&r);
+        }
+        static const struct { const char *body, *param, *code; } no[] = {
+            {"{" M MSG "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", NULL},
+            {"{" M MSG TOOL_F ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+             "\"g\"}}}", "tool_choice", NULL},
+            {"{" M MSG "\"tool_choice\":\"required\"}", "tool_choice", NULL},
+            {"{" M MSG TOOL_F ",\"tool_choice\":\"always\"}", "tool_choice", NULL},
+            {"{" M MSG TOOL_F ",\"tool_choice\":\"required\",\"guided_regex\":\"a\"}",
+             "tool_choice", NULL},
+            {"{" M MSG TOOL_F ",\"parallel_tool_calls\":1}", "parallel_tool_calls", NULL},
+            {"{" M MSG "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+             "\"parameters\":3}}]}", "tools", NULL},
+            {"{" M MSG "\"functions\":[{\"name\":\"f\"}]}", "functions", "unsupported_parameter"},
+            {"{" M MSG "\"function_call\":{\"name\":\"f\"}}", "function_call",
+             "unsupported_parameter"},
         };
         for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
             memset(&e, 0, sizeof(e));
             if (dsq_openai_parse_chat(no[i].body, strlen(no[i].body), &LIM, &r, &e) != DSQ_EINVAL)
                 fail_msg("accepted: %s", no[i].body);
             assert_string_equal(e.param, no[i].param);
-            assert_non_null(dsq_apierr_code(e.kind));
-            assert_string_equal(dsq_apierr_code(e.kind), "unsupported_parameter");
+            if (no[i].code)
+                assert_string_equal(dsq_apierr_code(e.kind), no[i].code);
         }
+#undef MSG
+#undef TOOL_F
         const char *b = "{" M "\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"
                         "{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],"
                         "\"tool_choice\":\"auto\",\"response_format\":{\"type\":\"text\"}}";

@@ -8,6 +8,10 @@
  *    broken arguments, no name). Each must parse to the recorded calls
  *    (names equal, arguments equal as JSON) and content; a malformed one
  *    to no calls and the whole text as content.
+ *  - The tool-call grammar (tool_choice required / named): the templates'
+ *    own renderings of calls are sentences of it (exactly one call unless
+ *    parallel), a call of another function or with arguments off its
+ *    schema is not.
  *  - The parser is picked from a chat template's text; names map to
  *    parsers; the streaming hold-back offset covers a marker's prefix.
  */
@@ -22,6 +26,7 @@
 #include <string.h>
 
 #include "engine/common/error.h"
+#include "engine/text/grammar.h"
 #include "engine/text/tool_calls.h"
 #include "test_common.h"
 
@@ -72,6 +77,126 @@ static void test_golden(void **state)
     assert_true(n >= 50 && n_calls >= 15 && n_malformed >= 30);
 }
 
+static bool sentence(const dsq_grammar_t *g, const char *s)
+{
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    assert_non_null(m);
+    bool ok = dsq_grammar_matcher_accept_bytes(m, s, strlen(s)) == DSQ_OK &&
+              dsq_grammar_matcher_can_end(m);
+    dsq_grammar_matcher_free(m);
+    return ok;
+}
+
+static dsq_grammar_t *tool_grammar(const char *tools_json, const char *name,
+                                   dsq_tool_parser_t f, bool parallel)
+{
+    cJSON *tools = cJSON_Parse(tools_json);
+    assert_non_null(tools);
+    char err[256], *gbnf = NULL;
+    int rc = dsq_grammar_gbnf_for_tool_calls(tools, name, f, parallel, &gbnf, err, sizeof(err));
+    if (rc)
+        fail_msg("tool grammar: %s", err);
+    cJSON_Delete(tools);
+    dsq_grammar_t *g = NULL;
+    rc = dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &g, err, sizeof(err));
+    if (rc)
+        fail_msg("tool grammar did not compile: %s\n%s", err, gbnf);
+    free(gbnf);
+    return g;
+}
+
+#define DS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
+
+static void test_tool_grammar(void **state)
+{
+    (void)state;
+    char *path = path_join("DSQ_SOURCE_ROOT", ".", "tests/golden/tool_call_cases.jsonl");
+    char *text = read_all(path, NULL);
+    free(path);
+    int n_checked = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#')
+            continue;
+        cJSON *c = cJSON_Parse(line);
+        const char *src = cJSON_GetObjectItem(c, "source")->valuestring;
+        const cJSON *calls = cJSON_GetObjectItem(c, "calls");
+        /* the templates' renderings of calls with no text before them */
+        if (!strstr(src, "chat template") || strstr(src, "malformed") ||
+            cJSON_GetArraySize(calls) == 0 || cJSON_GetObjectItem(c, "content")->valuestring[0]) {
+            cJSON_Delete(c);
+            continue;
+        }
+        dsq_tool_parser_t f = strstr(src, "Qwen") ? DSQ_TOOL_PARSER_HERMES
+                                                  : DSQ_TOOL_PARSER_DEEPSEEK;
+        /* tools: the called names, any object as parameters, plus one more */
+        char tools[2048] = "[{\"type\":\"function\",\"function\":{\"name\":\"other\"}}";
+        const cJSON *k;
+        cJSON_ArrayForEach(k, calls) {
+            char one[256];
+            snprintf(one, sizeof(one), ",{\"type\":\"function\",\"function\":{\"name\":\"%s\","
+                     "\"parameters\":{\"type\":\"object\"}}}",
+                     cJSON_GetObjectItem(k, "name")->valuestring);
+            strcat(tools, one);
+        }
+        strcat(tools, "]");
+        /* the V3 template leaves out calls_end after a single call; a
+         * constrained output always has it */
+        char t[4096];
+        snprintf(t, sizeof(t), "%s", cJSON_GetObjectItem(c, "text")->valuestring);
+        if (f == DSQ_TOOL_PARSER_DEEPSEEK && !strstr(t, DS_END))
+            strcat(t, DS_END);
+        bool multi = cJSON_GetArraySize(calls) > 1;
+        dsq_grammar_t *any = tool_grammar(tools, NULL, f, true);
+        dsq_grammar_t *one = tool_grammar(tools, NULL, f, false);
+        const char *first = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "name")->valuestring;
+        dsq_grammar_t *named = tool_grammar(tools, first, f, false);
+        dsq_grammar_t *other = tool_grammar(tools, "other", f, true);
+        if (!sentence(any, t))
+            fail_msg("%s: not a sentence of the tool grammar: %s", src, t);
+        assert_true(sentence(one, t) == !multi);
+        assert_true(sentence(named, t) == !multi);
+        assert_false(sentence(other, t));
+        /* what the grammar allows, the parser reads back */
+        dsq_tool_parse_t r;
+        assert_int_equal(dsq_tool_calls_parse(f, t, strlen(t), &r), DSQ_OK);
+        assert_int_equal(r.n_calls, cJSON_GetArraySize(calls));
+        dsq_tool_parse_free(&r);
+        dsq_grammar_free(any);
+        dsq_grammar_free(one);
+        dsq_grammar_free(named);
+        dsq_grammar_free(other);
+        cJSON_Delete(c);
+        n_checked++;
+    }
+    free(text);
+    /* arguments off the schema are not sentences */
+    const char *typed = "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\","
+                        "\"maximum\":9}},\"required\":[\"n\"]}}}]";
+    dsq_grammar_t *g = tool_grammar(typed, NULL, DSQ_TOOL_PARSER_HERMES, false);
+    assert_true(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 7}}\n</tool_call>"));
+    assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 12}}\n</tool_call>"));
+    assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>"));
+    dsq_grammar_free(g);
+    /* errors: no such tool; a parameters schema outside the subset, named */
+    cJSON *tools = cJSON_Parse(typed);
+    char err[256], *gbnf = NULL;
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, "x", DSQ_TOOL_PARSER_HERMES, true,
+                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_non_null(strstr(err, "no tool named 'x'"));
+    cJSON_Delete(tools);
+    tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+                        "{\"type\":\"object\",\"patternProperties\":{}}}}]");
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_DEEPSEEK, true,
+                                                     &gbnf, err, sizeof(err)), DSQ_EUNSUPPORTED);
+    assert_non_null(strstr(err, "/tools/0/function/parameters"));
+    assert_null(gbnf);
+    cJSON_Delete(tools);
+    print_message("# tool grammar: %d template renderings are sentences\n", n_checked);
+    assert_true(n_checked >= 8);
+}
+
 static void test_detect_names_and_prefix(void **state)
 {
     (void)state;
@@ -112,6 +237,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_tool_grammar),
         cmocka_unit_test(test_detect_names_and_prefix),
     };
     return cmocka_run_group_tests_name("tool_calls", tests, NULL, NULL);
