@@ -1585,6 +1585,27 @@ int dsq_openai_chat_logprobs_add(cJSON *lp, const dsq_output_t *o,
     return DSQ_OK;
 }
 
+/* A chat.completion.chunk with one choice {index} in *choice; NULL (and
+ * nothing owned) on ENOMEM. */
+static cJSON *chunk_of(const char *id, int64_t created, const char *model, int index,
+                       cJSON **choice)
+{
+    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c;
+    if (!o)
+        return NULL;
+    arr = cJSON_AddArrayToObject(o, "choices");
+    c = cJSON_CreateObject();
+    if (!arr || !c) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    *choice = c;
+    return o;
+}
+
 static cJSON *tool_calls_json(const dsq_tool_call_out_t *calls, int n, int first, bool stream)
 {
     cJSON *arr = cJSON_CreateArray();
@@ -1644,18 +1665,9 @@ char *dsq_openai_chat_tool_chunk(const char *id, int64_t created, const char *mo
                                  int index, const dsq_tool_call_out_t *calls, int n,
                                  int first, bool usage_null)
 {
-    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c, *d;
+    cJSON *c = NULL, *d, *o = chunk_of(id, created, model, index, &c);
     if (!o)
         return NULL;
-    arr = cJSON_AddArrayToObject(o, "choices");
-    c = cJSON_CreateObject();
-    if (!arr || !c) {
-        cJSON_Delete(c);
-        cJSON_Delete(o);
-        return NULL;
-    }
-    cJSON_AddItemToArray(arr, c);
-    cJSON_AddNumberToObject(c, "index", index);
     d = cJSON_AddObjectToObject(c, "delta");
     if (d)
         cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(calls, n, first, true));
@@ -1669,18 +1681,9 @@ char *dsq_openai_chat_tool_chunk(const char *id, int64_t created, const char *mo
 char *dsq_openai_chat_tool_finish_chunk(const char *id, int64_t created, const char *model,
                                         int index, bool usage_null)
 {
-    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c;
+    cJSON *c = NULL, *o = chunk_of(id, created, model, index, &c);
     if (!o)
         return NULL;
-    arr = cJSON_AddArrayToObject(o, "choices");
-    c = cJSON_CreateObject();
-    if (!arr || !c) {
-        cJSON_Delete(c);
-        cJSON_Delete(o);
-        return NULL;
-    }
-    cJSON_AddItemToArray(arr, c);
-    cJSON_AddNumberToObject(c, "index", index);
     cJSON_AddObjectToObject(c, "delta");
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
@@ -1712,19 +1715,10 @@ char *dsq_openai_chat_chunk(const char *id, int64_t created, const char *model,
                             size_t reasoning_len, cJSON *logprobs,
                             dsq_finish_t finish, bool usage_null)
 {
-    cJSON *o = head_of(id, created, model, "chat.completion.chunk"), *arr, *c, *d;
+    cJSON *c = NULL, *d, *o = chunk_of(id, created, model, index, &c);
     const char *fr = dsq_openai_finish_reason(finish);
     if (!o)
         return NULL;
-    arr = cJSON_AddArrayToObject(o, "choices");
-    c = cJSON_CreateObject();
-    if (!arr || !c) {
-        cJSON_Delete(c);
-        cJSON_Delete(o);
-        return NULL;
-    }
-    cJSON_AddItemToArray(arr, c);
-    cJSON_AddNumberToObject(c, "index", index);
     d = cJSON_AddObjectToObject(c, "delta");
     if (d && role)
         cJSON_AddStringToObject(d, "role", role);
