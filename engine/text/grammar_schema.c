@@ -805,7 +805,9 @@ static int rx_seq(rx_t *x, sbuf_t *o)
                                    "lookaround and inline flags (?...) are not supported");
                 }
             }
-            if (++x->depth > DSQ_GRAMMAR_MAX_NESTING / 2)
+            /* ~12 KiB of stack a level (the class sets): 16 levels fit an
+             * HTTP worker thread's stack with room to spare */
+            if (++x->depth > 16)
                 return rx_fail(x, DSQ_ERANGE, "groups nested too deep");
             sb_str(&atom, "( ");
             rc = rx_alt(x, &atom);

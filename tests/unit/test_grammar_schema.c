@@ -350,6 +350,9 @@ static void test_bad_regexes(void **state)
         {"a\\", DSQ_EINVAL, "trailing backslash"},
         {"\\x4", DSQ_EINVAL, "hex digits"},
         {"(a)\\1", DSQ_EUNSUPPORTED, "backreferences"},
+        /* 40 nested groups crashed an HTTP worker (stack) before the limit */
+        {"((((((((((((((((((((((((((((((((((((((((a))))))))))))))))))))))))))))))))))))))))",
+         DSQ_ERANGE, "nested too deep"},
         {"\\bword", DSQ_EUNSUPPORTED, "anchor"},
         {"a(?!b)", DSQ_EUNSUPPORTED, "lookaround"},
         {"(?i)a", DSQ_EUNSUPPORTED, "inline flags"},
