@@ -164,12 +164,67 @@ bool dsq_chat_has_reasoning(const dsq_chat_t *c)
     return c && c->reasoning;
 }
 
+/* A copy of messages for a template that wants the other convention of
+ * an assistant tool-call turn, or NULL when nothing would change (or out of
+ * memory; the caller then reports the first failure). objects: each
+ * tool_calls[].function.arguments string that parses as a JSON object
+ * becomes that object (transformers' convention, which Qwen2.5's template
+ * writes with tojson); empty: a null or absent assistant content becomes
+ * "" (templates that add content to a string, like SmolLM2's). */
+static cJSON *messages_variant(const cJSON *messages, bool objects, bool empty)
+{
+    cJSON *copy = cJSON_Duplicate(messages, 1), *m;
+    bool changed = false;
+    if (!copy)
+        return NULL;
+    cJSON_ArrayForEach(m, copy) {
+        const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "role"));
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content"), *tc;
+        if (!role || strcmp(role, "assistant"))
+            continue;
+        if (empty && (!content || cJSON_IsNull(content))) {
+            cJSON *e = cJSON_CreateString("");
+            /* ReplaceItemInObject names the new item; ViaPointer would not */
+            if (!e || (content ? !cJSON_ReplaceItemInObjectCaseSensitive(m, "content", e)
+                               : !cJSON_AddItemToObject(m, "content", e))) {
+                cJSON_Delete(e);
+                goto fail;
+            }
+            changed = true;
+        }
+        if (!objects)
+            continue;
+        cJSON_ArrayForEach(tc, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments"), *obj;
+            if (!cJSON_IsString(args))
+                continue;
+            obj = cJSON_Parse(args->valuestring);
+            if (!cJSON_IsObject(obj) ||
+                !cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", obj)) {
+                cJSON_Delete(obj);
+                continue;
+            }
+            changed = true;
+        }
+    }
+    if (changed)
+        return copy;
+fail:
+    cJSON_Delete(copy);
+    return NULL;
+}
+
 int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
                     const cJSON *tools, bool add_generation_prompt, char **out,
                     size_t *out_len, dsq_api_error_t *err)
 {
-    char why[400] = "";
-    int rc;
+    /* the tries, in order: arguments as objects, then as sent; each with
+     * content as sent, then with "" for a null assistant content */
+    static const bool objects[4] = {true, false, true, false};
+    static const bool empty[4] = {false, false, true, true};
+    char why[400] = "", why_next[400];
+    int rc = DSQ_EINVAL;
     *out = NULL;
     if (!c || !c->t)
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
@@ -178,9 +233,28 @@ int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
                                  "chat template, e.g. the chat_template of "
                                  "the model's tokenizer_config.json), or use "
                                  "/v1/completions");
-    rc = dsq_chat_template_render(c->t, messages, tools, add_generation_prompt,
-                                  c->bos, c->eos, NULL, out, out_len, why,
-                                  sizeof(why));
+    /* Chat templates disagree on an assistant tool-call turn: transformers
+     * passes arguments as a dict and Qwen2.5 writes it with tojson, while
+     * DeepSeek-V3 adds the arguments string to text and needs content null
+     * to see the turn; SmolLM2 adds content to a string. vLLM always
+     * parses the arguments and maps null content to ""; that breaks
+     * DeepSeek's template, so dsq tries each convention until one renders
+     * and reports the failure of the messages as sent. */
+    for (int i = 0; i < 4; i++) {
+        cJSON *variant = NULL;
+        if (objects[i] || empty[i]) {
+            variant = messages_variant(messages, objects[i], empty[i]);
+            if (!variant)
+                continue;
+        }
+        rc = dsq_chat_template_render(c->t, variant ? variant : messages, tools,
+                                      add_generation_prompt, c->bos, c->eos, NULL, out,
+                                      out_len, variant ? why_next : why,
+                                      variant ? sizeof(why_next) : sizeof(why));
+        cJSON_Delete(variant);
+        if (!rc || rc == DSQ_ENOMEM)
+            break;
+    }
     if (rc == DSQ_ENOMEM)
         return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     if (rc)

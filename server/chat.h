@@ -60,7 +60,14 @@ bool dsq_chat_has_reasoning(const dsq_chat_t *c);
  * (NULL = none) with the template. *out: malloc'd NUL-terminated prompt
  * text of *out_len bytes, caller frees. Returns 0, or DSQ_EINVAL with *err
  * set to a 400 (no template: says how to provide one; the template raised
- * an exception or failed on this input: its message). */
+ * an exception or failed on this input: its message for the messages as
+ * sent), or DSQ_ENOMEM (a 500 in *err).
+ * An assistant tool-call turn is written the way the template takes it:
+ * first with each tool_calls[].function.arguments parsed to an object
+ * (transformers' convention), then as the JSON string sent; each with the
+ * content as sent, then with "" for a null or absent content. The first
+ * that renders wins (vLLM always parses and maps null to "", which
+ * DeepSeek-V3's template cannot render). */
 int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
                     const cJSON *tools, bool add_generation_prompt, char **out,
                     size_t *out_len, dsq_api_error_t *err);

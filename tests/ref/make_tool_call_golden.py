@@ -17,7 +17,9 @@ before the end marker, arguments that are not a JSON object, no name)
 must give no calls and the whole text as content.
 
   {"parser": P, "source": S, "text": T, "content": C,
-   "calls": [{"name": N, "arguments": A}]}  (A: the JSON object, parsed)
+   "calls": [{"name": N, "arguments": A, "arguments_json": J}]}
+  (A: the JSON object, parsed; J: json.dumps(A, ensure_ascii=False), the
+  string an OpenAI client sends back in an assistant turn's tool_calls)
 
 Usage: DSQ_TEST_DATA=../shared/data tests/ref/make_tool_call_golden.py [OUT]
 Needs jinja2 (in .venv).
@@ -56,6 +58,11 @@ CALLS = [
 USER = {"role": "user", "content": "Please help."}
 
 
+def wire(calls):
+    return [{"name": n, "arguments": a, "arguments_json": json.dumps(a, ensure_ascii=False)}
+            for n, a in calls]
+
+
 def deepseek_cases(tmpl):
     out = []
     bos, eos = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -70,7 +77,7 @@ def deepseek_cases(tmpl):
         if text.endswith(eos):
             text = text[:-len(eos)]
         out.append({"parser": "deepseek", "source": "DeepSeek-V3 chat template", "text": text,
-                    "content": "", "calls": [{"name": n, "arguments": a} for n, a in calls]})
+                    "content": "", "calls": wire(calls)})
     # content before the calls (the model may write some)
     c = dict(out[0])
     c["text"] = "Let me look that up.\n\n" + c["text"]
@@ -87,7 +94,7 @@ def deepseek_v31_cases():
         text = ob + "".join(cb + n + sep + json.dumps(a, ensure_ascii=False) + ce
                             for n, a in calls) + oe
         out.append({"parser": "deepseek", "source": "format", "text": text, "content": "",
-                    "calls": [{"name": n, "arguments": a} for n, a in calls]})
+                    "calls": wire(calls)})
     return out
 
 
@@ -106,7 +113,7 @@ def hermes_cases(tmpl):
                 break
         out.append({"parser": "hermes", "source": "Qwen2.5-7B-Instruct chat template",
                     "text": text, "content": "",
-                    "calls": [{"name": n, "arguments": a} for n, a in calls]})
+                    "calls": wire(calls)})
     c = dict(out[1])
     c["text"] = "Two lookups:\n" + c["text"]
     c["content"] = "Two lookups:"

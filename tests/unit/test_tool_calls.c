@@ -14,6 +14,12 @@
  *    schema is not.
  *  - The parser is picked from a chat template's text; names map to
  *    parsers; the streaming hold-back offset covers a marker's prefix.
+ *  - The calls go back into the templates (server/chat.c): an assistant
+ *    turn in the wire form OpenAI clients send (content null, arguments a
+ *    JSON string) renders with DeepSeek-V3's and Qwen2.5's templates to
+ *    the golden text Python jinja2 made from each template's own
+ *    convention (string arguments and content None for DeepSeek, dict
+ *    arguments for Qwen).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,7 +33,9 @@
 
 #include "engine/common/error.h"
 #include "engine/text/grammar.h"
+#include "engine/text/tokenizer.h"
 #include "engine/text/tool_calls.h"
+#include "server/chat.h"
 #include "test_common.h"
 
 static void test_golden(void **state)
@@ -233,12 +241,115 @@ static void test_detect_names_and_prefix(void **state)
     assert_int_equal(dsq_tool_calls_parse((dsq_tool_parser_t)7, "x", 1, &r), DSQ_EINVAL);
 }
 
+/* The text the chat renders for [USER, turn] after [USER] + generation
+ * prompt, without the end marker end (the golden file's "text"). */
+static char *render_turn(const dsq_chat_t *chat, const cJSON *turn, const char *end)
+{
+    cJSON *head = cJSON_Parse("[{\"role\": \"user\", \"content\": \"Please help.\"}]");
+    cJSON *full = cJSON_Duplicate(head, 1);
+    cJSON_AddItemToArray(full, cJSON_Duplicate(turn, 1));
+    char *h = NULL, *f = NULL;
+    size_t hl = 0, fl = 0;
+    dsq_api_error_t err = {0};
+    if (dsq_chat_render(chat, head, NULL, true, &h, &hl, &err) ||
+        dsq_chat_render(chat, full, NULL, false, &f, &fl, &err))
+        fail_msg("render: %s", err.message);
+    assert_true(fl >= hl && !memcmp(f, h, hl));
+    memmove(f, f + hl, fl - hl + 1);
+    fl -= hl;
+    size_t el = strlen(end);
+    if (fl >= el && !strcmp(f + fl - el, end))
+        f[fl - el] = 0;
+    free(h);
+    cJSON_Delete(head);
+    cJSON_Delete(full);
+    return f;
+}
+
+static void test_calls_render_back(void **state)
+{
+    (void)state;
+    char err[256] = "", *dir = path_join("DSQ_TEST_DATA", "../shared/data", "tokenizers/deepseek-v3");
+    char *cfg_path = path_join("DSQ_TEST_DATA", "../shared/data",
+                               "tokenizers/deepseek-v3/tokenizer_config.json");
+    char *qwen_path = path_join("DSQ_TEST_DATA", "../shared/data",
+                                "tokenizers/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    char *gold_path = path_join("DSQ_SOURCE_ROOT", ".", "tests/golden/tool_call_cases.jsonl");
+    require_file(cfg_path);
+    require_file(qwen_path);
+    char *cfg_text = read_all(cfg_path, NULL), *gold = read_all(gold_path, NULL);
+    cJSON *cfg = cJSON_Parse(cfg_text);
+    dsq_tokenizer_t *tok = dsq_tokenizer_from_hf(dir, err, sizeof(err));
+    if (!tok)
+        fail_msg("%s: %s", dir, err);
+    dsq_chat_t *ds = dsq_chat_create(NULL, cJSON_GetStringValue(cJSON_GetObjectItem(cfg, "chat_template")),
+                                     tok, NULL, NULL, err, sizeof(err));
+    dsq_chat_t *qw = dsq_chat_create(qwen_path, NULL, tok, NULL, NULL, err, sizeof(err));
+    assert_non_null(ds);
+    assert_non_null(qw);
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(gold, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *c = line[0] == '#' ? NULL : cJSON_Parse(line);
+        const char *src = cJSON_GetStringValue(cJSON_GetObjectItem(c, "source"));
+        const char *content = cJSON_GetStringValue(cJSON_GetObjectItem(c, "content"));
+        bool is_ds = src && !strcmp(src, "DeepSeek-V3 chat template");
+        bool is_qw = src && !strcmp(src, "Qwen2.5-7B-Instruct chat template");
+        if ((!is_ds && !is_qw) || strcmp(content, "")) {
+            cJSON_Delete(c);
+            continue;
+        }
+        /* the wire form: content null, arguments the string sent */
+        cJSON *turn = cJSON_CreateObject(), *calls = cJSON_AddArrayToObject(turn, "tool_calls"), *w;
+        cJSON_AddStringToObject(turn, "role", "assistant");
+        cJSON_AddNullToObject(turn, "content");
+        cJSON_ArrayForEach(w, cJSON_GetObjectItem(c, "calls")) {
+            cJSON *tc = cJSON_CreateObject(), *fn = cJSON_AddObjectToObject(tc, "function");
+            cJSON_AddStringToObject(tc, "id", "call_0");
+            cJSON_AddStringToObject(tc, "type", "function");
+            cJSON_AddStringToObject(fn, "name", cJSON_GetStringValue(cJSON_GetObjectItem(w, "name")));
+            cJSON_AddStringToObject(fn, "arguments",
+                                    cJSON_GetStringValue(cJSON_GetObjectItem(w, "arguments_json")));
+            cJSON_AddItemToArray(calls, tc);
+        }
+        char *got = render_turn(is_ds ? ds : qw, turn,
+                                is_ds ? dsq_chat_eos_text(ds)
+                                      : "<|im_end|>\n");
+        const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(c, "text"));
+        if (strcmp(got, want))
+            fail_msg("%s: rendered\n%s\nwant\n%s", src, got, want);
+        free(got);
+        /* an empty string for content renders the same in Qwen's */
+        if (is_qw) {
+            cJSON_ReplaceItemInObject(turn, "content", cJSON_CreateString(""));
+            got = render_turn(qw, turn, "<|im_end|>\n");
+            assert_string_equal(got, want);
+            free(got);
+        }
+        cJSON_Delete(turn);
+        cJSON_Delete(c);
+        n++;
+    }
+    assert_int_equal(n, 8);
+    dsq_chat_destroy(ds);
+    dsq_chat_destroy(qw);
+    dsq_tokenizer_destroy(tok);
+    cJSON_Delete(cfg);
+    free(cfg_text);
+    free(gold);
+    free(gold_path);
+    free(qwen_path);
+    free(cfg_path);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_tool_grammar),
         cmocka_unit_test(test_detect_names_and_prefix),
+        cmocka_unit_test(test_calls_render_back),
     };
     return cmocka_run_group_tests_name("tool_calls", tests, NULL, NULL);
 }
