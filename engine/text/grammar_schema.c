@@ -511,6 +511,14 @@ static void cset_emit(sbuf_t *o, cset_t s, bool json)
                 alt = true;
             }
         }
+        /* the other control characters as JSON writes them (RFC 8259
+         * section 7: \u00XX), so a pattern that needs one still matches */
+        for (uint32_t c = 0; c < 0x20; c++) {
+            if (c != '\n' && c != '\r' && c != '\t' && cset_has(&s, c)) {
+                sb_fmt(o, "%s\"\\\\u%04x\" ", alt ? "| " : "", (unsigned)c);
+                alt = true;
+            }
+        }
         cset_remove(&s, 0, 0x1f);
         cset_remove(&s, '"', '"');
         cset_remove(&s, '\\', '\\');
@@ -688,6 +696,8 @@ static int rx_class(rx_t *x, cset_t *set)
         }
         bool single = one.n == 1 && one.r[0].lo == one.r[0].hi;
         lo = one.r[0].lo;
+        if (!single && x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']')
+            return rx_fail(x, DSQ_EINVAL, "a range starts at a class shorthand");
         if (single && x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']') {
             x->i++;
             cset_t two = {.n = 0};
@@ -723,6 +733,38 @@ static int rx_class(rx_t *x, cset_t *set)
 }
 
 static int rx_alt(rx_t *x, sbuf_t *o);
+
+/* One atom's set into o. Outside a JSON string U+0000 cannot be generated
+ * (outputs are C strings): a class keeps its other characters, a NUL
+ * alone is refused rather than dropped from the language. */
+static int rx_emit(rx_t *x, sbuf_t *o, cset_t set)
+{
+    if (!x->json && cset_has(&set, 0)) {
+        cset_remove(&set, 0, 0);
+        if (set.n == 0)
+            return rx_fail(x, DSQ_EUNSUPPORTED, "U+0000 (NUL) cannot be generated");
+    }
+    cset_emit(o, set, x->json);
+    return DSQ_OK;
+}
+
+/* Whether a counted repetition {m}, {m,}, {,n} or {m,n} starts at s[j]
+ * (otherwise Python reads the '{' as a literal). */
+static bool rx_counted_at(const rx_t *x, size_t j)
+{
+    if (j >= x->n || x->s[j] != '{')
+        return false;
+    j++;
+    bool digits = false;
+    while (j < x->n && isdigit((unsigned char)x->s[j]))
+        j++, digits = true;
+    if (j < x->n && x->s[j] == ',') {
+        j++;
+        while (j < x->n && isdigit((unsigned char)x->s[j]))
+            j++, digits = true;
+    }
+    return digits && j < x->n && x->s[j] == '}';
+}
 
 /* A quantifier after an atom, if any: writes its GBNF suffix. */
 static int rx_quant(rx_t *x, sbuf_t *o, bool *empty)
@@ -775,7 +817,7 @@ static int rx_quant(rx_t *x, sbuf_t *o, bool *empty)
         x->i++;   /* lazy: the same language */
     else if (x->i < x->n && x->s[x->i] == '+')
         return rx_fail(x, DSQ_EUNSUPPORTED, "possessive quantifiers are not supported");
-    if (x->i < x->n && strchr("*+?{", x->s[x->i]) && x->s[x->i] != '{')
+    if (x->i < x->n && ((strchr("*+?", x->s[x->i]) && x->s[x->i]) || rx_counted_at(x, x->i)))
         return rx_fail(x, DSQ_EINVAL, "a quantifier follows a quantifier");
     return DSQ_OK;
 }
@@ -823,19 +865,19 @@ static int rx_seq(rx_t *x, sbuf_t *o)
             cset_t set;
             rc = rx_class(x, &set);
             if (!rc)
-                cset_emit(&atom, set, x->json);
+                rc = rx_emit(x, &atom, set);
         } else if (ch == '.') {
             x->i++;
             cset_t set = {.n = 0};
             cset_add(&set, '\n', '\n');
             cset_negate(&set);
-            cset_emit(&atom, set, x->json);
+            rc = rx_emit(x, &atom, set);
         } else if (ch == '\\') {
             x->i++;
             cset_t set;
             rc = rx_escape(x, &set);
             if (!rc)
-                cset_emit(&atom, set, x->json);
+                rc = rx_emit(x, &atom, set);
         } else if (ch == '*' || ch == '+' || ch == '?') {
             rc = rx_fail(x, DSQ_EINVAL, "'%c' has nothing to repeat", ch);
         } else if (ch == '^' || ch == '$') {
@@ -849,7 +891,7 @@ static int rx_seq(rx_t *x, sbuf_t *o)
             } else {
                 cset_t set = {.n = 0};
                 cset_add(&set, (uint32_t)c, (uint32_t)c);
-                cset_emit(&atom, set, x->json);
+                rc = rx_emit(x, &atom, set);
             }
         }
         bool empty = false;
@@ -1732,10 +1774,30 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
         i++;
         if (!cJSON_IsString(nm) || (name && strcmp(name, nm->valuestring)))
             continue;
-        /* each tool's parameters on their own: refs resolve inside them */
-        cJSON *any = NULL;
-        if (!params || cJSON_IsNull(params))
-            params = any = cJSON_CreateObject();   /* no parameters: {} or any object */
+        /* each tool's parameters on their own: refs resolve inside them.
+         * The arguments are an object whatever the schema says of the
+         * type (none, or absent parameters: any object) */
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(params, "type");
+        if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "object"))) {
+            snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
+                     "object, so its \"type\" must be \"object\"", i - 1);
+            rc = DSQ_EINVAL;
+            break;
+        }
+        /* a composition, $ref, enum or const decides the type itself
+         * (and "type" beside it is outside the subset) */
+        static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
+                                              "const"};
+        bool add_type = !ty;
+        for (size_t k = 0; add_type && k < sizeof(decides) / sizeof(decides[0]); k++)
+            add_type = !cJSON_GetObjectItemCaseSensitive(params, decides[k]);
+        cJSON *any = cJSON_IsObject(params) ? cJSON_Duplicate(params, 1) : cJSON_CreateObject();
+        if (!any || (add_type && !cJSON_AddStringToObject(any, "type", "object"))) {
+            cJSON_Delete(any);
+            rc = DSQ_ENOMEM;
+            break;
+        }
+        params = any;
         c.root = params;
         c.n_refs = 0;
         snprintf(c.path, sizeof(c.path), "/tools/%d/function/parameters", i - 1);

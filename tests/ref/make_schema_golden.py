@@ -91,6 +91,10 @@ SCHEMAS = [
     ({"type": "string", "pattern": "^\\D+$"}, ["ab", "a b"], ["\"\u0663\"", "\"a1\""]),
     ({"type": "string", "pattern": "^[^\\d\\s]+$"}, ["ab"], ["\"\u0663\"", "\"a b\""]),
     ({"type": "string", "pattern": "^.{2}$"}, ["ab", "\"\\"], ["\"a\nb\"", "\"a\u0009\""]),
+    # a pattern that needs a control character: JSON's \u00XX escape of it
+    # (lowercase hex as Python writes it); the raw character is not JSON
+    ({"type": "string", "pattern": "^a[\\x00-\\x08\\x1f]b$"}, ["a\u0001b", "a\u0000b", "a\u001fb"],
+     ["\"ab\"", "\"a\u0001b\"", "\"a\\u0009b\""]),
     ({"type": "string", "format": "date"},
      ["2024-01-31", "1999-12-28", "2023-04-30", "2023-02-28"],
      ["\"2024-13-01\"", "\"2024-1-01\"", "\"20240101\"", "\"2023-02-30\"", "\"2023-04-31\"",

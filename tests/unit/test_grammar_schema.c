@@ -362,6 +362,13 @@ static void test_bad_regexes(void **state)
         {"[[:alpha:]]", DSQ_EUNSUPPORTED, "POSIX"},
         {"\\p{L}", DSQ_EUNSUPPORTED, "\\p"},
         {"\xff", DSQ_EINVAL, "UTF-8"},
+        /* Python's re: "multiple repeat", "bad character range" */
+        {"a{3}{2}", DSQ_EINVAL, "quantifier follows"},
+        {"a*{,2}", DSQ_EINVAL, "quantifier follows"},
+        {"[\\d-z]", DSQ_EINVAL, "class shorthand"},
+        /* a NUL cannot be generated; dropping it would change the language */
+        {"a\\x00b", DSQ_EUNSUPPORTED, "NUL"},
+        {"[\\u0000]", DSQ_EUNSUPPORTED, "NUL"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char err[256] = "", *gbnf = NULL;
