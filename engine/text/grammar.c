@@ -911,6 +911,15 @@ int dsq_grammar_from_gbnf(const char *src, size_t len, const char *root,
     if ((*out = reg_get(root, src ? src : "", len, h)) != NULL)
         return DSQ_OK;
     int rc = compile_gbnf(src, len, root, out, err, err_len);
+    if (rc == DSQ_OK && (rc = dsq__grammar_check_start(*out)) != DSQ_OK) {
+        if (rc == DSQ_ERANGE && err && err_len)
+            snprintf(err, err_len, "grammar: more than %d alternatives are open at the start "
+                     "(e.g. an enum or choice list that long); the matcher follows at most "
+                     "that many", DSQ_GRAMMAR_MAX_STACKS);
+        dsq_grammar_free(*out);
+        *out = NULL;
+        return rc;
+    }
     if (rc == DSQ_OK)
         reg_put(root, src ? src : "", len, h, *out);
     return rc;

@@ -65,7 +65,9 @@ typedef struct dsq_grammar_matcher dsq_grammar_matcher_t;
  * column or the rule: DSQ_EINVAL (syntax error, undefined or twice-defined
  * rule, missing start rule, a rule that can recurse without consuming
  * input (left recursion, also `x*` of an x that can be empty), a limit
- * above exceeded, invalid UTF-8 in the text), DSQ_ENOMEM.
+ * above exceeded, invalid UTF-8 in the text), DSQ_ERANGE (more than
+ * DSQ_GRAMMAR_MAX_STACKS alternatives open at the start, which the matcher
+ * could not follow), DSQ_ENOMEM.
  * The last 8 grammars compiled are kept, keyed by (root, text): the same
  * text again returns another reference to the same grammar, with the mask
  * cache its earlier requests warmed (a client sends the same schema with
@@ -134,8 +136,10 @@ int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *er
  * (tool_calls.h: DSQ_TOOL_PARSER_HERMES or _DEEPSEEK, as its chat template
  * writes them) of the functions in tools (OpenAI's array of {"type":
  * "function", "function": {"name", "parameters"}}), each call's arguments
- * valid against that function's parameters schema (as
- * dsq_grammar_gbnf_from_json_schema; no parameters: any object). name:
+ * a JSON object valid against that function's parameters schema (as
+ * dsq_grammar_gbnf_from_json_schema, with "type": "object" added where the
+ * schema has no type, composition, $ref, enum or const; no parameters: any object; a "type" other than
+ * "object": DSQ_EINVAL). name:
  * only that function (tool_choice {"type": "function", ...}), NULL: any
  * (tool_choice "required"). parallel: 1 to DSQ_GRAMMAR_MAX_TOOL_CALLS
  * calls, else exactly one. *gbnf as above. Errors: those of the schema conversion (err names

@@ -100,6 +100,11 @@ struct dsq_grammar_vocab {
     uint32_t max_len;
 };
 
+/* DSQ_ERANGE when the start state already holds more stacks than one
+ * state may (DSQ_GRAMMAR_MAX_STACKS: e.g. an enum of 10,000 strings),
+ * whose first mask would be refused: dsq_grammar_from_gbnf refuses such a
+ * grammar up front. 0 when it fits, DSQ_ENOMEM. */
+int dsq__grammar_check_start(const struct dsq_grammar *g);
 void dsq__grammar_cache_init(struct dsq_grammar *g);
 void dsq__grammar_cache_free(struct dsq_grammar *g);
 

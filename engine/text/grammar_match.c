@@ -382,6 +382,16 @@ dsq_grammar_matcher_t *dsq_grammar_matcher_create(const dsq_grammar_t *g)
     return m;
 }
 
+int dsq__grammar_check_start(const dsq_grammar_t *g)
+{
+    dsq_grammar_matcher_t *m = dsq_grammar_matcher_create(g);
+    if (!m)
+        return DSQ_ENOMEM;
+    int rc = m->cur.overflow ? DSQ_ERANGE : DSQ_OK;
+    dsq_grammar_matcher_free(m);
+    return rc;
+}
+
 dsq_grammar_matcher_t *dsq_grammar_matcher_clone(const dsq_grammar_matcher_t *src)
 {
     if (!src)
