@@ -1314,28 +1314,10 @@ static enum MHD_Result do_chat(conn_t *c)
         q->sp.seed = (uint64_t)c->h->cfg.default_seed;
     }
     c->have_req = true;
-    if (!(q->prompts = calloc(1, sizeof(*q->prompts))))
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
-    q->n_prompts = 1;
-    pr = &q->prompts[0];
-    if (dsq_chat_render(c->h->chat, q->messages, q->tools, true, &pr->text,
-                        &pr->text_len, &err))
-        return send_api_error(c, &err);
-    if (dsq_chat_tokenize(c->h->chat, pr->text, pr->text_len, true, &pr->ids, &n))
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
-    pr->n_ids = (int)n;
-    if (pr->n_ids == 0)
-        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "messages",
-                          "the rendered prompt is empty");
-    if (q->sp.max_tokens < 0)   /* no limit given: up to the context's end */
-        q->sp.max_tokens = max_len - pr->n_ids > 0 ? max_len - pr->n_ids : 1;
-    if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
-        return send_api_error(c, &err);
-    c->reasoning = dsq_chat_has_reasoning(c->h->chat);
-    c->prompt_in_think = c->reasoning &&
-        dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
     /* issue 22: tools. required / a named function: decoding is
-     * constrained to calls in the model's syntax with valid arguments */
+     * constrained to calls in the model's syntax with valid arguments.
+     * Before the template sees the tools, so a tool it cannot take is
+     * refused naming 'tools' */
     if (q->tool_choice != DSQ_TOOL_CHOICE_NONE)
         c->tools = dsq_chat_tool_parser(c->h->chat);
     if (q->tool_choice >= DSQ_TOOL_CHOICE_REQUIRED) {
@@ -1363,6 +1345,26 @@ static enum MHD_Result do_chat(conn_t *c)
                               "tools", msg);
         }
     }
+    if (!(q->prompts = calloc(1, sizeof(*q->prompts))))
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    q->n_prompts = 1;
+    pr = &q->prompts[0];
+    if (dsq_chat_render(c->h->chat, q->messages, q->tools, true, &pr->text,
+                        &pr->text_len, &err))
+        return send_api_error(c, &err);
+    if (dsq_chat_tokenize(c->h->chat, pr->text, pr->text_len, true, &pr->ids, &n))
+        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
+    pr->n_ids = (int)n;
+    if (pr->n_ids == 0)
+        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "messages",
+                          "the rendered prompt is empty");
+    if (q->sp.max_tokens < 0)   /* no limit given: up to the context's end */
+        q->sp.max_tokens = max_len - pr->n_ids > 0 ? max_len - pr->n_ids : 1;
+    if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
+        return send_api_error(c, &err);
+    c->reasoning = dsq_chat_has_reasoning(c->h->chat);
+    c->prompt_in_think = c->reasoning &&
+        dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
     return start_requests(c);
 }
 

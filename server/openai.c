@@ -758,10 +758,18 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
     }
     case SO_SCHEMA:
         if (cJSON_IsString(v)) {   /* vLLM takes the schema's JSON text too */
-            parsed = cJSON_Parse(v->valuestring);
-            if (!parsed)
+            /* the body's strict check again, for the text: a key twice
+             * (which a validator would read as the last) or a \u0000
+             * (where cJSON's C string would end) is refused, not cut */
+            dsq_json_error_t je;
+            size_t tl = strlen(v->valuestring);
+            rc = dsq_json_check(v->valuestring, tl, &je);
+            if (rc == DSQ_ENOMEM)
+                return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            if (rc || !(parsed = cJSON_ParseWithLength(v->valuestring, tl)))
                 return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
-                                         "'%s' is a string that is not JSON", param);
+                                         "'%s' is a string that is not JSON: %s", param,
+                                         rc ? je.message : "nested too deep");
             v = parsed;
         }
         rc = dsq_grammar_gbnf_from_json_schema(v, &gbnf, msg, sizeof(msg));
@@ -822,6 +830,22 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
                                      "'tools[%d].function.parameters' must be a JSON Schema "
                                      "object", ti);
+        /* arguments are a JSON object: OpenAI refuses a schema of another
+         * type the same way */
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pa, "type");
+        if (pt && !(cJSON_IsString(pt) && !strcmp(pt->valuestring, "object")))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                     "'tools[%d].function.parameters' must be a JSON Schema "
+                                     "of \"type\": \"object\" (the arguments are an "
+                                     "object)", ti);
+        /* the name goes into the model's call syntax and back to the
+         * client's dispatch: OpenAI's ^[a-zA-Z0-9_-]{1,64}$, and '.' */
+        size_t nl = strspn(nm->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789_-.");
+        if (nm->valuestring[nl] || nl > 64)
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                     "'tools[%d].function.name' must be 1 to 64 of a-z, A-Z, "
+                                     "0-9, '_', '-' and '.'", ti);
         ti++;
     }
     /* the legacy function-calling fields (OpenAI's deprecated functions /

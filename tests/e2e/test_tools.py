@@ -120,6 +120,11 @@ def test_tool_result_round_trip_and_auto(server):
         assert isinstance(ch.message.content, str)
 
 
+DEEP = {"type": "object"}
+for _ in range(200):
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
+
+
 @pytest.mark.parametrize("extra,param,words", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not in 'tools'"),
@@ -128,6 +133,18 @@ def test_tool_result_round_trip_and_auto(server):
      "'patternProperties' is not supported (at /tools/0/function/parameters)"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "give one"),
+    # the tools are checked before the template sees them: a schema nested
+    # past the converter's depth names 'tools', not 'messages'
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": DEEP}}]}, "tools", "nested deeper"),
+    # more alternatives open at the start than the matcher follows: refused
+    # up front, not a 200 that aborts
+    ({"tool_choice": "none", "guided_json": {"enum": [f"v{i}" for i in range(1100)]}},
+     "guided_json", "more than 1024 alternatives"),
+    ({"tools": [{"type": "function", "function": {"name": "a</tool_call>"}}]}, "tools",
+     "'tools[0].function.name'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "array"}}}]}, "tools", "\"type\": \"object\""),
 ])
 def test_bad_tool_requests_are_400(server, extra, param, words):
     body = dict({"model": MODEL_NAME, "messages": MSGS, "tools": TOOLS, "max_tokens": 8},

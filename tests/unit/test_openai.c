@@ -55,6 +55,14 @@ static const bad_case_t bad[] = {
      "guided_json", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_json\":\"{not json\"}", 400, "guided_json", NULL},
     {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"strng\"}}", 400, "guided_json", NULL},
+    /* the schema as text gets the body's strict check: a \u0000 (where
+     * the C string would end and cut the schema) or a key twice */
+    {"{" M "\"prompt\":\"a\",\"guided_json\":\"{\\\"const\\\":\\\"a\\\\u0000b\\\"}\"}", 400,
+     "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":\"{\\\"type\\\":\\\"string\\\",\\\"type\\\":"
+     "\\\"integer\\\"}\"}", 400, "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"a\\\\x00b\"}", 400, "guided_regex",
+     "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_regex\":\"(a)\\\\1\"}", 400, "guided_regex",
      "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_regex\":\"(a\"}", 400, "guided_regex", NULL},
@@ -83,6 +91,15 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
      400, "tools", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"tools\":[{}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    /* a name the call syntax could not carry; arguments that are not an
+     * object */
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"a</tool_call>\"}}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"a\\nb\"}}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"type\":\"string\"}}}],\"tool_choice\":\"none\"}", 400, "tools",
+     NULL},
     {"{" M "\"prompt\":\"a\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
      "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"function_call\":{\"name\":\"f\"}}", 400, "function_call",

@@ -187,7 +187,23 @@ static void test_tool_grammar(void **state)
     assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 12}}\n</tool_call>"));
     assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>"));
     dsq_grammar_free(g);
-    /* errors: no such tool; a parameters schema outside the subset, named */
+    /* parameters without a type, {} or none: still an object, never
+     * another JSON value */
+    static const char *const untyped[] = {
+        "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+        "{\"properties\":{\"n\":{\"type\":\"integer\"}}}}}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":{}}}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":null}}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"w\"}}]"};
+    for (size_t k = 0; k < sizeof(untyped) / sizeof(untyped[0]); k++) {
+        g = tool_grammar(untyped[k], NULL, DSQ_TOOL_PARSER_HERMES, false);
+        assert_true(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 7}}\n</tool_call>"));
+        assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": 7}\n</tool_call>"));
+        assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": \"x\"}\n</tool_call>"));
+        dsq_grammar_free(g);
+    }
+    /* errors: no such tool; a parameters schema outside the subset, named;
+     * a type other than object */
     cJSON *tools = cJSON_Parse(typed);
     char err[256], *gbnf = NULL;
     assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, "x", DSQ_TOOL_PARSER_HERMES, true,
@@ -199,6 +215,13 @@ static void test_tool_grammar(void **state)
     assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_DEEPSEEK, true,
                                                      &gbnf, err, sizeof(err)), DSQ_EUNSUPPORTED);
     assert_non_null(strstr(err, "/tools/0/function/parameters"));
+    assert_null(gbnf);
+    cJSON_Delete(tools);
+    tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+                        "{\"type\":\"string\"}}}]");
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_HERMES, false,
+                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_non_null(strstr(err, "must be \"object\""));
     assert_null(gbnf);
     cJSON_Delete(tools);
     print_message("# tool grammar: %d template renderings are sentences\n", n_checked);
