@@ -70,7 +70,9 @@ typedef struct {
     const char *model_name;     /* NULL: ask /v1/models                      */
     bool json;
     char *grammar;              /* --grammar FILE's text (GBNF), or NULL     */
-    bool constrained;           /* this pass sends "grammar": grammar        */
+    cJSON *schema;              /* --json-schema FILE's schema, or NULL      */
+    bool constrained;           /* this pass sends "grammar": grammar, or
+                                   "json_schema": schema                     */
 } load_t;
 
 /* One request in flight: its curl handle, SSE parser state, timings. */
@@ -309,7 +311,10 @@ static char *make_body(const load_t *ld, const char *model, int idx, int prompt_
         !cJSON_AddTrueToObject(o, "ignore_eos") ||
         !cJSON_AddNumberToObject(o, "temperature", 0))
         goto out;
-    if (ld->constrained && !cJSON_AddStringToObject(o, "grammar", ld->grammar))
+    if (ld->constrained && ld->grammar && !cJSON_AddStringToObject(o, "grammar", ld->grammar))
+        goto out;
+    if (ld->constrained && ld->schema &&
+        !cJSON_AddItemToObject(o, "json_schema", cJSON_Duplicate(ld->schema, 1)))
         goto out;
     out = cJSON_PrintUnformatted(o);
 out:
@@ -764,7 +769,7 @@ static void usage(FILE *f)
         "         [--prompt-len 128] [--max-tokens 64] [--mix P:T,P:T,...] [--seed 1]\n"
         "         [--vocab 10000] [--warmup 1] [--timeout 600] [--model-name NAME]\n"
         "         [--dsqd-arg ARG]... [--llama-arg ARG]... [--log-dir DIR] [--json]\n"
-        "         [--grammar GBNF_FILE]\n"
+        "         [--grammar GBNF_FILE | --json-schema SCHEMA_FILE]\n"
         "Streams /v1/completions from N concurrent clients (prompts are token-id\n"
         "arrays, ignore_eos, greedy) and reports request throughput, output tok/s,\n"
         "TTFT, inter-token latency, time per output token and end-to-end latency.\n"
@@ -778,7 +783,9 @@ static void usage(FILE *f)
         "--grammar: each target runs the load twice, plain and then with every\n"
         "request constrained by the file's GBNF grammar (\"grammar\" field, which\n"
         "dsqd and llama-server both take); the grammar should never complete, so\n"
-        "every request still makes exactly T tokens.\n");
+        "every request still makes exactly T tokens.\n"
+        "--json-schema: the same with a JSON Schema (\"json_schema\" field, llama.cpp's\n"
+        "name, which dsqd takes too), row label +schema.\n");
 }
 
 int dsq__bench_serve(int argc, char **argv)
@@ -851,6 +858,20 @@ int dsq__bench_serve(int argc, char **argv)
                         "1 MiB\n", v);
                 return 2;
             }
+        } else if (strcmp(a, "--json-schema") == 0) {
+            FILE *f = fopen(v, "rb");
+            char buf[1 << 16];
+            size_t n = f ? fread(buf, 1, sizeof(buf), f) : 0;
+            if (f)
+                fclose(f);
+            cJSON_Delete(ld.schema);
+            ld.schema = n > 0 && n < sizeof(buf) ? cJSON_ParseWithLength(buf, n) : NULL;
+            if (!cJSON_IsObject(ld.schema)) {
+                fprintf(stderr, "dsq-bench serve: --json-schema %s: unreadable, above 64 KiB "
+                        "or not a JSON object\n", v);
+                cJSON_Delete(ld.schema);
+                return 2;
+            }
         } else if (strcmp(a, "--model-name") == 0) {
             ld.model_name = v;
         } else if (strcmp(a, "--log-dir") == 0) {
@@ -901,6 +922,10 @@ int dsq__bench_serve(int argc, char **argv)
     } else {
         ld.mix[0] = (mix_t){prompt_len, max_tokens};
         ld.n_mix = 1;
+    }
+    if (ld.grammar && ld.schema) {
+        fprintf(stderr, "dsq-bench serve: give --grammar or --json-schema, not both\n");
+        return 2;
     }
     if (n_urls == 0 && !sp[0].exe && !sp[1].exe) {
         fprintf(stderr, "dsq-bench serve: no target: give --url, --dsqd or --llama-server\n");
@@ -989,7 +1014,7 @@ int dsq__bench_serve(int argc, char **argv)
             /* warm-up: ids after the measured ones, 4 tokens, not counted;
              * with --grammar, the same load again on the same server with
              * every request constrained (its own row) */
-            for (int pass = 0; pass < (ld.grammar ? 2 : 1) && !rc; pass++) {
+            for (int pass = 0; pass < (ld.grammar || ld.schema ? 2 : 1) && !rc; pass++) {
                 ld.constrained = pass == 1;
                 t = &st[n_st];
                 if (pass == 1) {
@@ -998,7 +1023,8 @@ int dsq__bench_serve(int argc, char **argv)
                     base[40] = 0;
                     *t = (stats_t){0};
                     memcpy(t->label, base, strlen(base));
-                    memcpy(t->label + strlen(base), "+grammar", sizeof("+grammar"));
+                    const char *tag = ld.schema ? "+schema" : "+grammar";
+                    memcpy(t->label + strlen(base), tag, strlen(tag) + 1);
                     snprintf(t->url, sizeof(t->url), "%s", url);
                 }
                 if (ld.warmup > 0 &&
@@ -1030,5 +1056,6 @@ int dsq__bench_serve(int argc, char **argv)
             rc = 1;
     curl_global_cleanup();
     free(ld.grammar);
+    cJSON_Delete(ld.schema);
     return rc;
 }

@@ -169,5 +169,28 @@ printf '{"type": "object", "patternProperties": {}}' >"$tmp/bad.schema.json"
 check "dsq-bench grammar: an unsupported schema is exit 1 naming the keyword" $? "rc=$rc" \
   "$(cat "$tmp/e")"
 
+# ---- serve --grammar / --json-schema: a plain and a constrained row of the
+# same load, every constrained request still makes exactly T tokens ----
+for g in "--grammar $src/tools/grammars/person_stream.gbnf:dsqd+grammar" \
+         "--json-schema $src/tools/grammars/person_stream.schema.json:dsqd+schema"; do
+  opt=${g%:*}; label=${g##*:}
+  # shellcheck disable=SC2086
+  "$DSQ_BENCH" serve --dsqd "$DSQD" --model "$gguf" --threads 1 --clients 2 --requests 4 \
+    --prompt-len 8 --max-tokens 12 --json $opt >"$tmp/c.json" 2>"$tmp/c.err"; rc=$?
+  python3 - "$tmp/c.json" "$label" <<'EOF' >"$tmp/chk" 2>&1
+import json, sys
+t = json.load(open(sys.argv[1]))["targets"]
+assert [x["label"] for x in t] == ["dsqd", sys.argv[2]], [x["label"] for x in t]
+for x in t:
+    assert (x["succeeded"], x["failed"], x["output_tokens"]) == (4, 0, 48), x
+EOF
+  check "serve ${opt%% *}: plain and constrained rows, 4/4 requests of 12 tokens each" $? \
+    "rc=$rc" "$(cat "$tmp/chk" "$tmp/c.err")"
+done
+"$DSQ_BENCH" serve --dsqd "$DSQD" --model "$gguf" --grammar "$src/tools/grammars/person.gbnf" \
+  --json-schema "$src/tools/grammars/person.schema.json" >"$tmp/o" 2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "not both" "$tmp/e"
+check "serve --grammar with --json-schema: exit 2" $? "rc=$rc" "$(cat "$tmp/e")"
+
 echo "1..$n"
 exit $fail
