@@ -47,6 +47,10 @@ typedef struct eseq {
     dsq_req_t *req;
     dsq_detok_t *detok;
     dsq_grammar_matcher_t *gm;     /* api: sp.grammar's matcher, or NULL      */
+    uint32_t *gmask;               /* api: the next mask, made by the mask
+                                      worker during the forward pass         */
+    int gmask_n;                   /* its fill_mask result (count or error)   */
+    bool gmask_ready;              /* gmask holds the current state's mask    */
     dsq_rng_t rng;
     char *hold;                    /* decoded text not yet emitted            */
     size_t hold_len, hold_cap;
@@ -122,6 +126,21 @@ struct dsq_engine {
     int n_vocab;
     dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
     uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
+    /* api: the mask worker. While the engine thread runs a step's forward
+     * pass, this thread fills the masks of the step's constrained
+     * sequences (their matchers are not touched by the engine thread
+     * until the pass returns and the worker is done). Started at the
+     * first constrained step. */
+    struct {
+        pthread_t thread;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        eseq_t **jobs;
+        int n_jobs, cap;
+        bool pending;              /* under mu: jobs posted, not all done     */
+        bool quit;                 /* under mu                                */
+        bool started;              /* engine thread                           */
+    } mw;
     float *logits;
     int logits_cap;
     float *logits_fork;
@@ -410,6 +429,7 @@ static void eseq_destroy(eseq_t *s)
         return;
     dsq_detok_destroy(s->detok);
     dsq_grammar_matcher_free(s->gm);
+    free(s->gmask);
     dsq_block_table_deinit(&s->seq.bt);
     free(s->seq.tokens);
     free(s->hold);
@@ -948,6 +968,116 @@ static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
     return DSQ_OK;
 }
 
+/* Words of a grammar mask: it covers the model's rows and the
+ * tokenizer's vocabulary, whichever is larger (padded embedding rows, or
+ * a tokenizer larger than the model); rows the tokenizer does not know
+ * stay disallowed. e->gvocab must exist. */
+static size_t mask_words(const dsq_engine_t *e)
+{
+    int32_t nv = dsq_grammar_vocab_size(e->gvocab);
+    return ((size_t)(nv > e->n_vocab ? nv : e->n_vocab) + 31) / 32;
+}
+
+static void *mask_worker_main(void *arg)
+{
+    dsq_engine_t *e = arg;
+    size_t words = mask_words(e);
+    pthread_mutex_lock(&e->mw.mu);
+    for (;;) {
+        while (!e->mw.pending && !e->mw.quit)
+            pthread_cond_wait(&e->mw.cv, &e->mw.mu);
+        if (e->mw.quit)
+            break;
+        int n = e->mw.n_jobs;
+        pthread_mutex_unlock(&e->mw.mu);
+        for (int i = 0; i < n; i++) {
+            eseq_t *s = e->mw.jobs[i];
+            memset(s->gmask, 0, words * sizeof(uint32_t));
+            s->gmask_n = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, s->gmask, NULL);
+            s->gmask_ready = true;
+        }
+        pthread_mutex_lock(&e->mw.mu);
+        e->mw.pending = false;
+        pthread_cond_broadcast(&e->mw.cv);
+    }
+    pthread_mutex_unlock(&e->mw.mu);
+    return NULL;
+}
+
+/* Hand the masks of this step's constrained sequences to the mask worker
+ * before the forward pass (the sampler then finds them made). Nothing on
+ * any failure: sample_seq makes a mask itself when none is ready. Returns
+ * true when jobs were posted (mask_worker_wait must follow). */
+static bool mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
+{
+    int n = 0;
+    for (int i = 0; i < out->n_logits; i++) {
+        eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
+        n += s->gm && !s->finished && s->req->sp.max_tokens != 0;
+    }
+    if (n == 0)
+        return false;
+    if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
+        return false;
+    if (!e->mw.started) {
+        pthread_mutex_init(&e->mw.mu, NULL);
+        pthread_cond_init(&e->mw.cv, NULL);
+        if (pthread_create(&e->mw.thread, NULL, mask_worker_main, e) != 0) {
+            pthread_cond_destroy(&e->mw.cv);
+            pthread_mutex_destroy(&e->mw.mu);
+            return false;
+        }
+        e->mw.started = true;
+    }
+    if (n > e->mw.cap) {
+        eseq_t **j = realloc(e->mw.jobs, (size_t)n * sizeof(*j));
+        if (!j)
+            return false;
+        e->mw.jobs = j;
+        e->mw.cap = n;
+    }
+    size_t words = mask_words(e);
+    e->mw.n_jobs = 0;
+    for (int i = 0; i < out->n_logits; i++) {
+        eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
+        if (!s->gm || s->finished || s->req->sp.max_tokens == 0)
+            continue;
+        s->gmask_ready = false;
+        if (!s->gmask && !(s->gmask = malloc(words * sizeof(uint32_t))))
+            continue;   /* this one is made inline */
+        e->mw.jobs[e->mw.n_jobs++] = s;
+    }
+    if (e->mw.n_jobs == 0)
+        return false;
+    pthread_mutex_lock(&e->mw.mu);
+    e->mw.pending = true;
+    pthread_cond_broadcast(&e->mw.cv);
+    pthread_mutex_unlock(&e->mw.mu);
+    return true;
+}
+
+static void mask_worker_wait(dsq_engine_t *e)
+{
+    pthread_mutex_lock(&e->mw.mu);
+    while (e->mw.pending)
+        pthread_cond_wait(&e->mw.cv, &e->mw.mu);
+    pthread_mutex_unlock(&e->mw.mu);
+}
+
+static void mask_worker_stop(dsq_engine_t *e)
+{
+    if (!e->mw.started)
+        return;
+    pthread_mutex_lock(&e->mw.mu);
+    e->mw.quit = true;
+    pthread_cond_broadcast(&e->mw.cv);
+    pthread_mutex_unlock(&e->mw.mu);
+    pthread_join(e->mw.thread, NULL);
+    pthread_cond_destroy(&e->mw.cv);
+    pthread_mutex_destroy(&e->mw.mu);
+    e->mw.started = false;
+}
+
 static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
 {
     dsq_req_t *r = s->req;
@@ -971,15 +1101,21 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         /* api: the grammar's allowed tokens (cached per matcher state) */
         if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
             return DSQ_ENOMEM;
-        /* the tokenizer's vocabulary may be smaller than the model's
-         * (padded embedding rows) or larger: the mask covers both, and
-         * rows the tokenizer does not know stay disallowed */
-        int32_t nv = dsq_grammar_vocab_size(e->gvocab);
-        size_t gwords = ((size_t)(nv > e->n_vocab ? nv : e->n_vocab) + 31) / 32;
-        if (!e->gmask && !(e->gmask = malloc(gwords * sizeof(uint32_t))))
-            return DSQ_ENOMEM;
-        memset(e->gmask, 0, gwords * sizeof(uint32_t));
-        int n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, e->gmask, NULL);
+        uint32_t *mask;
+        int n_ok;
+        if (s->gmask_ready) {
+            /* made by the mask worker during this step's forward pass */
+            mask = s->gmask;
+            n_ok = s->gmask_n;
+            s->gmask_ready = false;
+        } else {
+            size_t gwords = mask_words(e);
+            if (!e->gmask && !(e->gmask = malloc(gwords * sizeof(uint32_t))))
+                return DSQ_ENOMEM;
+            mask = e->gmask;
+            memset(mask, 0, gwords * sizeof(uint32_t));
+            n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, mask, NULL);
+        }
         if (n_ok == DSQ_ERANGE) {
             /* the grammar's state costs more than a mask may (grammar.h):
              * end this choice, not the batch */
@@ -990,7 +1126,7 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         }
         if (n_ok < 0)
             return n_ok;
-        hist.allowed = e->gmask;
+        hist.allowed = mask;
     }
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
                               r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
@@ -1173,9 +1309,13 @@ static bool engine_step(dsq_engine_t *e)
                 .n_logits = out.n_logits + n_x,
                 .logit_rows = n_x ? e->lrows : out.logit_rows,
             };
+            /* api: the grammar masks are made while the forward pass runs */
+            bool masks = mask_worker_post(e, &out);
             t_fwd = now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
             t_smp = now_s();
+            if (masks)
+                mask_worker_wait(e);
             if (!rc)
                 dsq_step_cost_observe(&e->step_fit, out.n_tokens, pairs, (t_smp - t_fwd) * 1e3);
         }
@@ -1811,6 +1951,8 @@ void dsq_engine_destroy(dsq_engine_t *e)
     pthread_mutex_unlock(&e->mu);
     uv_async_send(&e->async);
     pthread_join(e->thread, NULL);
+    mask_worker_stop(e);
+    free(e->mw.jobs);
     uv_loop_close(&e->loop);
     /* Requests submitted after the loop drained: release them. */
     for (int i = 0; i < e->subq_n; i++)
