@@ -71,6 +71,14 @@ typedef struct dsq_http_config {
     int64_t default_seed;            /* users: --seed, the seed of requests
                                         that send none; < 0 = none (each
                                         such request draws a random one)  */
+    /* otel (issue 23): every request gets a W3C trace context (from its
+     * traceparent / tracestate, else a new trace) and answers with its
+     * traceparent; with otlp (borrowed; must outlive the daemon) each
+     * sampled request's spans are queued to it when the request ends
+     * (server/trace.h). sampler decides the sampled flag of new traces
+     * (NULL: parentbased_always_on). */
+    struct dsq_otlp *otlp;
+    const struct dsq_sampler *sampler;
 } dsq_http_config_t;
 
 typedef struct dsq_http dsq_http_t;

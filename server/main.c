@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
 #include <systemd/sd-daemon.h>
 
 #include "engine/serve/engine.h"
@@ -35,6 +36,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/trace.h"
 
 static const char *env_get(const char *name)
 {
@@ -171,6 +173,8 @@ int main(int argc, char **argv)
     dsq_engine_opts_t eo;
     dsq_http_config_t hc;
     dsq_metrics_t *metrics = NULL;
+    dsq_otlp_config_t otc = {0};   /* otel */
+    dsq_otlp_t *otlp = NULL;
     dsq_http_t *http = NULL;
     dsq_engine_t *engine = NULL;
     char err[512] = "", *cert = NULL, *key = NULL, *served = NULL;
@@ -262,6 +266,18 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &wset, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* otel: curl_global_init before any thread exists (libcurl's rule) */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (dsq_otlp_config_load(&otc, &o, env_get, err, sizeof(err))) {
+        fprintf(stderr, "dsqd: tracing: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (otc.endpoint && !(otlp = dsq_otlp_create(&otc, err, sizeof(err)))) {
+        fprintf(stderr, "dsqd: tracing: %s\n", err);
+        rc = 1;
+        goto out;
+    }
     metrics = dsq_metrics_create();
     memset(&hc, 0, sizeof(hc));
     hc.host = o.host;
@@ -284,6 +300,8 @@ int main(int argc, char **argv)
     hc.served_model_name = served;
     hc.created = (int64_t)time(NULL);
     hc.prefix_caching = o.enable_prefix_caching;
+    hc.otlp = otlp;                                     /* otel */
+    hc.sampler = &otc.sampler;
     if (!metrics || !served ||
         !(http = dsq_http_create(&hc, metrics, err, sizeof(err)))) {
         dsq_log(DSQ_LOG_ERROR, "event=listen_failed reason=\"%s\"",
@@ -364,6 +382,10 @@ out:
     if (http)
         dsq_http_destroy(http);
     dsq_grammar_registry_clear();   /* api: compiled grammars kept for reuse */
+    /* otel: the last requests' spans get the export timeout to leave */
+    dsq_otlp_destroy(otlp, otc.timeout_ms);
+    dsq_otlp_config_deinit(&otc);
+    curl_global_cleanup();
     dsq_metrics_destroy(metrics);
     if (rc == 0 && engine)
         dsq_log(DSQ_LOG_INFO, "event=stopped");

@@ -157,7 +157,7 @@ static void gauge(buf_t *b, const char *type, const char *name,
 }
 
 char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
-                         const char *model_name)
+                         const char *model_name, const dsq_metrics_extra_t *ext)
 {
     buf_t b = {0};
     char lbl[300];
@@ -279,6 +279,25 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
           lbl, (double)st->generation_tokens_total);
     gauge(&b, "counter", "vllm:num_preemptions_total",
           "Sequences preempted (vLLM name).", lbl, (double)st->preemptions_total);
+    if (ext && ext->otlp_on) {
+        /* otel: the span exporter (server/trace.h); drops never block */
+        gauge(&b, "counter", "dsq:otlp_spans_exported_total",
+              "Trace spans the OTLP collector accepted.", lbl, (double)ext->otlp_spans_exported);
+        bprintf(&b, "# HELP dsq:otlp_spans_dropped_total Trace spans lost: queue_full (the "
+                    "export queue was full; the request went on) or export_failed (the "
+                    "collector refused them or could not be reached in time).\n"
+                    "# TYPE dsq:otlp_spans_dropped_total counter\n"
+                    "dsq:otlp_spans_dropped_total{%s,reason=\"queue_full\"} %lld\n"
+                    "dsq:otlp_spans_dropped_total{%s,reason=\"export_failed\"} %lld\n",
+                lbl, (long long)ext->otlp_spans_dropped_queue_full, lbl,
+                (long long)ext->otlp_spans_dropped_export_failed);
+        gauge(&b, "gauge", "dsq:otlp_spans_queued", "Trace spans waiting to be exported.", lbl,
+              (double)ext->otlp_spans_queued);
+        gauge(&b, "counter", "dsq:otlp_export_requests_total",
+              "OTLP/HTTP export requests sent.", lbl, (double)ext->otlp_export_requests);
+        gauge(&b, "counter", "dsq:otlp_export_failures_total",
+              "OTLP/HTTP export requests that failed.", lbl, (double)ext->otlp_export_failures);
+    }
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -7,6 +7,7 @@
 #ifndef DSQ_SERVER_METRICS_H
 #define DSQ_SERVER_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/serve/engine.h"
@@ -33,9 +34,20 @@ void dsq_metrics_count_request(dsq_metrics_t *m, int status);
  * NULL m is a no-op. */
 void dsq_metrics_add_prompt_tokens(dsq_metrics_t *m, int64_t n);
 
-/* Render everything as Prometheus text; st may be NULL (engine not up).
- * model_name labels the metrics. malloc'd string, NULL on ENOMEM. */
+/* otel: counters of the edge's own machinery, sampled at scrape time. */
+typedef struct dsq_metrics_extra {
+    bool otlp_on;                    /* an OTLP exporter runs (else omitted)  */
+    int64_t otlp_spans_exported;     /* server/trace.h dsq_otlp_stats_t       */
+    int64_t otlp_spans_dropped_queue_full;
+    int64_t otlp_spans_dropped_export_failed;
+    int64_t otlp_spans_queued;
+    int64_t otlp_export_requests, otlp_export_failures;
+} dsq_metrics_extra_t;
+
+/* Render everything as Prometheus text; st may be NULL (engine not up),
+ * ext NULL (nothing extra). model_name labels the metrics. malloc'd
+ * string, NULL on ENOMEM. */
 char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
-                         const char *model_name);
+                         const char *model_name, const dsq_metrics_extra_t *ext);
 
 #endif

@@ -79,6 +79,8 @@ static const opt_t table[] = {
     {"chat-template", T_STR, O(chat_template), NULL, 0, 0, NULL, "chat template file (overrides the model's)", NULL},
     {"reasoning-parser", T_STR, O(reasoning_parser), "none", 0, 0, "none|deepseek_r1", "split <think>...</think> into reasoning_content (chat)", NULL},
     {"tool-call-parser", T_STR, O(tool_call_parser), "auto", 0, 0, "auto|deepseek|hermes|none", "the model's tool-call syntax (chat tools): auto = from the chat template", NULL},
+    {"otlp-endpoint", T_STR, O(otlp_endpoint), NULL, 0, 0, NULL, "OpenTelemetry: export a trace of every request over OTLP/HTTP (JSON) to this base URL, e.g. http://127.0.0.1:4318 (/v1/traces is appended unless the path ends in it); overrides OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and OTEL_EXPORTER_OTLP_ENDPOINT (unset and no OTEL_ endpoint: no export; traceparent is still honoured and answered)", NULL},
+    {"otlp-export-prompt", T_BOOL, O(otlp_export_prompt), "false", 0, 0, NULL, "OpenTelemetry: put the request's messages or prompt in its span (gen_ai.input.messages); off by default, prompt text is never exported", NULL},
     {"config", T_STR, O(config), NULL, 0, 0, NULL, "JSON config file; keys are these option names", NULL},
     {"plan", T_BOOL, O(plan), "false", 0, 0, NULL, "print the memory plan and exit", NULL},
     {"json", T_BOOL, O(json), "false", 0, 0, NULL, "with --plan: print the plan as a JSON object", NULL},

@@ -65,6 +65,8 @@ typedef struct dsq_options {
     char *padding_model;         /* pad: padding cost model JSON           */
     char *reasoning_parser;      /* none | deepseek_r1                     */
     char *tool_call_parser;      /* auto | deepseek | hermes | none        */
+    char *otlp_endpoint;         /* otel: OTLP/HTTP base URL, NULL = env   */
+    bool otlp_export_prompt;     /* otel: prompt text in spans             */
     char *config;
     bool plan;
     bool json;

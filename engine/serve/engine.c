@@ -58,6 +58,9 @@ typedef struct eseq {
     int n_generated;
     double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
     bool finished;
+    int step_prefill;              /* otel: prompt tokens of the current step */
+    int step_pos;                  /* otel: their first position              */
+    bool step_decode;              /* otel: a decode row in the current step  */
     /* pending output event */
     dsq_output_t ev;
     int ev_cap;
@@ -110,6 +113,9 @@ struct dsq_req {
     double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
+    /* otel: under mu (dsq_req_timeline reads it from any thread) */
+    dsq_req_timeline_t tl;
+    uint64_t tl_step;              /* engine thread: last step counted        */
 };
 
 struct dsq_engine {
@@ -177,6 +183,7 @@ struct dsq_engine {
 
     dsq_req_t *active;             /* engine thread: list of live requests    */
     uint64_t next_order;
+    uint64_t n_steps;              /* otel: engine steps run (timeline)       */
     dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
 };
 
@@ -328,6 +335,13 @@ void dsq_req_unref(dsq_req_t *r)
 }
 
 uint64_t dsq_req_id(const dsq_req_t *r) { return r->id; }
+
+void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out)
+{
+    pthread_mutex_lock(&r->mu);
+    *out = r->tl;
+    pthread_mutex_unlock(&r->mu);
+}
 
 /* hardening: bytes an event holds (its struct, text and per-token arrays),
  * the measure of a request's undelivered output. */
@@ -594,6 +608,12 @@ static void finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_t
     if (s->seq.state != DSQ_SEQ_DETACHED)
         dsq_sched_remove(e->sched, &s->seq);
     s->req->n_live--;
+    pthread_mutex_lock(&s->req->mu);
+    s->req->tl.n_generated += s->n_generated;
+    s->req->tl.n_preemptions += s->seq.n_preempted;
+    if (s->req->n_live == 0)
+        s->req->tl.t_end = now_s();
+    pthread_mutex_unlock(&s->req->mu);
     pthread_mutex_lock(&e->mu);
     e->stats.requests_finished_total += s->req->n_live == 0;
     pthread_mutex_unlock(&e->mu);
@@ -1254,12 +1274,49 @@ static void plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row)
 
 /* One scheduler step: plan, forward, sample, publish. Returns true when
  * there may be more work. */
+/* otel: add the step [t_start, t_end] to the timelines of the requests it
+ * ran: a prefill chunk per prefilling choice, a decode step per request
+ * that decoded. One lock of each request's mutex per scheduled choice. */
+static void timeline_step(dsq_engine_t *e, const dsq_sched_out_t *out, double t_start,
+                          double t_end)
+{
+    e->n_steps++;
+    for (int i = 0; i < out->n_seqs; i++) {
+        eseq_t *s = (eseq_t *)out->seqs[i]->owner;
+        dsq_req_t *r = s->req;
+        dsq_req_timeline_t *tl = &r->tl;
+        pthread_mutex_lock(&r->mu);
+        if (tl->t_sched == 0)
+            tl->t_sched = t_start;       /* the queue wait ends as this step begins */
+        if (tl->t_first_token == 0)
+            tl->t_first_token = r->t_first_token;
+        if (s->step_prefill > 0) {
+            dsq_req_chunk_t *c = NULL;
+            if (tl->n_chunks < DSQ_REQ_MAX_CHUNKS) {
+                c = &tl->chunks[tl->n_chunks++];
+                *c = (dsq_req_chunk_t){.t_start = t_start, .pos = s->step_pos,
+                                       .index = s->seq.index};
+            } else {
+                c = &tl->chunks[DSQ_REQ_MAX_CHUNKS - 1];
+                tl->n_chunks_merged++;
+            }
+            c->t_end = t_end;
+            c->n_tokens += s->step_prefill;
+        }
+        if (s->step_decode && r->tl_step != e->n_steps) {
+            r->tl_step = e->n_steps;
+            tl->n_decode_steps++;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
 static bool engine_step(dsq_engine_t *e)
 {
     dsq_sched_out_t out;
     /* itl: step timings by composition, logged at debug level */
     bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
-    double t0 = timed ? now_s() : 0, t_fwd = 0, t_smp = 0;
+    double t0 = now_s(), t_fwd = 0, t_smp = 0;
     admit_new(e);
     e->n_held = hold_unread(e);
     reap_cancelled(e);
@@ -1292,10 +1349,14 @@ static bool engine_step(dsq_engine_t *e)
                 s->req->counted_waiting = false;
                 atomic_fetch_sub(&e->n_waiting, 1);
             }
+            s->step_prefill = 0;
+            s->step_decode = s->seq.n_computed >= s->seq.n_prompt;
             if (s->seq.n_computed < s->seq.n_prompt) {
                 int n = s->seq.sched_tokens;
                 if (s->seq.n_computed + n > s->seq.n_prompt)
                     n = s->seq.n_prompt - s->seq.n_computed;
+                s->step_prefill = n;
+                s->step_pos = s->seq.n_computed;
                 pthread_mutex_lock(&e->mu);
                 e->stats.prompt_tokens_total += n;
                 pthread_mutex_unlock(&e->mu);
@@ -1349,6 +1410,8 @@ static bool engine_step(dsq_engine_t *e)
                     break;
             }
         }
+        if (!rc)
+            timeline_step(e, &out, t0, now_s());
         if (rc) {
             dsq_log(DSQ_LOG_ERROR, "event=step_failed err=%s n_tokens=%d",
                     dsq_strerror(rc), out.n_tokens);
@@ -2034,6 +2097,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
             dsq_req_ref(r);
             r->eng = e;
             r->t_arrival = now_s();
+            r->tl.t_submit = r->t_arrival;     /* otel: not yet shared */
             e->t_last_submit = r->t_arrival;   /* itl */
             e->subq[e->subq_n++] = r;
             atomic_fetch_add(&e->n_waiting, 1);

@@ -324,6 +324,37 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r);
  * freed at the next step; it then reports DSQ_FINISH_ABORT. Idempotent. */
 void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r);
 
+/* otel (issue 23): where a request spent its time, for its trace spans
+ * (server/trace.h). Times are seconds on CLOCK_MONOTONIC (the clock of
+ * every other engine timestamp), 0 while the moment has not come. */
+#define DSQ_REQ_MAX_CHUNKS 32
+typedef struct dsq_req_chunk {
+    double t_start, t_end;           /* the engine step that computed it      */
+    int pos;                         /* first prompt position of the chunk   */
+    int n_tokens;                    /* prompt tokens computed in that step   */
+    int index;                       /* choice (> 0: recomputed after a
+                                        preemption of a forked choice)       */
+} dsq_req_chunk_t;
+typedef struct dsq_req_timeline {
+    double t_submit;                 /* dsq_engine_submit accepted it          */
+    double t_sched;                  /* start of the first step that ran it    */
+    double t_first_token;            /* first token sampled                    */
+    double t_end;                    /* its last choice ended                  */
+    int n_chunks;                    /* prefill chunks, in step order; beyond
+                                        DSQ_REQ_MAX_CHUNKS the last one grows
+                                        to cover the rest (n_chunks_merged)   */
+    int n_chunks_merged;
+    dsq_req_chunk_t chunks[DSQ_REQ_MAX_CHUNKS];
+    int n_decode_steps;              /* steps in which any choice decoded     */
+    int n_generated;                 /* tokens of every choice (best_of: all
+                                        candidates), counted as choices end  */
+    int n_preemptions;               /* of every choice, counted as they end  */
+} dsq_req_timeline_t;
+
+/* otel: copy r's timeline into *out (under the request's lock: any thread,
+ * at any time; complete once every choice's final event was popped). */
+void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out);
+
 /* Pop the next output event. Returns 1 and fills *out, 0 when nothing is
  * pending yet, or -1 when every choice has finished and everything was
  * popped. Never blocks. */
