@@ -506,6 +506,43 @@ static cJSON *message_content(const cJSON *m, int i, const char *role,
     return out;
 }
 
+/* The members that tie a tool result to its call, in OpenAI's shape: a
+ * "tool" message's tool_call_id (a string), tool_calls (an array, or
+ * null, of {"function": {"name": string, "arguments": string or
+ * object}, ...}). The template reads them, so a malformed one would
+ * otherwise be rendered wrong or dropped without a word. */
+static int message_tool_fields(const cJSON *m, int i, const char *role,
+                               dsq_api_error_t *err)
+{
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+    if (!strcmp(role, "tool") && !cJSON_IsString(id))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 id ? "'messages[%d].tool_call_id' must be a string, got %s"
+                                    : "'messages[%d].tool_call_id' is required for role "
+                                      "'tool'%.0s", i, type_name(id));
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *c;
+    if (!tc || cJSON_IsNull(tc))
+        return DSQ_OK;
+    if (!cJSON_IsArray(tc))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                 "'messages[%d].tool_calls' must be an array, got %s", i,
+                                 type_name(tc));
+    int k = 0;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *ar = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(nm) ||
+            (ar && !cJSON_IsString(ar) && !cJSON_IsObject(ar)))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
+                                     "'messages[%d].tool_calls[%d]' must be {\"id\": ..., "
+                                     "\"type\": \"function\", \"function\": {\"name\": "
+                                     "string, \"arguments\": string}}", i, k);
+        k++;
+    }
+    return DSQ_OK;
+}
+
 int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
                                cJSON **tools, dsq_api_error_t *err)
 {
@@ -545,6 +582,8 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
                               cJSON_IsString(role) ? "'" : "");
             goto fail;
         }
+        if (message_tool_fields(m, i, role->valuestring, err))
+            goto fail;
         if (!(content = message_content(m, i, role->valuestring, err)))
             goto fail;
         if (!(copy = cJSON_CreateObject())) {
@@ -651,6 +690,28 @@ static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
                                      "'response_format' must be an object with a string "
                                      "'type'");
+        /* the members each type has (OpenAI's, and llama.cpp's schema
+         * beside json_object): another one would be ignored, and may
+         * have been meant to change the output */
+        const char *own = !strcmp(ty->valuestring, "json_object") ? "schema"
+                        : !strcmp(ty->valuestring, "json_schema") ? "json_schema" : NULL;
+        bool known = own || !strcmp(ty->valuestring, "text");
+        const cJSON *k;
+        cJSON_ArrayForEach(k, rf) {
+            if (!known || !strcmp(k->string, "type") || (own && !strcmp(k->string, own)))
+                continue;
+            bool other = !strcmp(k->string, "schema") || !strcmp(k->string, "json_schema");
+            return dsq_api_error_set(err, other ? DSQ_APIERR_INVALID_REQUEST
+                                                : DSQ_APIERR_UNSUPPORTED, "response_format",
+                                     other ? "'response_format.%.40s' does not go with type "
+                                             "'%s'"
+                                           : "'response_format.%.40s' is not supported (type "
+                                             "'%s' takes %s)",
+                                     k->string, ty->valuestring,
+                                     other ? "" : own ? (!strcmp(own, "schema") ? "'schema'"
+                                                                                : "'json_schema'")
+                                                      : "no other field");
+        }
         const cJSON *sch = cJSON_GetObjectItemCaseSensitive(rf, "schema");
         if (!strcmp(ty->valuestring, "json_object")) {
             if (sch && !cJSON_IsNull(sch))   /* llama.cpp's form */
@@ -660,6 +721,41 @@ static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error
         } else if (!strcmp(ty->valuestring, "json_schema")) {
             const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
             sch = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            /* OpenAI's members: name ^[a-zA-Z0-9_-]{1,64}$, description,
+             * schema, strict (a boolean) */
+            const cJSON *jk, *jsm = cJSON_IsObject(js) ? js : NULL;
+            cJSON_ArrayForEach(jk, jsm) {
+                bool ok = true;
+                const char *want = "";
+                if (!strcmp(jk->string, "name")) {
+                    size_t nl = cJSON_IsString(jk)
+                                    ? strspn(jk->valuestring, "abcdefghijklmnopqrstuvwxyz"
+                                                              "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                              "0123456789_-")
+                                    : 0;
+                    ok = cJSON_IsString(jk) && nl > 0 && nl <= 64 && !jk->valuestring[nl];
+                    want = "a string of 1 to 64 of a-z, A-Z, 0-9, '_' and '-'";
+                } else if (!strcmp(jk->string, "strict")) {
+                    ok = cJSON_IsBool(jk) || cJSON_IsNull(jk);
+                    want = "a boolean";
+                } else if (!strcmp(jk->string, "description")) {
+                    ok = cJSON_IsString(jk) || cJSON_IsNull(jk);
+                    want = "a string";
+                } else if (strcmp(jk->string, "schema")) {
+                    return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED,
+                                             "response_format.json_schema",
+                                             "'response_format.json_schema.%.40s' is not "
+                                             "supported (name, description, schema, strict)",
+                                             jk->string);
+                }
+                if (!ok) {
+                    char param[64];
+                    snprintf(param, sizeof(param), "response_format.json_schema.%s",
+                             jk->string);
+                    return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                                             "'%s' must be %s", param, want);
+                }
+            }
             if (!sch || cJSON_IsNull(sch))
                 return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "response_format",
                                          "'response_format' of type 'json_schema' needs "
@@ -687,6 +783,7 @@ static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error
                                      "'structured_outputs' must be an object, got %s",
                                      type_name(st));
         const cJSON *it;
+        int before = *n;
         cJSON_ArrayForEach(it, st) {
             size_t k = 0;
             while (k < sizeof(sub) / sizeof(sub[0]) && strcmp(sub[k].key, it->string))
@@ -703,7 +800,21 @@ static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error
             if (*n < 8)
                 so[(*n)++] = (so_t){sub[k].param, sub[k].kind, it};
         }
+        /* vLLM: "you must use one kind of structured outputs constraint" */
+        if (*n == before)
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "structured_outputs",
+                                     "'structured_outputs' names no constraint: give one of "
+                                     "json, regex, choice, grammar, json_object: true");
     }
+    /* vLLM's guided_whitespace_pattern changes which outputs are allowed
+     * (the whitespace between a schema's tokens), so it is refused, not
+     * ignored; guided_decoding_backend only picks vLLM's implementation
+     * and is ignored */
+    const cJSON *wp = field(root, "guided_whitespace_pattern");
+    if (wp && !cJSON_IsNull(wp))
+        return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "guided_whitespace_pattern",
+                                 "'guided_whitespace_pattern' is not supported (the grammar "
+                                 "allows up to 16 whitespace characters between tokens)");
     return DSQ_OK;
 }
 
@@ -838,6 +949,25 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
                                      "'tools[%d].function.parameters' must be a JSON Schema "
                                      "of \"type\": \"object\" (the arguments are an "
                                      "object)", ti);
+        /* without "type", these may admit other values, which a
+         * constrained call would then be forced to write and the parser
+         * refuse; OpenAI refuses them too. Untyped parameters with only
+         * properties, required, ... are an object. */
+        static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
+                                              "const"};
+        for (size_t k = 0; !pt && cJSON_IsObject(pa) && k < sizeof(decides) / sizeof(*decides);
+             k++)
+            if (cJSON_HasObjectItem(pa, decides[k]))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                         "'tools[%d].function.parameters' has '%s' and no "
+                                         "\"type\": it must be a JSON Schema of \"type\": "
+                                         "\"object\" (the arguments are an object)", ti,
+                                         decides[k]);
+        const cJSON *de = cJSON_GetObjectItemCaseSensitive(fn, "description");
+        if (de && !cJSON_IsNull(de) && !cJSON_IsString(de))
+            return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                     "'tools[%d].function.description' must be a string, "
+                                     "got %s", ti, type_name(de));
         /* the name goes into the model's call syntax and back to the
          * client's dispatch: OpenAI's ^[a-zA-Z0-9_-]{1,64}$, and '.' */
         size_t nl = strspn(nm->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -846,12 +976,27 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
                                      "'tools[%d].function.name' must be 1 to 64 of a-z, A-Z, "
                                      "0-9, '_', '-' and '.'", ti);
+        /* a call names its function: two of one name are ambiguous */
+        const cJSON *w;
+        int wi = 0;
+        cJSON_ArrayForEach(w, tool_list) {
+            if (w == v)
+                break;
+            const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(w, "function"), "name");
+            if (!strcmp(n2->valuestring, nm->valuestring))
+                return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
+                                         "'tools[%d].function.name' '%s' is also the name of "
+                                         "'tools[%d]'; function names must be unique", ti,
+                                         nm->valuestring, wi);
+            wi++;
+        }
         ti++;
     }
     /* the legacy function-calling fields (OpenAI's deprecated functions /
      * function_call) ask for the same thing */
     const cJSON *fns = field(root, "functions"), *fc = field(root, "function_call");
-    if (fns && !cJSON_IsNull(fns) && !(cJSON_IsArray(fns) && cJSON_GetArraySize(fns) == 0))
+    if (fns && !cJSON_IsNull(fns))
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "functions",
                                  "the legacy 'functions' is not supported: use 'tools'");
     if (fc && !cJSON_IsNull(fc) &&

@@ -72,6 +72,17 @@ static void perr(parser_t *p, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A character U+0000 in a literal, or a class of no other character:
+ * outputs are C strings, so a NUL could never reach the client and the
+ * text would no longer be a sentence. Refused rather than dropped. */
+static void perr_nul(parser_t *p)
+{
+    if (p->rc)
+        return;
+    perr(p, "U+0000 (NUL) cannot be generated (outputs are C strings)");
+    p->rc = DSQ_EUNSUPPORTED;
+}
+
 static void oom(parser_t *p)
 {
     if (!p->rc) {
@@ -526,7 +537,12 @@ static void parse_sequence(parser_t *p, uint32_t r)
                     perr(p, "unterminated string literal");
                     return;
                 }
+                size_t at = p->i;
                 uint32_t cp = parse_char(p);
+                if (!p->rc && cp == 0) {
+                    p->i = at;   /* the error points at the character */
+                    perr_nul(p);
+                }
                 if (!p->rc)
                     emit(p, r, G_EL(GT_CHARS, single_set(p, cp)));
             }
@@ -539,6 +555,8 @@ static void parse_sequence(parser_t *p, uint32_t r)
                 p->i++;
             }
             u32vec_t tmp = {0};
+            size_t at = p->i;
+            bool nul = false;   /* a range of it includes U+0000 */
             while (!p->rc && peek(p) != ']') {
                 if (peek(p) < 0) {
                     perr(p, "unterminated character class");
@@ -551,18 +569,31 @@ static void parse_sequence(parser_t *p, uint32_t r)
                     if (!p->rc && hi < lo)
                         perr(p, "character range %04X-%04X is reversed", lo, hi);
                 }
-                vec_push(p, &tmp, lo);
+                /* U+0000 is never generated (outputs are C strings): a
+                 * class keeps its other characters */
+                nul |= !neg && lo == 0;
+                if (!neg && lo == 0 && hi == 0)
+                    continue;
+                vec_push(p, &tmp, !neg && lo == 0 ? 1 : lo);
                 vec_push(p, &tmp, hi);
+            }
+            if (!p->rc && neg) {   /* the complement leaves U+0000 out too */
+                vec_push(p, &tmp, 0);
+                vec_push(p, &tmp, 0);
             }
             if (!p->rc) {
                 p->i++;
                 uint32_t id = intern_set(p, tmp.v, tmp.n / 2, neg);
+                if (!p->rc && nul && p->cs_n.v[id] == 0) {
+                    p->i = at;
+                    perr_nul(p);
+                }
                 emit(p, r, G_EL(GT_CHARS, id));
             }
             free(tmp.v);
         } else if (c == '.') {
             p->i++;
-            uint32_t any[2] = {0, G_MAX_CP};
+            uint32_t any[2] = {1, G_MAX_CP};   /* U+0000 never: as for classes */
             emit(p, r, G_EL(GT_CHARS, intern_set(p, any, 1, 0)));
         } else if (is_name_char(c)) {
             size_t j = p->i, end = p->i;

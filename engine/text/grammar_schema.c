@@ -545,6 +545,11 @@ typedef struct rx {
     size_t n, i;
     bool json;
     bool uni;                      /* the last escape was \d \w \s or a complement */
+    bool want_ne;                  /* build each piece's ne (rx_piece_t)     */
+    struct {
+        size_t at, len;            /* a group name, as bytes of s           */
+    } *names;
+    int n_names, cap_names;
     int depth;
     char *err;
     size_t err_len;
@@ -732,7 +737,8 @@ static int rx_class(rx_t *x, cset_t *set)
     return DSQ_OK;
 }
 
-static int rx_alt(rx_t *x, sbuf_t *o);
+typedef struct rx_piece rx_piece_t;
+static int rx_alt(rx_t *x, rx_piece_t *out);
 
 /* One atom's set into o. Outside a JSON string U+0000 cannot be generated
  * (outputs are C strings): a class keeps its other characters, a NUL
@@ -766,50 +772,48 @@ static bool rx_counted_at(const rx_t *x, size_t j)
     return digits && j < x->n && x->s[j] == '}';
 }
 
-/* A quantifier after an atom, if any: writes its GBNF suffix. */
-static int rx_quant(rx_t *x, sbuf_t *o, bool *empty)
+/* A quantifier after an atom, if any: *m and *n (-1: unbounded) of the
+ * repetition, m = n = 1 when there is none. */
+static int rx_quant(rx_t *x, long *m, long *n)
 {
-    *empty = false;
+    *m = *n = 1;
     if (x->i >= x->n)
         return DSQ_OK;
     char q = x->s[x->i];
     if (q == '*' || q == '+' || q == '?') {
         x->i++;
-        sb_fmt(o, "%c ", q);
+        *m = q == '+';
+        *n = q == '?' ? 1 : -1;
     } else if (q == '{') {
         size_t j = x->i + 1;
-        long m = -1, n;
+        long lo = -1, hi;
         char *end;
         if (j < x->n && isdigit((unsigned char)x->s[j])) {
-            m = strtol(x->s + j, &end, 10);
+            lo = strtol(x->s + j, &end, 10);
             j = (size_t)(end - x->s);
         } else if (j < x->n && x->s[j] == ',') {
-            m = 0;   /* {,n}: Python's {0,n} */
+            lo = 0;   /* {,n}: Python's {0,n} */
         }
-        if (m < 0)
+        if (lo < 0)
             return DSQ_OK;   /* a literal '{' (Python's reading) */
-        n = m;
+        hi = lo;
         if (j < x->n && x->s[j] == ',') {
             j++;
-            n = -1;
+            hi = -1;
             if (j < x->n && isdigit((unsigned char)x->s[j])) {
-                n = strtol(x->s + j, &end, 10);
+                hi = strtol(x->s + j, &end, 10);
                 j = (size_t)(end - x->s);
             }
         }
         if (j >= x->n || x->s[j] != '}')
             return DSQ_OK;
         x->i = j + 1;
-        if (m > DSQ_GRAMMAR_MAX_REPEAT || n > DSQ_GRAMMAR_MAX_REPEAT)
+        if (lo > DSQ_GRAMMAR_MAX_REPEAT || hi > DSQ_GRAMMAR_MAX_REPEAT)
             return rx_fail(x, DSQ_ERANGE, "a repetition above %d", DSQ_GRAMMAR_MAX_REPEAT);
-        if (n >= 0 && n < m)
-            return rx_fail(x, DSQ_EINVAL, "a repetition {%ld,%ld} out of order", m, n);
-        if (n == 0)
-            *empty = true;
-        else if (n < 0)
-            sb_fmt(o, "{%ld,} ", m);
-        else
-            sb_fmt(o, "{%ld,%ld} ", m, n);
+        if (hi >= 0 && hi < lo)
+            return rx_fail(x, DSQ_EINVAL, "a repetition {%ld,%ld} out of order", lo, hi);
+        *m = lo;
+        *n = hi;
     } else {
         return DSQ_OK;
     }
@@ -822,14 +826,156 @@ static int rx_quant(rx_t *x, sbuf_t *o, bool *empty)
     return DSQ_OK;
 }
 
-/* One alternative: atoms with their quantifiers, up to | or ) or the end. */
-static int rx_seq(rx_t *x, sbuf_t *o)
+/* Whether a quantifier starts at s[j]. */
+static bool rx_quant_at(const rx_t *x, size_t j)
 {
-    bool any = false;
-    while (x->i < x->n && x->s[x->i] != '|' && x->s[x->i] != ')') {
-        sbuf_t atom = {0};
+    return j < x->n && (x->s[j] == '*' || x->s[j] == '+' || x->s[j] == '?' ||
+                        rx_counted_at(x, j));
+}
+
+/* A part of the regex as GBNF: full is its language L; when L holds the
+ * empty string (nullable), ne is L without it (only where x->want_ne
+ * asked for it), and ne_void says that L is the empty string alone.
+ * The grammar refuses a repetition of what can match empty (its
+ * recursion would consume nothing), so X* of a nullable X is written
+ * (X without the empty string)*: the same language. Each full and ne is
+ * one item or a concatenation (safe to follow by more items), except a
+ * sequence's or alternation's ne, which may be an alternation. */
+struct rx_piece {
+    sbuf_t full, ne;
+    bool nullable, ne_void;
+};
+
+static void rx_piece_free(rx_piece_t *p)
+{
+    free(p->full.p);
+    free(p->ne.p);
+    *p = (rx_piece_t){0};
+}
+
+/* The GBNF suffix of a repetition {m,n} (n -1: unbounded). */
+static void rx_suffix(sbuf_t *o, long m, long n)
+{
+    if (m == 0 && n < 0)
+        sb_str(o, "* ");
+    else if (m == 1 && n < 0)
+        sb_str(o, "+ ");
+    else if (m == 0 && n == 1)
+        sb_str(o, "? ");
+    else if (n < 0)
+        sb_fmt(o, "{%ld,} ", m);
+    else if (m != 1 || n != 1)
+        sb_fmt(o, "{%ld,%ld} ", m, n);
+}
+
+/* a (one atom: a single item) repeated {m,n} into q; a is consumed. */
+static void rx_repeat(rx_t *x, rx_piece_t *a, long m, long n, rx_piece_t *q)
+{
+    *q = (rx_piece_t){0};
+    if (m == 1 && n == 1) {
+        *q = *a;
+        *a = (rx_piece_t){0};
+        return;
+    }
+    if (n == 0 || (a->nullable && a->ne_void)) {   /* the empty string alone */
+        sb_str(&q->full, "jempty ");
+        q->nullable = q->ne_void = true;
+        rx_piece_free(a);
+        return;
+    }
+    /* (X | empty){m,n} is X{0,n} for X without the empty string */
+    const sbuf_t *body = a->nullable ? &a->ne : &a->full;
+    if (a->nullable)
+        m = 0;
+    sb_add(&q->full, body->p, body->n);
+    rx_suffix(&q->full, m, n);
+    if (m == 0) {
+        q->nullable = true;
+        if (x->want_ne) {
+            sb_add(&q->ne, body->p, body->n);
+            rx_suffix(&q->ne, 1, n);
+        }
+    }
+    rx_piece_free(a);
+}
+
+/* A group name (?P<name>...) or (?<name>...) at s[i] up to its '>':
+ * an identifier, not used before (Python's re: "redefinition of group
+ * name"); *i ends past the '>'. */
+static int rx_group_name(rx_t *x, size_t *i)
+{
+    const char *gt = memchr(x->s + *i, '>', x->n - *i);
+    if (!gt)
+        return rx_fail(x, DSQ_EINVAL, "an unterminated group name");
+    size_t at = *i, len = (size_t)(gt - x->s) - at;
+    bool ok = len > 0 && !isdigit((unsigned char)x->s[at]);
+    for (size_t k = 0; ok && k < len; k++) {
+        unsigned char ch = (unsigned char)x->s[at + k];
+        ok = isalnum(ch) || ch == '_' || ch >= 0x80;
+    }
+    if (!ok)
+        return rx_fail(x, DSQ_EINVAL, "a group name must be an identifier");
+    /* a group parsed again (rx_seq) meets its own name at the same offset */
+    for (int k = 0; k < x->n_names; k++) {
+        if (x->names[k].at == at)
+            goto known;
+        if (x->names[k].len == len && !memcmp(x->s + x->names[k].at, x->s + at, len))
+            return rx_fail(x, DSQ_EINVAL, "redefinition of group name '%.*s'",
+                           (int)(len > 60 ? 60 : len), x->s + at);
+    }
+    if (x->n_names == x->cap_names) {
+        int nc = x->cap_names ? x->cap_names * 2 : 8;
+        void *q = realloc(x->names, (size_t)nc * sizeof(*x->names));
+        if (!q)
+            return DSQ_ENOMEM;
+        x->names = q;
+        x->cap_names = nc;
+    }
+    x->names[x->n_names].at = at;
+    x->names[x->n_names++].len = len;
+known:
+    *i = (size_t)(gt - x->s) + 1;
+    return DSQ_OK;
+}
+
+/* A group's alternation after its '(' (and ?: or name) into a; x->i ends
+ * past the ')'. */
+static int rx_group(rx_t *x, rx_piece_t *a)
+{
+    /* ~12 KiB of stack a level (the class sets): 16 levels fit an HTTP
+     * worker thread's stack with room to spare */
+    if (++x->depth > 16)
+        return rx_fail(x, DSQ_ERANGE, "groups nested too deep");
+    rx_piece_t in = {0};
+    int rc = rx_alt(x, &in);
+    x->depth--;
+    if (!rc && (x->i >= x->n || x->s[x->i] != ')'))
+        rc = rx_fail(x, DSQ_EINVAL, "an unterminated (");
+    if (!rc) {
+        x->i++;
+        sb_str(&a->full, "( ");
+        sb_add(&a->full, in.full.p, in.full.n);
+        sb_str(&a->full, ") ");
+        a->nullable = in.nullable;
+        a->ne_void = in.ne_void;
+        if (in.nullable && !in.ne_void && x->want_ne) {
+            sb_str(&a->ne, "( ");
+            sb_add(&a->ne, in.ne.p, in.ne.n);
+            sb_str(&a->ne, ") ");
+        }
+    }
+    rx_piece_free(&in);
+    return rc;
+}
+
+/* One alternative: atoms with their quantifiers, up to | or ) or the end. */
+static int rx_seq(rx_t *x, rx_piece_t *out)
+{
+    rx_piece_t *ps = NULL;
+    int np = 0, cap = 0, rc = DSQ_OK;
+    while (!rc && x->i < x->n && x->s[x->i] != '|' && x->s[x->i] != ')') {
+        rx_piece_t a = {0};
         char ch = x->s[x->i];
-        int rc = DSQ_OK;
         if (ch == '(') {
             x->i++;
             if (x->i < x->n && x->s[x->i] == '?') {
@@ -838,46 +984,49 @@ static int rx_seq(rx_t *x, sbuf_t *o)
                 } else if (x->i + 2 < x->n && (x->s[x->i + 1] == '<' || x->s[x->i + 1] == 'P') &&
                            x->s[x->i + 1 + (x->s[x->i + 1] == 'P')] == '<' &&
                            x->s[x->i + 2] != '=' && x->s[x->i + 2] != '!') {
-                    const char *gt = memchr(x->s + x->i, '>', x->n - x->i);
-                    if (!gt)
-                        return rx_fail(x, DSQ_EINVAL, "an unterminated group name");
-                    x->i = (size_t)(gt - x->s) + 1;
+                    size_t j = x->i + 2 + (x->s[x->i + 1] == 'P');
+                    rc = rx_group_name(x, &j);
+                    if (!rc)
+                        x->i = j;
                 } else {
-                    return rx_fail(x, DSQ_EUNSUPPORTED,
-                                   "lookaround and inline flags (?...) are not supported");
+                    rc = rx_fail(x, DSQ_EUNSUPPORTED,
+                                 "lookaround and inline flags (?...) are not supported");
                 }
             }
-            /* ~12 KiB of stack a level (the class sets): 16 levels fit an
-             * HTTP worker thread's stack with room to spare */
-            if (++x->depth > 16)
-                return rx_fail(x, DSQ_ERANGE, "groups nested too deep");
-            sb_str(&atom, "( ");
-            rc = rx_alt(x, &atom);
-            x->depth--;
-            if (!rc && (x->i >= x->n || x->s[x->i] != ')'))
-                rc = rx_fail(x, DSQ_EINVAL, "an unterminated (");
-            if (!rc) {
-                x->i++;
-                sb_str(&atom, ") ");
+            size_t body = x->i;
+            if (!rc)
+                rc = rx_group(x, &a);
+            /* repeated and able to match empty: the body again, now with
+             * its language without the empty string (want_ne reaches
+             * every group inside, so this happens once per outer group) */
+            if (!rc && a.nullable && !a.ne_void && !x->want_ne && rx_quant_at(x, x->i)) {
+                size_t after = x->i;
+                rx_piece_free(&a);
+                x->i = body;
+                x->want_ne = true;
+                rc = rx_group(x, &a);
+                x->want_ne = false;
+                if (!rc && x->i != after)
+                    rc = rx_fail(x, DSQ_EINVAL, "an unterminated (");
             }
         } else if (ch == '[') {
             x->i++;
             cset_t set;
             rc = rx_class(x, &set);
             if (!rc)
-                rc = rx_emit(x, &atom, set);
+                rc = rx_emit(x, &a.full, set);
         } else if (ch == '.') {
             x->i++;
             cset_t set = {.n = 0};
             cset_add(&set, '\n', '\n');
             cset_negate(&set);
-            rc = rx_emit(x, &atom, set);
+            rc = rx_emit(x, &a.full, set);
         } else if (ch == '\\') {
             x->i++;
             cset_t set;
             rc = rx_escape(x, &set);
             if (!rc)
-                rc = rx_emit(x, &atom, set);
+                rc = rx_emit(x, &a.full, set);
         } else if (ch == '*' || ch == '+' || ch == '?') {
             rc = rx_fail(x, DSQ_EINVAL, "'%c' has nothing to repeat", ch);
         } else if (ch == '^' || ch == '$') {
@@ -891,35 +1040,95 @@ static int rx_seq(rx_t *x, sbuf_t *o)
             } else {
                 cset_t set = {.n = 0};
                 cset_add(&set, (uint32_t)c, (uint32_t)c);
-                rc = rx_emit(x, &atom, set);
+                rc = rx_emit(x, &a.full, set);
             }
         }
-        bool empty = false;
+        long m, n;
         if (!rc)
-            rc = rx_quant(x, &atom, &empty);
-        if (!rc && atom.oom)
-            rc = DSQ_ENOMEM;
-        if (!rc && !empty) {
-            sb_add(o, atom.p, atom.n);
-            any = true;
+            rc = rx_quant(x, &m, &n);
+        if (!rc && np == cap) {
+            int nc = cap ? cap * 2 : 8;
+            rx_piece_t *q = realloc(ps, (size_t)nc * sizeof(*q));
+            if (q) {
+                ps = q;
+                cap = nc;
+            } else {
+                rc = DSQ_ENOMEM;
+            }
         }
-        free(atom.p);
-        if (rc)
-            return rc;
+        if (!rc)
+            rx_repeat(x, &a, m, n, &ps[np++]);
+        rx_piece_free(&a);
     }
-    if (!any)
-        sb_str(o, "jempty ");
-    return DSQ_OK;
+    /* the concatenation (pieces of the empty string alone left out); the
+     * empty string is in it when it is in every piece, and then its
+     * non-empty strings are those where some piece i is the first to be
+     * non-empty: ne_i followed by the rest as they are */
+    out->nullable = true;
+    for (int i = 0; !rc && i < np; i++) {
+        out->nullable &= ps[i].nullable;
+        if (!ps[i].ne_void)
+            sb_add(&out->full, ps[i].full.p, ps[i].full.n);
+    }
+    if (!out->full.p)
+        sb_str(&out->full, "jempty ");
+    out->ne_void = out->nullable;
+    for (int i = 0; i < np; i++)
+        out->ne_void &= ps[i].ne_void;
+    bool first = true;
+    for (int i = 0; !rc && out->nullable && x->want_ne && i < np; i++) {
+        if (ps[i].ne_void)
+            continue;
+        sb_str(&out->ne, first ? "" : "| ");
+        first = false;
+        sb_add(&out->ne, ps[i].ne.p, ps[i].ne.n);
+        for (int j = i + 1; j < np; j++)
+            if (!ps[j].ne_void)
+                sb_add(&out->ne, ps[j].full.p, ps[j].full.n);
+        if (out->ne.n > DSQ_GRAMMAR_MAX_SOURCE)
+            rc = rx_fail(x, DSQ_ERANGE, "a repetition of a group that can match the empty "
+                         "string would make a grammar above %u bytes", DSQ_GRAMMAR_MAX_SOURCE);
+    }
+    for (int i = 0; i < np; i++)
+        rx_piece_free(&ps[i]);
+    free(ps);
+    if (!rc && (out->full.oom || out->ne.oom))
+        rc = DSQ_ENOMEM;
+    return rc;
 }
 
-static int rx_alt(rx_t *x, sbuf_t *o)
+static int rx_alt(rx_t *x, rx_piece_t *out)
 {
-    int rc = rx_seq(x, o);
-    while (!rc && x->i < x->n && x->s[x->i] == '|') {
+    rx_piece_t s = {0};
+    int rc = rx_seq(x, &s);
+    bool first = true;
+    out->ne_void = true;
+    for (;;) {
+        if (rc)
+            break;
+        sb_str(&out->full, first ? "" : "| ");
+        sb_add(&out->full, s.full.p, s.full.n);
+        out->nullable |= s.nullable;
+        /* the non-empty strings: each alternative's */
+        const sbuf_t *ne = s.nullable ? (s.ne_void ? NULL : &s.ne) : &s.full;
+        if (ne && x->want_ne) {
+            sb_str(&out->ne, out->ne_void ? "" : "| ");
+            sb_add(&out->ne, ne->p, ne->n);
+        }
+        if (ne)
+            out->ne_void = false;
+        first = false;
+        rx_piece_free(&s);
+        if (x->i >= x->n || x->s[x->i] != '|')
+            break;
         x->i++;
-        sb_str(o, "| ");
-        rc = rx_seq(x, o);
+        rc = rx_seq(x, &s);
     }
+    rx_piece_free(&s);
+    if (!out->nullable)   /* ne is full then, and never read */
+        out->ne_void = false;
+    if (!rc && (out->full.oom || out->ne.oom))
+        rc = DSQ_ENOMEM;
     return rc;
 }
 
@@ -942,11 +1151,15 @@ static int regex_expr(const char *re, size_t len, bool json, sbuf_t *o, bool *st
             x.n = len - 1;
         }
     }
-    sb_str(o, "( ");
-    int rc = rx_alt(&x, o);
+    rx_piece_t top = {0};
+    int rc = rx_alt(&x, &top);
     if (!rc && x.i < x.n)
         rc = rx_fail(&x, DSQ_EINVAL, "an unmatched )");
+    sb_str(o, "( ");
+    sb_add(o, top.full.p, top.full.n);
     sb_str(o, ") ");
+    rx_piece_free(&top);
+    free(x.names);
     if (!rc && o->oom)
         rc = DSQ_ENOMEM;
     return rc;
@@ -1277,6 +1490,8 @@ typedef struct prop {
     const char *name;
     const cJSON *schema;           /* NULL: any value */
     bool required;
+    bool additional;               /* not in properties: the value is one of
+                                      additionalProperties                 */
 } prop_t;
 
 static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
@@ -1314,9 +1529,10 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
                   " )? \"}\" ", r, r);
         return DSQ_OK;
     }
-    /* declared properties in order, then required names not declared; no
-     * additional properties are ever written (valid whatever
-     * additionalProperties says) */
+    /* declared properties in order, then required names not declared
+     * (their values those of additionalProperties); no other additional
+     * properties are ever written (valid whatever additionalProperties
+     * says) */
     prop_t *p = calloc((size_t)(np + nr), sizeof(*p));
     if (!p)
         return fail(c, DSQ_ENOMEM, "out of memory");
@@ -1335,9 +1551,22 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         int k = 0;
         while (k < n && strcmp(p[k].name, it->valuestring))
             k++;
+        if (k < n && p[k].required) {   /* JSON Schema: the items are unique */
+            free(p);
+            return fail(c, DSQ_EINVAL, "'required' lists '%.80s' twice", it->valuestring);
+        }
         if (k == n) {
+            /* a name not declared is an additional property: its value
+             * is one of additionalProperties, and none when that is false
+             * (no instance then has every required property) */
+            if (cJSON_IsFalse(add)) {
+                free(p);
+                return fail(c, DSQ_EINVAL, "required property '%.80s' is forbidden by "
+                            "additionalProperties: false", it->valuestring);
+            }
             p[n].name = it->valuestring;
-            p[n].schema = NULL;
+            p[n].schema = add && !cJSON_IsTrue(add) ? add : NULL;
+            p[n].additional = true;
             n++;
         }
         p[k].required = true;
@@ -1365,8 +1594,9 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         free(key);
         sb_str(&b, " ws \":\" ws ");
         if (p[i].schema) {
-            size_t p0 = path_push(c, "properties");
-            path_push(c, p[i].name);
+            size_t p0 = path_push(c, p[i].additional ? "additionalProperties" : "properties");
+            if (!p[i].additional)
+                path_push(c, p[i].name);
             rc = schema_expr(c, p[i].schema, &b);
             path_pop(c, p0);
         } else {
@@ -1630,6 +1860,10 @@ static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         const cJSON *t;
         cJSON_ArrayForEach(t, ty) {
             int b = cJSON_IsString(t) ? type_bit(t->valuestring) : 0;
+            if (b & types) {   /* JSON Schema: the items are unique */
+                rc = fail(c, DSQ_EINVAL, "'type' lists '%s' twice", t->valuestring);
+                goto out;
+            }
             if (!b) {
                 types = 0;
                 break;
@@ -1784,15 +2018,24 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
             rc = DSQ_EINVAL;
             break;
         }
-        /* a composition, $ref, enum or const decides the type itself
-         * (and "type" beside it is outside the subset) */
+        /* without "type", a composition, $ref, enum or const could admit
+         * values other than an object, which the grammar would then force
+         * and the parser refuse: refused here, as OpenAI does */
         static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
                                               "const"};
-        bool add_type = !ty;
-        for (size_t k = 0; add_type && k < sizeof(decides) / sizeof(decides[0]); k++)
-            add_type = !cJSON_GetObjectItemCaseSensitive(params, decides[k]);
+        for (size_t k = 0; !ty && k < sizeof(decides) / sizeof(decides[0]); k++) {
+            if (cJSON_GetObjectItemCaseSensitive(params, decides[k])) {
+                snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
+                         "object, so it needs \"type\": \"object\" (it has '%s' and no "
+                         "\"type\")", i - 1, decides[k]);
+                rc = DSQ_EINVAL;
+                break;
+            }
+        }
+        if (rc)
+            break;
         cJSON *any = cJSON_IsObject(params) ? cJSON_Duplicate(params, 1) : cJSON_CreateObject();
-        if (!any || (add_type && !cJSON_AddStringToObject(any, "type", "object"))) {
+        if (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))) {
             cJSON_Delete(any);
             rc = DSQ_ENOMEM;
             break;

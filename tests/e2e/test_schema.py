@@ -238,6 +238,18 @@ def test_sdk_parse_with_pydantic(server):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "needs 'json_schema'"),
     ({"guided_json": {"type": "integer"}, "guided_regex": "a"}, "guided_regex", "give one"),
+    # a required name additionalProperties false forbids: no instance is
+    # valid (a 200 wrote {"zz": ...} before)
+    ({"guided_json": {"type": "object", "required": ["zz"], "additionalProperties": False}},
+     "guided_json", "required property 'zz' is forbidden by additionalProperties: false"),
+    ({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}},
+                      "required": ["a", "zz"], "additionalProperties": False}},
+     "guided_json", "required property 'zz' is forbidden"),
+    # JSON Schema's unique items; Python's re on a group name twice
+    ({"guided_json": {"type": ["string", "string"]}}, "guided_json", "'type' lists 'string' twice"),
+    ({"guided_json": {"type": "object", "properties": {"a": {}}, "required": ["a", "a"]}},
+     "guided_json", "'required' lists 'a' twice"),
+    ({"guided_regex": "(?P<x>a)(?P<x>b)"}, "guided_regex", "redefinition of group name 'x'"),
 ])
 def test_bad_schemas_are_400(server, body, param, words):
     r = post(server, "/v1/completions", dict({"model": MODEL_NAME, "prompt": "x",
@@ -245,3 +257,29 @@ def test_bad_schemas_are_400(server, body, param, words):
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert e["param"] == param and words in e["message"], e
+
+
+# A repetition of what can match empty is a valid regex (it was refused
+# with an internal rule name): the outputs fullmatch Python's re.
+@pytest.mark.parametrize("field,value,rx", [
+    ("guided_regex", "(a*)*b", "(a*)*b"),
+    ("guided_regex", "(a?)+b", "(a?)+b"),
+    ("guided_regex", "(x?y?)*z", "(x?y?)*z"),
+    ("guided_regex", "((ab)?|c?){1,4}d", "((ab)?|c?){1,4}d"),
+    ("guided_json", {"type": "string", "pattern": "^(a|)*$"}, None),
+])
+def test_nullable_repetitions_generate_matches(server, field, value, rx):
+    n_ok = 0
+    for seed in (None, 1, 2):
+        choices = generate(server, field, value, seed, max_tokens=24)
+        assert choices is not None, value
+        for c in choices:
+            if c["finish_reason"] == "length":
+                continue
+            if rx is None:
+                assert validate(value, c["text"]) is None, c["text"]
+                assert re.fullmatch(r"(a|)*", json.loads(c["text"]))
+            else:
+                assert re.fullmatch(rx, c["text"], re.ASCII), (rx, c["text"])
+            n_ok += 1
+    assert n_ok >= 1, value

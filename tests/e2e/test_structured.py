@@ -8,6 +8,7 @@ and Python's json module for json_object. Sampled (temperature 1, several
 seeds) and greedy, streamed and not, with n > 1 and best_of.
 """
 import json
+import re
 
 import lark
 import openai
@@ -133,6 +134,27 @@ def test_json_object_through_sdk(server):
     ({"grammar": "root ::= \"a\"", "guided_choice": ["a"]}, "guided_choice", "give one"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}},
      "response_format", "give one"),
+    # U+0000 cannot be generated (it vanished from a 200's text before)
+    ({"grammar": 'root ::= "a" "\\x00" "b"'}, "grammar", "U+0000 (NUL) cannot be generated"),
+    ({"grammar": 'root ::= "\\x00"'}, "grammar", "U+0000 (NUL) cannot be generated"),
+    ({"guided_grammar": "root ::= [\\x00]"}, "guided_grammar", "U+0000 (NUL)"),
+    ({"grammar": 'root ::= "\\u0000"'}, "grammar", "U+0000 (NUL)"),
+    # members that would be ignored although they change the output
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format", "'response_format.foo'"),
+    ({"response_format": {"type": "text", "json_schema": {"schema": {"type": "integer"}}}},
+     "response_format", "does not go with type 'text'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}}},
+     "response_format.json_schema.name", "must be a string of 1 to 64"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "strict": "yes", "schema": {}}}}, "response_format.json_schema.strict",
+     "must be a boolean"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {}, "extra": 1}}}, "response_format.json_schema",
+     "'response_format.json_schema.extra' is not supported"),
+    ({"guided_json": {"type": "integer"}, "guided_whitespace_pattern": "[ ]*"},
+     "guided_whitespace_pattern", "not supported"),
+    ({"structured_outputs": {}}, "structured_outputs", "names no constraint"),
+    ({"structured_outputs": {"json": None}}, "structured_outputs", "names no constraint"),
 ])
 def test_bad_constraints_are_400(server, body, param, words):
     r = post(server, "/v1/completions", dict({"model": MODEL_NAME, "prompt": "x",
@@ -144,3 +166,19 @@ def test_bad_constraints_are_400(server, body, param, words):
     r = post(server, "/v1/completions", {"model": MODEL_NAME, "prompt": "x", "max_tokens": 2,
                                          "grammar": "root ::= \"ok\""})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok", r.text
+
+
+def test_nul_left_out_of_classes(server):
+    """A class or `.` that merely includes U+0000 keeps its other
+    characters; vLLM's guided_decoding_backend picks an implementation,
+    not the output, and is ignored."""
+    for seed in (1, 2, 3):
+        r = post(server, "/v1/completions", {
+            "model": MODEL_NAME, "prompt": "Some text:", "max_tokens": 12, "temperature": 1.0,
+            "seed": seed, "grammar": "root ::= [\\x00-\\x7f]{1,8} \";\"",
+            "guided_decoding_backend": "xgrammar"})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        if c["finish_reason"] == "stop":
+            assert re.fullmatch(r"[\x01-\x7f]{1,8};", c["text"]), c["text"]
+        assert "\x00" not in c["text"], c["text"]

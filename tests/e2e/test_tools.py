@@ -145,6 +145,32 @@ for _ in range(200):
      "'tools[0].function.name'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "array"}}}]}, "tools", "\"type\": \"object\""),
+    # no "type" but a keyword that may admit non-objects: the grammar forced
+    # such arguments and the parser refused them (no tool_calls in a 200)
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}]},
+     "tools", "has 'anyOf' and no \"type\""),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"enum": [1, 2]}}}]},
+     "tools", "has 'enum' and no \"type\""),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"$ref": "#/$defs/s", "$defs": {"s": {"type": "string"}}}}}]},
+     "tools", "has '$ref' and no \"type\""),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "function names must be unique"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}, "tools",
+     "'tools[0].function.description' must be a string"),
+    ({"functions": []}, "functions", "legacy 'functions'"),
+    # the turns of a call in OpenAI's shape
+    ({"messages": MSGS + [{"role": "tool", "content": "sunny"}]}, "messages",
+     "'messages[1].tool_call_id' is required"),
+    ({"messages": MSGS + [{"role": "tool", "content": "sunny", "tool_call_id": 3}]},
+     "messages", "'messages[1].tool_call_id' must be a string"),
+    ({"messages": MSGS + [{"role": "assistant", "content": None, "tool_calls": {"a": 1}}]},
+     "messages", "'messages[1].tool_calls' must be an array"),
+    ({"messages": MSGS + [{"role": "assistant", "content": None, "tool_calls": [None]}]},
+     "messages", "'messages[1].tool_calls[0]' must be"),
+    ({"messages": MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function"}]}]}, "messages", "'messages[1].tool_calls[0]'"),
 ])
 def test_bad_tool_requests_are_400(server, extra, param, words):
     body = dict({"model": MODEL_NAME, "messages": MSGS, "tools": TOOLS, "max_tokens": 8},
@@ -153,3 +179,20 @@ def test_bad_tool_requests_are_400(server, extra, param, words):
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert e["param"] == param and words in e["message"], e
+
+
+def test_untyped_object_parameters_still_constrain(server):
+    """parameters without "type" but with only object keywords are an
+    object, as before; a description may be null."""
+    tool = {"type": "function", "function": {"name": "note", "description": None, "parameters": {
+        "properties": {"text": {"type": "string", "maxLength": 12}}, "required": ["text"],
+        "additionalProperties": False}}}
+    r = post(server, "/v1/chat/completions", {
+        "model": MODEL_NAME, "messages": MSGS, "tools": [tool], "tool_choice": "required",
+        "parallel_tool_calls": False, "max_tokens": 80, "temperature": 0})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    (tc,) = ch["message"]["tool_calls"]
+    args = json.loads(tc["function"]["arguments"])
+    jsonschema.validate(args, {"type": "object", **tool["function"]["parameters"]})

@@ -392,6 +392,39 @@ static void test_mask_deepseek(void **state)
     dsq_tokenizer_destroy(t);
 }
 
+/* U+0000 cannot be generated (outputs are C strings, the NUL would vanish
+ * from the text): a literal of it, or a class of nothing else, is
+ * refused (DSQ_EUNSUPPORTED, as a regex's); a class or `.` that merely
+ * includes it keeps its other characters. */
+static void test_nul(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "root ::= \"a\" \"\\x00\" \"b\"", "root ::= \"\\x00\"", "root ::= [\\x00]",
+        "root ::= \"\\u0000\"", "root ::= \"\\0\"", "root ::= \"\\U00000000\"",
+        "root ::= [\\x00-\\x00]", "root ::= \"a\" | [\\u0000]*",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[256] = "";
+        dsq_grammar_t *g = (dsq_grammar_t *)0x1;
+        int rc = dsq_grammar_from_gbnf(bad[i], strlen(bad[i]), NULL, &g, err, sizeof(err));
+        if (rc != DSQ_EUNSUPPORTED || g != NULL || !strstr(err, "U+0000 (NUL) cannot be "
+                                                                "generated"))
+            fail_msg("<%s>: rc %d, err \"%s\"", bad[i], rc, err);
+        assert_non_null(strstr(err, "grammar line 1 column"));
+    }
+    static const char *const narrowed[] = {"root ::= [\\x00-\\x7f]*", "root ::= [^z]*",
+                                           "root ::= .*", "root ::= [\\x00a-c]*"};
+    for (size_t i = 0; i < sizeof(narrowed) / sizeof(narrowed[0]); i++) {
+        dsq_grammar_t *g = compile(narrowed[i]);
+        assert_true(sentence(g, "a", 1));
+        assert_true(sentence(g, "ab", 2));
+        if (sentence(g, "a\0b", 3) || sentence(g, "\0", 1))
+            fail_msg("<%s> accepts a NUL", narrowed[i]);
+        dsq_grammar_free(g);
+    }
+}
+
 /* An empty rule (`x ::=`, no elements at all) matches the empty string,
  * an empty class `[]` nothing (fuzz_openai found both reaching NULL
  * pointers under UBSan). */
@@ -524,6 +557,7 @@ int main(void)
         cmocka_unit_test(test_mask_deepseek),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_empty_rule),
+        cmocka_unit_test(test_nul),
         cmocka_unit_test(test_mask_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

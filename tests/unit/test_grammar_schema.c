@@ -302,6 +302,26 @@ static void test_unsupported_schemas(void **state)
         {"{\"type\":\"string\",\"enum\":[1,2]}", DSQ_EINVAL, "no 'enum' value"},
         {"{\"properties\":{\"a\":3}}", DSQ_EINVAL, "an object or a boolean (at /properties/a)"},
         {"{\"required\":\"a\"}", DSQ_EINVAL, "'required' must be an array"},
+        /* JSON Schema: the items of type and required are unique */
+        {"{\"type\":[\"string\",\"string\"]}", DSQ_EINVAL, "'type' lists 'string' twice"},
+        {"{\"type\":\"object\",\"required\":[\"a\",\"a\"]}", DSQ_EINVAL,
+         "'required' lists 'a' twice (at the root)"},
+        {"{\"properties\":{\"a\":{}},\"required\":[\"a\",\"a\"]}", DSQ_EINVAL,
+         "'required' lists 'a' twice"},
+        /* a required name that additionalProperties false forbids: no
+         * instance is valid (the grammar wrote it all the same) */
+        {"{\"type\":\"object\",\"required\":[\"zz\"],\"additionalProperties\":false}",
+         DSQ_EINVAL, "required property 'zz' is forbidden by additionalProperties: false "
+         "(at the root)"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+         "\"required\":[\"a\",\"zz\"],\"additionalProperties\":false}", DSQ_EINVAL,
+         "required property 'zz' is forbidden"},
+        {"{\"properties\":{\"o\":{\"required\":[\"q\"],\"additionalProperties\":false}}}",
+         DSQ_EINVAL, "required property 'q' is forbidden by additionalProperties: false "
+         "(at /properties/o)"},
+        /* the value of a required name not declared is additionalProperties' */
+        {"{\"required\":[\"zz\"],\"additionalProperties\":{\"not\":{}}}", DSQ_EUNSUPPORTED,
+         "'not' is not supported (at /additionalProperties)"},
         {"3", DSQ_EINVAL, "an object or a boolean"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -369,6 +389,13 @@ static void test_bad_regexes(void **state)
         /* a NUL cannot be generated; dropping it would change the language */
         {"a\\x00b", DSQ_EUNSUPPORTED, "NUL"},
         {"[\\u0000]", DSQ_EUNSUPPORTED, "NUL"},
+        /* Python's re: "redefinition of group name", "bad character in
+         * group name", "missing group name" */
+        {"(?P<x>a)(?P<x>b)", DSQ_EINVAL, "redefinition of group name 'x'"},
+        {"(?<x>a)|(?<x>b)", DSQ_EINVAL, "redefinition of group name 'x'"},
+        {"(?P<x>(?P<x>a))", DSQ_EINVAL, "redefinition of group name 'x'"},
+        {"(?P<1>a)", DSQ_EINVAL, "identifier"},
+        {"(?P<>a)", DSQ_EINVAL, "identifier"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char err[256] = "", *gbnf = NULL;
@@ -381,6 +408,97 @@ static void test_bad_regexes(void **state)
     }
 }
 
+/* A repetition of what can match the empty string ((a*)*, (a?)+, (a|)*)
+ * is a valid regex: it compiles, and its language is re.fullmatch's. The
+ * verdicts (one digit per string of strs, 1 = match) were written from
+ * Python 3's re.fullmatch. */
+static void test_nullable_repetitions(void **state)
+{
+    (void)state;
+    static const char *const strs[] = {"", "a", "b", "c", "x", "ab", "aab", "ba", "abc", "bbc",
+                                       "aac", "aaac", "aaaac", "xx", "aabbc", "cc", "abab",
+                                       "abcab", "bb"};
+    static const struct {
+        const char *re, *match;
+    } cases[] = {
+        {"(a*)*b", "0010011000000000000"},
+        {"(a?)+b", "0010011000000000000"},
+        {"(a|)*", "1100000000000000000"},
+        {"(a*|b)*c", "0001000011111010000"},
+        {"((a?)(b?))*", "1110011100000000101"},
+        {"(a?){2,3}c", "0001000000110000000"},
+        {"(|)*x", "0000100000000000000"},
+        {"(a{0})*b", "0010000000000000000"},
+        {"(?:a*b*)+", "1110011100000000101"},
+        {"((a|)(|b))+c", "0001000011111010000"},
+        {"(x?)*", "1000100000000100000"},
+        {"(a?b?)?c", "0001000010000000000"},
+        {"((a*)?){3}", "1100000000000000000"},
+        {"(ab|(c?))+", "1001010010000001110"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[256] = "", *gbnf = NULL;
+        int rc = dsq_grammar_gbnf_from_regex(cases[i].re, strlen(cases[i].re), &gbnf, err,
+                                             sizeof(err));
+        if (rc)
+            fail_msg("/%s/: %s", cases[i].re, err);
+        dsq_grammar_t *g = compile_gbnf(gbnf, cases[i].re);
+        for (size_t k = 0; k < sizeof(strs) / sizeof(strs[0]); k++)
+            if (sentence(g, strs[k]) != (cases[i].match[k] == '1'))
+                fail_msg("/%s/: \"%s\": re.fullmatch says %s", cases[i].re, strs[k],
+                         cases[i].match[k] == '1' ? "match" : "no match");
+        dsq_grammar_free(g);
+    }
+    /* inside a schema too (pattern is a search there: anchored here) */
+    cJSON *s = cJSON_Parse("{\"type\":\"string\",\"pattern\":\"^(a|)*$\"}");
+    assert_non_null(s);
+    char err[256] = "", *gbnf = NULL;
+    if (dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)))
+        fail_msg("pattern ^(a|)*$: %s", err);
+    dsq_grammar_t *g = compile_gbnf(gbnf, "pattern ^(a|)*$");
+    assert_true(sentence(g, "\"\""));
+    assert_true(sentence(g, "\"aaa\""));
+    assert_false(sentence(g, "\"ab\""));
+    dsq_grammar_free(g);
+    cJSON_Delete(s);
+}
+
+/* A required name that properties does not declare is an additional
+ * property: its value is one of additionalProperties (any value when that
+ * is absent or true). */
+static void test_required_undeclared(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        const char *yes[3], *no[3];
+    } cases[] = {
+        {"{\"required\":[\"zz\"],\"additionalProperties\":{\"type\":\"integer\"}}",
+         {"{\"zz\":1}", "{\"zz\":-20}", NULL}, {"{\"zz\":\"x\"}", "{}", "{\"zz\":1.5}"}},
+        {"{\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"zz\"],"
+         "\"additionalProperties\":{\"type\":\"string\"}}",
+         {"{\"a\":true,\"zz\":\"x\"}", "{\"zz\":\"\"}", NULL}, {"{\"zz\":1}", "{\"a\":true}", NULL}},
+        {"{\"type\":\"object\",\"required\":[\"zz\"]}", {"{\"zz\":[1]}", "{\"zz\":null}", NULL},
+         {"{}", NULL, NULL}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cJSON *s = cJSON_Parse(cases[i].schema);
+        assert_non_null(s);
+        char err[256] = "", *gbnf = NULL;
+        if (dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)))
+            fail_msg("%s: %s", cases[i].schema, err);
+        dsq_grammar_t *g = compile_gbnf(gbnf, cases[i].schema);
+        for (int k = 0; k < 3; k++) {
+            if (cases[i].yes[k] && !sentence(g, cases[i].yes[k]))
+                fail_msg("%s: valid %s rejected", cases[i].schema, cases[i].yes[k]);
+            if (cases[i].no[k] && sentence(g, cases[i].no[k]))
+                fail_msg("%s: invalid %s accepted", cases[i].schema, cases[i].no[k]);
+        }
+        dsq_grammar_free(g);
+        cJSON_Delete(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -388,6 +506,8 @@ int main(void)
         cmocka_unit_test(test_official_suite),
         cmocka_unit_test(test_unsupported_schemas),
         cmocka_unit_test(test_bad_regexes),
+        cmocka_unit_test(test_nullable_repetitions),
+        cmocka_unit_test(test_required_undeclared),
     };
     return cmocka_run_group_tests_name("grammar_schema", tests, NULL, NULL);
 }

@@ -51,6 +51,57 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format",
      "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"response_format\":\"json\"}", 400, "response_format", NULL},
+    /* members of response_format that would be ignored, or malformed */
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":5,\"schema\":{}}}}", 400, "response_format.json_schema.name", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"a b\",\"schema\":{}}}}", 400, "response_format.json_schema.name", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"\",\"schema\":{}}}}", 400, "response_format.json_schema.name", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" "\","
+     "\"schema\":{}}}}", 400, "response_format.json_schema.name", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"n\",\"strict\":\"yes\",\"schema\":{}}}}", 400,
+     "response_format.json_schema.strict", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"n\",\"description\":1,\"schema\":{}}}}", 400,
+     "response_format.json_schema.description", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"n\",\"schema\":{},\"schemaa\":{}}}}", 400, "response_format.json_schema",
+     "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\",\"foo\":1}}", 400,
+     "response_format", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"schema\":{}},\"strict\":true}}", 400, "response_format", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"text\",\"json_schema\":"
+     "{\"schema\":{\"type\":\"integer\"}}}}", 400, "response_format", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"text\",\"schema\":{}}}", 400,
+     "response_format", NULL},
+    {"{" M "\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\",\"json_schema\":"
+     "{\"schema\":{}}}}", 400, "response_format", NULL},
+    /* vLLM's whitespace pattern changes the language: refused */
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{},\"guided_whitespace_pattern\":\" *\"}", 400,
+     "guided_whitespace_pattern", "unsupported_parameter"},
+    /* structured_outputs names no constraint */
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":{}}", 400, "structured_outputs", NULL},
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":{\"json\":null}}", 400,
+     "structured_outputs", NULL},
+    {"{" M "\"prompt\":\"a\",\"structured_outputs\":{\"json_object\":false}}", 400,
+     "structured_outputs", NULL},
+    /* JSON Schema's unique items; a required name additionalProperties
+     * forbids (no instance is valid) */
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":[\"string\",\"string\"]}}", 400,
+     "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"properties\":{\"a\":{}},"
+     "\"required\":[\"a\",\"a\"]}}", 400, "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"required\":[\"zz\"],"
+     "\"additionalProperties\":false}}", 400, "guided_json", NULL},
+    {"{" M "\"prompt\":\"a\",\"guided_regex\":\"(?P<x>a)(?P<x>b)\"}", 400, "guided_regex", NULL},
+    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= \\\"a\\\" \\\"\\\\x00\\\" \\\"b\\\"\"}",
+     400, "grammar", "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"grammar\":\"root ::= [\\\\x00]\"}", 400, "grammar",
+     "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_json\":{\"type\":\"array\",\"uniqueItems\":true}}", 400,
      "guided_json", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"guided_json\":\"{not json\"}", 400, "guided_json", NULL},
@@ -100,8 +151,35 @@ static const bad_case_t bad[] = {
     {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
      "\"f\",\"parameters\":{\"type\":\"string\"}}}],\"tool_choice\":\"none\"}", 400, "tools",
      NULL},
+    /* parameters without "type" but with a keyword that may admit other
+     * values than an object: a constrained call would be forced into
+     * arguments the parser then refuses (OpenAI refuses them too) */
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"anyOf\":[{\"type\":\"string\"}]}}}],\"tool_choice\":\"none\"}",
+     400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"oneOf\":[{\"type\":\"object\"}]}}}],\"tool_choice\":\"none\"}",
+     400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"enum\":[1]}}}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"const\":\"x\"}}}],\"tool_choice\":\"none\"}", 400, "tools",
+     NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"$ref\":\"#/$defs/a\",\"$defs\":{\"a\":{}}}}}],"
+     "\"tool_choice\":\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"parameters\":{\"allOf\":[{}]}}}],\"tool_choice\":\"none\"}", 400, "tools",
+     NULL},
+    /* two functions of one name; a description that is not a string */
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":"
+     "\"none\"}", 400, "tools", NULL},
+    {"{" M "\"prompt\":\"a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"f\",\"description\":5}}],\"tool_choice\":\"none\"}", 400, "tools", NULL},
     {"{" M "\"prompt\":\"a\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
      "unsupported_parameter"},
+    {"{" M "\"prompt\":\"a\",\"functions\":[]}", 400, "functions", "unsupported_parameter"},
     {"{" M "\"prompt\":\"a\",\"function_call\":{\"name\":\"f\"}}", 400, "function_call",
      "unsupported_parameter"},
     /* prompt */
@@ -288,6 +366,17 @@ static void test_constraint_fields(void **state)
         {"\"structured_outputs\":{\"grammar\":\"root ::= \\\"q\\\"\"}", "q", "qq"},
         {"\"structured_outputs\":{\"json\":{\"type\":\"string\",\"maxLength\":1}}", "\"a\"",
          "\"ab\""},
+        /* OpenAI's json_schema members, strict null; vLLM's backend
+         * choice (the output is the same whichever implementation) */
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+         "\"My_schema-1\",\"description\":\"d\",\"strict\":null,\"schema\":{\"const\":1}}}",
+         "1", "2"},
+        {"\"guided_regex\":\"b+\",\"guided_decoding_backend\":\"xgrammar\","
+         "\"guided_whitespace_pattern\":null", "bb", "a"},
+        {"\"structured_outputs\":{\"json\":null,\"regex\":\"c\"}", "c", "cc"},
+        /* a repetition of what can match empty is a valid regex */
+        {"\"guided_regex\":\"(a*)*b\"", "aab", "aa"},
+        {"\"guided_json\":{\"type\":\"string\",\"pattern\":\"^(a|)*$\"}", "\"aa\"", "\"b\""},
     };
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         char body[512];
@@ -698,6 +787,20 @@ static void test_chat_parse(void **state)
             {"{" M MSG TOOL_F ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
              "\"f\"}}}", DSQ_TOOL_CHOICE_NAMED, "f", true},
             {"{" M MSG "\"tool_choice\":\"auto\"}", DSQ_TOOL_CHOICE_NONE, NULL, true},
+            /* untyped parameters of only object keywords are an object */
+            {"{" M MSG "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+             "\"description\":\"d\",\"parameters\":{\"properties\":{\"a\":{}},\"required\":"
+             "[\"a\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"g\",\"description\":"
+             "null}}],\"tool_choice\":\"required\"}", DSQ_TOOL_CHOICE_REQUIRED, NULL, true},
+            /* the turns of a call as clients send them: arguments a string
+             * (or an object, transformers' form), tool_calls null or [] */
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+             "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\",\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},{\"id\":\"d\","
+             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]},{\"role\":"
+             "\"tool\",\"content\":\"r\",\"tool_call_id\":\"c\"},{\"role\":\"assistant\","
+             "\"content\":\"ok\",\"tool_calls\":null}]," TOOL_F "}", DSQ_TOOL_CHOICE_AUTO, NULL,
+             true},
         };
         for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
             memset(&e, 0, sizeof(e));
@@ -721,6 +824,22 @@ static void test_chat_parse(void **state)
             {"{" M MSG "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
              "\"parameters\":3}}]}", "tools", NULL},
             {"{" M MSG "\"functions\":[{\"name\":\"f\"}]}", "functions", "unsupported_parameter"},
+            {"{" M MSG "\"functions\":[]}", "functions", "unsupported_parameter"},
+            /* OpenAI's shape of the tool-call turns */
+            {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\"}]}", "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":7}]}",
+             "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":null}]}",
+             "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}", "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[null]}]}", "messages",
+             NULL},
+            {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\","
+             "\"type\":\"function\"}]}]}", "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
+             "{\"arguments\":\"{}\"}}]}]}", "messages", NULL},
+            {"{" M "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
+             "{\"name\":\"f\",\"arguments\":3}}]}]}", "messages", NULL},
             {"{" M MSG "\"function_call\":{\"name\":\"f\"}}", "function_call",
              "unsupported_parameter"},
         };
