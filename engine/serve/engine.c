@@ -113,6 +113,14 @@ struct dsq_req {
     double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
+    /* admission */
+    bool admitted;                 /* engine thread: entered the scheduler    */
+    atomic_bool adm_held;          /* adaptive: submitted and not yet admitted
+                                      (stays set when it ends unadmitted: its
+                                      final events tell that)               */
+    int64_t need_tokens;           /* prompt + max_tokens x max(n, best_of)   */
+    char refusal[200];             /* under mu: the policy's reason, or ""    */
+    int retry_after_s;             /* under mu: > 0 with refusal              */
     /* otel: under mu (dsq_req_timeline reads it from any thread) */
     dsq_req_timeline_t tl;
     uint64_t tl_step;              /* engine thread: last step counted        */
@@ -184,6 +192,14 @@ struct dsq_engine {
     dsq_req_t *active;             /* engine thread: list of live requests    */
     uint64_t next_order;
     uint64_t n_steps;              /* otel: engine steps run (timeline)       */
+    /* admission (admission.h) */
+    dsq_admission_t *adm;
+    dsq_req_t **pend;              /* engine thread: held back, oldest first  */
+    int pend_n, pend_cap;
+    atomic_int n_inflight;         /* admitted to the scheduler, not ended    */
+    atomic_int n_pending;          /* adaptive: submitted, not yet admitted   */
+    atomic_llong reserved_tokens;  /* need_tokens of the in-flight ones       */
+    int64_t kv_tokens;             /* KV capacity in tokens                   */
     dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
 };
 
@@ -272,6 +288,9 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
         goto oom;
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(*prompt));
     r->n_prompt = n_prompt;
+    /* admission: the most KV this request can take */
+    r->need_tokens = (int64_t)n_prompt + (int64_t)(sp->max_tokens > 0 ? sp->max_tokens : 0) *
+                     (sp->best_of > sp->n ? sp->best_of : (sp->n > 0 ? sp->n : 1));
     if (sp->n_logit_bias > 0) {
         r->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias_ids));
         r->bias = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias));
@@ -710,6 +729,11 @@ static void publish(dsq_engine_t *e)
             if (r->counted_waiting)
                 atomic_fetch_sub(&e->n_waiting, 1);
             r->counted_waiting = false;
+            if (r->admitted) {
+                r->admitted = false;
+                atomic_fetch_sub(&e->n_inflight, 1);
+                atomic_fetch_sub(&e->reserved_tokens, r->need_tokens);
+            }
             active_remove(e, r);
             for (int i = 0; i < r->n_seqs; i++)
                 eseq_destroy(r->seqs[i]);
@@ -738,18 +762,27 @@ static void update_stats(dsq_engine_t *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-static void admit_new(dsq_engine_t *e)
+/* admission: end a request that never entered the scheduler (refused by
+ * the policy, or cancelled while held back): publish sends each choice's
+ * final event (ABORT; queue_timeout when refused) and drops it. */
+static void end_unadmitted(dsq_engine_t *e, dsq_req_t *r, bool refused)
 {
-    dsq_req_t **q;
-    int n;
-    pthread_mutex_lock(&e->mu);
-    q = e->subq;
-    n = e->subq_n;
-    e->subq = NULL;
-    e->subq_n = e->subq_cap = 0;
-    pthread_mutex_unlock(&e->mu);
-    for (int i = 0; i < n; i++) {
-        dsq_req_t *r = q[i];
+    r->queue_timeout = refused;
+    r->n_seqs = 0;
+    r->n_live = 0;
+    r->counted_waiting = true;     /* submit counted it in n_waiting */
+    active_add(e, r);
+}
+
+/* Move one submitted request into the scheduler. */
+static void admit_one(dsq_engine_t *e, dsq_req_t *r)
+{
+    if (atomic_exchange(&r->adm_held, false) && r->notify)
+        r->notify(r, r->user);     /* a streamed answer may start (dsq_req_held) */
+    {
+        r->admitted = true;
+        atomic_fetch_add(&e->n_inflight, 1);
+        atomic_fetch_add(&e->reserved_tokens, r->need_tokens);
         eseq_t *s = eseq_create(e, r, 0);
         int rc = s ? DSQ_OK : DSQ_ENOMEM;
         if (s) {
@@ -784,7 +817,96 @@ static void admit_new(dsq_engine_t *e)
             }
         }
     }
+}
+
+/* admission: decide on the held-back requests, oldest first, until one
+ * has to wait (arrival order is kept: none overtakes an older one). */
+static void admit_pending(dsq_engine_t *e)
+{
+    double t = now_s();
+    int k = 0;
+    for (; k < e->pend_n; k++) {
+        dsq_req_t *r = e->pend[k];
+        char why[200] = "";
+        int retry = 0;
+        dsq_admit_t d;
+        if (atomic_load(&r->cancelled)) {
+            end_unadmitted(e, r, false);
+        } else if (e->o.max_queue_wait_s > 0 && t - r->t_arrival > e->o.max_queue_wait_s) {
+            /* --max-queue-wait applies to held-back requests as well */
+            pthread_mutex_lock(&e->mu);
+            e->stats.queue_timeouts_total++;
+            pthread_mutex_unlock(&e->mu);
+            dsq_log(DSQ_LOG_INFO, "event=queue_timeout req=%llu waited_ms=%.0f "
+                    "reason=\"not admitted within --max-queue-wait\"",
+                    (unsigned long long)r->id, (t - r->t_arrival) * 1e3);
+            end_unadmitted(e, r, true);
+        } else {
+            dsq_admission_view_t v = {
+                .n_inflight = atomic_load(&e->n_inflight), .n_queued = e->pend_n - k - 1,
+                .reserved_tokens = atomic_load(&e->reserved_tokens),
+                .need_tokens = r->need_tokens, .kv_tokens = e->kv_tokens,
+                .wait_ms = (t - r->t_arrival) * 1e3, .held = true};
+            d = dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry);
+            if (d == DSQ_ADMIT_QUEUE)
+                break;
+            if (d == DSQ_ADMIT_RUN) {
+                admit_one(e, r);
+            } else {
+                dsq_admission_count_refusal(e->adm, true);
+                pthread_mutex_lock(&r->mu);
+                snprintf(r->refusal, sizeof(r->refusal), "%s", why);
+                r->retry_after_s = retry;
+                pthread_mutex_unlock(&r->mu);
+                dsq_log(DSQ_LOG_INFO, "event=admission_refused req=%llu waited_ms=%.0f "
+                        "reason=\"%s\"", (unsigned long long)r->id,
+                        (t - r->t_arrival) * 1e3, why);
+                end_unadmitted(e, r, true);
+            }
+        }
+        atomic_fetch_sub(&e->n_pending, 1);
+    }
+    if (k > 0) {
+        memmove(e->pend, e->pend + k, (size_t)(e->pend_n - k) * sizeof(*e->pend));
+        e->pend_n -= k;
+    }
+}
+
+static void admit_new(dsq_engine_t *e)
+{
+    dsq_req_t **q;
+    int n;
+    pthread_mutex_lock(&e->mu);
+    q = e->subq;
+    n = e->subq_n;
+    e->subq = NULL;
+    e->subq_n = e->subq_cap = 0;
+    pthread_mutex_unlock(&e->mu);
+    bool adaptive = dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE;
+    for (int i = 0; i < n; i++) {
+        dsq_req_t *r = q[i];
+        if (!adaptive) {
+            admit_one(e, r);
+            continue;
+        }
+        if (e->pend_n == e->pend_cap) {
+            int cap = e->pend_cap ? e->pend_cap * 2 : 64;
+            dsq_req_t **p = realloc(e->pend, (size_t)cap * sizeof(*p));
+            if (!p) {
+                /* no memory to hold it back: it runs (the scheduler
+                 * still bounds what is computed) */
+                atomic_fetch_sub(&e->n_pending, 1);
+                admit_one(e, r);
+                continue;
+            }
+            e->pend = p;
+            e->pend_cap = cap;
+        }
+        e->pend[e->pend_n++] = r;
+    }
     free(q);
+    if (adaptive)
+        admit_pending(e);
 }
 
 /* hardening: max_queue_wait_s: a request never scheduled that long after
@@ -923,8 +1045,10 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
     }
     s->n_generated++;
     s->cum_logprob += lp;
-    if (r->t_first_token == 0)
+    if (r->t_first_token == 0) {
         r->t_first_token = now_s();
+        dsq_admission_observe_ttft(e->adm, (r->t_first_token - r->t_arrival) * 1e3);
+    }
     pthread_mutex_lock(&e->mu);
     e->stats.generation_tokens_total++;
     pthread_mutex_unlock(&e->mu);
@@ -1410,8 +1534,16 @@ static bool engine_step(dsq_engine_t *e)
                     break;
             }
         }
-        if (!rc)
-            timeline_step(e, &out, t0, now_s());
+        if (!rc) {
+            double t_done = now_s();
+            bool decoded = false;
+            timeline_step(e, &out, t0, t_done);
+            for (int i = 0; i < out.n_seqs && !decoded; i++)
+                decoded = ((eseq_t *)out.seqs[i]->owner)->step_decode;
+            /* admission: a step with decode rows is one inter-token gap */
+            if (decoded)
+                dsq_admission_observe_itl(e->adm, (t_done - t0) * 1e3);
+        }
         if (rc) {
             dsq_log(DSQ_LOG_ERROR, "event=step_failed err=%s n_tokens=%d",
                     dsq_strerror(rc), out.n_tokens);
@@ -1460,7 +1592,15 @@ static bool engine_step(dsq_engine_t *e)
                 predicted_ms, (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3,
                 (long long)pairs);
     }
-    bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) > 0;
+    if (dsq_admission_tick(e->adm, now_s() * 1e3, atomic_load(&e->n_inflight))) {
+        dsq_admission_stats_t as;
+        dsq_admission_stats(e->adm, &as);
+        dsq_log(DSQ_LOG_DEBUG, "event=admission_limit limit=%.2f inflight=%d held=%d "
+                "ttft_p90_ms=%.1f itl_p90_ms=%.1f reason=\"%s\"", as.limit,
+                atomic_load(&e->n_inflight), e->pend_n, as.window_ttft_p90_ms,
+                as.window_itl_p90_ms, as.reason);
+    }
+    bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) + e->pend_n > 0;
     if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {
         /* hardening: only held requests are left: sleep until a reader
          * pops (wake_engine), a submit or cancel, or the next check */
@@ -1565,6 +1705,11 @@ static void on_idle(uv_idle_t *h)
 static void abort_all(dsq_engine_t *e)
 {
     admit_new(e);
+    for (int k = 0; k < e->pend_n; k++) {     /* admission: held back */
+        end_unadmitted(e, e->pend[k], false);
+        atomic_fetch_sub(&e->n_pending, 1);
+    }
+    e->pend_n = 0;
     for (dsq_req_t *r = e->active; r; r = r->next_active)
         for (int i = 0; i < r->n_seqs; i++)
             finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
@@ -1860,6 +2005,17 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
                                    ? so.max_num_seqs : so.max_num_batched_tokens;
     e->sched = dsq_sched_create(e->kv, &so);
+    {
+        /* admission (admission.h): bounded by max_num_seqs and the KV plan */
+        dsq_admission_opts_t ao = {
+            .kind = opts->admission_policy == DSQ_ADMISSION_ADAPTIVE ? DSQ_ADMISSION_ADAPTIVE
+                                                                    : DSQ_ADMISSION_STATIC,
+            .target_ttft_ms = opts->target_ttft_ms, .target_itl_ms = opts->target_itl_ms,
+            .max_limit = so.max_num_seqs};
+        e->kv_tokens = dsq_kv_n_blocks(e->kv) * (int64_t)dsq_kv_block_size(e->kv);
+        if (!(e->adm = dsq_admission_create(&ao, err, err_len)))
+            goto fail;
+    }
     e->sampler = dsq_sampler_create(e->n_vocab);
     e->logits_fork = malloc((size_t)e->n_vocab * sizeof(float));
     if (!e->sched || !e->sampler || !e->logits_fork) {
@@ -2021,6 +2177,8 @@ void dsq_engine_destroy(dsq_engine_t *e)
     for (int i = 0; i < e->subq_n; i++)
         dsq_req_unref(e->subq[i]);
     free(e->subq);
+    free(e->pend);                 /* admission: emptied by abort_all */
+    dsq_admission_destroy(e->adm);
     dsq_sched_destroy(e->sched);
     dsq_sampler_destroy(e->sampler);
     dsq_grammar_vocab_free(e->gvocab);
@@ -2064,6 +2222,23 @@ void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
     *out = e->stats;
     out->n_waiting = atomic_load(&e->n_waiting);
     pthread_mutex_unlock(&e->mu);
+    dsq_admission_stats(e->adm, &out->admission);
+    out->n_admission_held = atomic_load(&e->n_pending);
+}
+
+bool dsq_req_held(dsq_req_t *r)
+{
+    return atomic_load(&r->adm_held);
+}
+
+int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len)
+{
+    pthread_mutex_lock(&r->mu);
+    int retry = r->retry_after_s;
+    if (buf && len)
+        snprintf(buf, len, "%s", r->refusal);
+    pthread_mutex_unlock(&r->mu);
+    return retry;
 }
 
 int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
@@ -2082,7 +2257,25 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
         rc = DSQ_ESTATE;
     } else if (atomic_load(&e->n_waiting) >= max_wait) {
         rc = DSQ_EFULL;
-    } else {
+    } else if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
+        /* admission: the policy may refuse at once; what it takes is held
+         * back (the engine thread admits it in order, admit_pending) */
+        char why[200] = "";
+        int retry = 0;
+        dsq_admission_view_t v = {
+            .n_inflight = atomic_load(&e->n_inflight), .n_queued = atomic_load(&e->n_pending),
+            .reserved_tokens = atomic_load(&e->reserved_tokens), .need_tokens = r->need_tokens,
+            .kv_tokens = e->kv_tokens};
+        if (dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry) == DSQ_ADMIT_REFUSE) {
+            dsq_admission_count_refusal(e->adm, false);
+            pthread_mutex_lock(&r->mu);
+            snprintf(r->refusal, sizeof(r->refusal), "%s", why);
+            r->retry_after_s = retry;
+            pthread_mutex_unlock(&r->mu);
+            rc = DSQ_EFULL;
+        }
+    }
+    if (!rc && !e->stopping) {
         if (e->subq_n == e->subq_cap) {
             int cap = e->subq_cap ? e->subq_cap * 2 : 16;
             dsq_req_t **q = realloc(e->subq, (size_t)cap * sizeof(*q));
@@ -2101,6 +2294,10 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
             e->t_last_submit = r->t_arrival;   /* itl */
             e->subq[e->subq_n++] = r;
             atomic_fetch_add(&e->n_waiting, 1);
+            if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
+                atomic_fetch_add(&e->n_pending, 1);
+                atomic_store(&r->adm_held, true);
+            }
         }
     }
     pthread_mutex_unlock(&e->mu);

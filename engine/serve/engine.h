@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/io/model_config.h"
+#include "admission.h"
 #include "engine/text/tokenizer.h"
 
 #define DSQ_ENGINE_KV_AUTO (-1)
@@ -69,6 +70,12 @@ typedef struct dsq_engine_opts {
     double max_queue_wait_s;         /* hardening: a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */
+    /* admission (issue 23, admission.h): DSQ_ADMISSION_STATIC (0, the
+     * fixed bounds above) or DSQ_ADMISSION_ADAPTIVE: a concurrency limit
+     * moved by the p90 TTFT / ITL of recent requests against these
+     * targets (ms; at least one > 0 for adaptive, else create fails). */
+    int admission_policy;
+    double target_ttft_ms, target_itl_ms;
     int block_size;                  /* tokens per KV block, default 16         */
     int kv_cache_dtype;              /* dsq_kv_dtype_t, or DSQ_ENGINE_KV_AUTO:
                                         FP32 for a model stored in FP32
@@ -193,6 +200,12 @@ typedef struct dsq_engine_stats {
     int64_t kv_block_bytes;
     int n_held;
     int64_t stream_stall_aborts_total, queue_timeouts_total;
+    /* admission: the policy's state (admission.h dsq_admission_stats_t:
+     * its limit, moves, refusals, last window's p90s) and the requests it
+     * holds back now (adaptive: waiting for a slot under the limit; they
+     * are in n_waiting too) */
+    dsq_admission_stats_t admission;
+    int n_admission_held;
 } dsq_engine_stats_t;
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
 
@@ -316,9 +329,24 @@ void dsq_req_ref(dsq_req_t *r);
 void dsq_req_unref(dsq_req_t *r);    /* NULL is a no-op */
 uint64_t dsq_req_id(const dsq_req_t *r);
 
-/* Queue the request. Returns 0, DSQ_EFULL (waiting queue full), DSQ_ERANGE
+/* Queue the request. Returns 0, DSQ_EFULL (waiting queue full, or refused
+ * by the admission policy: dsq_req_refusal says why), DSQ_ERANGE
  * (prompt + max_tokens > max_model_len), DSQ_ESTATE (engine shutting down). */
 int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r);
+
+/* admission: why the admission policy refused r (at submit: DSQ_EFULL; or
+ * later: its final events carry queue_timeout), into buf (NUL-terminated,
+ * "" when it did not). Returns the Retry-After it asks for in seconds, or
+ * 0 when the policy did not refuse r (a full queue or --max-queue-wait:
+ * the caller's own message). Any thread. */
+int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len);
+
+/* admission: whether the adaptive policy still holds r back (submitted,
+ * neither admitted to the scheduler nor refused yet). The engine calls r's
+ * notify when it admits r; one refused or cancelled while held stays
+ * "held" and ends with its final events instead. dsqd holds a streamed
+ * answer's 200 until then, so a refusal is a real 503. Any thread. */
+bool dsq_req_held(dsq_req_t *r);
 
 /* Ask the engine to end the request (client gone, timeout). Its KV blocks are
  * freed at the next step; it then reports DSQ_FINISH_ABORT. Idempotent. */
