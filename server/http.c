@@ -220,7 +220,7 @@ typedef struct conn {
     char *model_id;              /* GET /v1/models/{id}: the id (owned) */
     bool gone_logged;            /* users: event=disconnect logged */
     const char *err_code;        /* users: the error sent (access log) */
-    char err_msg[160];
+    char err_msg[224];
     int status;
     double t_start;
     /* body */
@@ -256,10 +256,12 @@ typedef struct conn {
     double t_first;
     double queue_ms;             /* from the engine, -1 until reported      */
     bool queue_timeout;          /* hardening: aborted after --max-queue-wait */
+    int retry_after_s;           /* admission: the policy's Retry-After, 0 = 1 */
     /* streaming */
     char *pend;
     size_t pend_len, pend_off, pend_cap;
     bool stream_finished;        /* usage + [DONE] queued                  */
+    bool stream_held;            /* admission: the 200 waits for admission  */
     bool eof;
     /* chat */
     bool reasoning;              /* split output with the reasoning parser  */
@@ -408,8 +410,11 @@ static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
     }
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (kind == DSQ_APIERR_RATE_LIMIT || kind == DSQ_APIERR_UNAVAILABLE ||
-        kind == DSQ_APIERR_OVERLOADED)
-        MHD_add_response_header(r, "Retry-After", "1");
+        kind == DSQ_APIERR_OVERLOADED) {
+        char ra[16];
+        snprintf(ra, sizeof(ra), "%d", c->retry_after_s > 0 ? c->retry_after_s : 1);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
     if (kind == DSQ_APIERR_AUTH)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (kind == DSQ_APIERR_METHOD) {
@@ -999,7 +1004,25 @@ static void usage_of(conn_t *c, dsq_usage_t *u)
     u->has_cached = c->h->cfg.prefix_caching;
 }
 
+/* admission: the message of a request refused after it was queued: the
+ * admission policy's reason (and its Retry-After into c), else the
+ * --max-queue-wait one. Points into buf or at a constant. */
+static const char *refusal_msg(conn_t *c, char *buf, size_t len)
+{
+    for (int p = 0; p < c->n_ereqs; p++) {
+        int ra = c->ereqs[p] ? dsq_req_refusal(c->ereqs[p], buf, len) : 0;
+        if (ra > 0) {
+            c->retry_after_s = ra;
+            return buf;
+        }
+    }
+    return QUEUE_TIMEOUT_MSG;
+}
+
 typedef enum { W_PENDING, W_DONE, W_DATA, W_GONE, W_TIMEOUT, W_STOPPING } wait_result_t;
+
+static enum MHD_Result start_stream(conn_t *c);
+static enum MHD_Result stream_when_admitted(conn_t *c);
 
 /* One look at a request being answered, never blocking: drain the engine's
  * events, then watch the client, the timeout and the drain/stop flags.
@@ -1095,7 +1118,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (c->queue_timeout) {
                 /* hardening: the 200 and its headers are out: the refusal
                  * is an error event (as vLLM streams errors), then [DONE] */
-                char *e = dsq_apierr_json(DSQ_APIERR_OVERLOADED, QUEUE_TIMEOUT_MSG, NULL);
+                char rbuf[200];
+                const char *msg = refusal_msg(c, rbuf, sizeof(rbuf));
+                char *e = dsq_apierr_json(DSQ_APIERR_OVERLOADED, msg, NULL);
                 size_t n = e ? strlen(e) + 16 : 0;
                 char *ev = e ? malloc(n) : NULL;
                 if (ev)
@@ -1103,7 +1128,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
                 free(e);
                 pend_add(c, ev);
                 c->err_code = "queue_full";
-                snprintf(c->err_msg, sizeof(c->err_msg), "%s", QUEUE_TIMEOUT_MSG);
+                snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
             }
             if (c->req.include_usage) {
                 dsq_usage_t u;
@@ -1244,8 +1269,10 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     if (w == W_STOPPING)
         return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
                           "server is shutting down");
-    if (c->queue_timeout)
-        return send_error(c, DSQ_APIERR_OVERLOADED, NULL, QUEUE_TIMEOUT_MSG);
+    if (c->queue_timeout) {
+        char rbuf[200];
+        return send_error(c, DSQ_APIERR_OVERLOADED, NULL, refusal_msg(c, rbuf, sizeof(rbuf)));
+    }
     if (c->req.chat)
         return finish_chat_nonstream(c);
     outs = calloc((size_t)c->n_choices, sizeof(*outs));
@@ -1481,9 +1508,14 @@ static enum MHD_Result start_requests(conn_t *c)
                                          0, &err);
                 return send_api_error(c, &err);
             }
-            if (rc == DSQ_EFULL)
+            if (rc == DSQ_EFULL) {
+                /* admission: the policy's own reason and Retry-After */
+                char why[200];
+                if ((c->retry_after_s = dsq_req_refusal(c->ereqs[p], why, sizeof(why))) > 0)
+                    return send_error(c, DSQ_APIERR_OVERLOADED, NULL, why);
                 return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
                                   "the server's waiting queue is full; retry later");
+            }
             return send_error(c, dsq_apierr_from_code(rc), NULL, dsq_strerror(rc));
         }
     }
@@ -1491,6 +1523,17 @@ static enum MHD_Result start_requests(conn_t *c)
     atomic_fetch_add(&c->h->n_inflight, 1);
     if (!q->stream)
         return finish_nonstream(c);
+    for (int p = 0; p < c->n_ereqs; p++)
+        c->stream_held |= c->ereqs[p] && dsq_req_held(c->ereqs[p]);
+    if (c->stream_held)
+        return stream_when_admitted(c);
+    return start_stream(c);
+}
+
+/* The 200 of a streamed request: its events go out as they come
+ * (stream_reader); what is already in c->pend (an echo) goes first. */
+static enum MHD_Result start_stream(conn_t *c)
+{
     {
         struct MHD_Response *r = MHD_create_response_from_callback(
             MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, c, NULL);
@@ -1504,6 +1547,42 @@ static enum MHD_Result start_requests(conn_t *c)
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         return send_response(c, 200, r);
     }
+}
+
+/* admission: a streamed request the adaptive policy holds back gets its
+ * 200 only once admitted (dsq_req_held), so a refusal while it waits is a
+ * 503 with Retry-After like one at submit, not an error event inside a
+ * 200. After the submit, and again at each resume. */
+static enum MHD_Result stream_when_admitted(conn_t *c)
+{
+    for (;;) {
+        uint64_t seen = waiter_seq(c->w);
+        if (c->h->cfg.request_timeout_s > 0 && !c->cancelled &&
+            now_s() - c->t_start > c->h->cfg.request_timeout_s) {
+            cancel_all(c);
+            return send_error(c, DSQ_APIERR_TIMEOUT, NULL,
+                              "request ran past --request-timeout");
+        }
+        wait_result_t w = poll_progress(c);
+        bool held = false;
+        for (int p = 0; p < c->n_ereqs; p++)
+            held |= c->ereqs[p] && !c->ereq_done[p] && dsq_req_held(c->ereqs[p]);
+        if (w == W_GONE)
+            return MHD_NO;
+        if (w == W_STOPPING)
+            return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is shutting down");
+        if (w == W_DONE && c->queue_timeout) {
+            char rbuf[200];
+            return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
+                              refusal_msg(c, rbuf, sizeof(rbuf)));
+        }
+        if (w == W_DONE || !held)
+            break;
+        if (park(c, seen))
+            return MHD_YES;      /* the access handler runs again on resume */
+    }
+    c->stream_held = false;
+    return start_stream(c);
 }
 
 /* ------------------------------------------------------------ dispatch */
@@ -1768,6 +1847,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
     }
     if (c->inflight && !c->responded && !c->req.stream)
         return finish_nonstream(c);          /* resumed (waiters) */
+    if (c->inflight && !c->responded && c->stream_held)
+        return stream_when_admitted(c);      /* resumed (admission) */
     if (c->responded) {
         /* response already queued (413/415/...): drop the rest unread */
         *upload_data_size = 0;
@@ -2045,7 +2126,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             st = 408;
         dsq_metrics_count_request(h->metrics, st);
         trace_request(c, mc, st, t);
-        char why[240] = "";
+        char why[300] = "";
         if (cut)
             snprintf(why, sizeof(why), " error=request_timeout message=\"request body not in "
                      "within --body-timeout\"");

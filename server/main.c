@@ -97,6 +97,10 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->admission_window_ms = o->admission_window_ms > 0 ? o->admission_window_ms : -1;
     eo->max_waiting_requests = o->max_waiting_requests;
     eo->max_queue_wait_s = o->max_queue_wait;               /* hardening */
+    eo->admission_policy = !strcmp(o->admission_policy, "adaptive") ? DSQ_ADMISSION_ADAPTIVE
+                                                                     : DSQ_ADMISSION_STATIC;
+    eo->target_ttft_ms = o->target_ttft_ms;                 /* admission */
+    eo->target_itl_ms = o->target_itl_ms;
     eo->step_budget_ms = o->step_budget_ms > 0 ? o->step_budget_ms : -1;
     eo->max_undelivered_bytes = o->max_undelivered_bytes;
     eo->undelivered_timeout_s = o->stream_stall_timeout > 0 ? o->stream_stall_timeout : -1;
@@ -218,6 +222,13 @@ int main(int argc, char **argv)
     }
     if (!o.model || !*o.model) {
         fprintf(stderr, "dsqd: --model is required (see --help)\n");
+        rc = 2;
+        goto out;
+    }
+    if (!strcmp(o.admission_policy, "adaptive") && !(o.target_ttft_ms > 0) &&
+        !(o.target_itl_ms > 0)) {
+        fprintf(stderr, "dsqd: --admission-policy adaptive needs a latency target: "
+                        "--target-ttft-ms and/or --target-itl-ms\n");
         rc = 2;
         goto out;
     }

@@ -279,6 +279,43 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
           lbl, (double)st->generation_tokens_total);
     gauge(&b, "counter", "vllm:num_preemptions_total",
           "Sequences preempted (vLLM name).", lbl, (double)st->preemptions_total);
+    {
+        /* admission (engine/serve/admission.h): the policy's limit and why */
+        const dsq_admission_stats_t *a = &st->admission;
+        bool adaptive = a->kind == DSQ_ADMISSION_ADAPTIVE;
+        bprintf(&b, "# HELP dsq:admission_policy The admission policy (--admission-policy).\n"
+                    "# TYPE dsq:admission_policy gauge\n"
+                    "dsq:admission_policy{%s,policy=\"%s\"} 1\n", lbl,
+                adaptive ? "adaptive" : "static");
+        if (adaptive) {
+            gauge(&b, "gauge", "dsq:admission_limit",
+                  "Adaptive concurrency limit: requests admitted to the scheduler at most.", lbl,
+                  a->limit);
+            gauge(&b, "gauge", "dsq:admission_requests_held",
+                  "Requests held back by the adaptive limit (also in num_requests_waiting).",
+                  lbl, st->n_admission_held);
+            bprintf(&b, "# HELP dsq:admission_refused_total Requests the adaptive policy "
+                        "refused (503): limit (on arrival, queue beyond the limit full) or "
+                        "queue_wait (waited past half the TTFT target).\n"
+                        "# TYPE dsq:admission_refused_total counter\n"
+                        "dsq:admission_refused_total{%s,reason=\"limit\"} %lld\n"
+                        "dsq:admission_refused_total{%s,reason=\"queue_wait\"} %lld\n",
+                    lbl, (long long)a->refused_limit, lbl, (long long)a->refused_wait);
+            bprintf(&b, "# HELP dsq:admission_limit_changes_total Moves of the adaptive "
+                        "limit: up (+1, under target at the limit) or down (x0.9, over "
+                        "target).\n"
+                        "# TYPE dsq:admission_limit_changes_total counter\n"
+                        "dsq:admission_limit_changes_total{%s,direction=\"up\"} %lld\n"
+                        "dsq:admission_limit_changes_total{%s,direction=\"down\"} %lld\n",
+                    lbl, (long long)a->increases, lbl, (long long)a->decreases);
+            gauge(&b, "gauge", "dsq:admission_window_ttft_p90_seconds",
+                  "p90 time to first token of the limiter's last window (-1: none).", lbl,
+                  a->window_ttft_p90_ms < 0 ? -1 : a->window_ttft_p90_ms / 1e3);
+            gauge(&b, "gauge", "dsq:admission_window_itl_p90_seconds",
+                  "p90 decode step time of the limiter's last window (-1: none).", lbl,
+                  a->window_itl_p90_ms < 0 ? -1 : a->window_itl_p90_ms / 1e3);
+        }
+    }
     if (ext && ext->otlp_on) {
         /* otel: the span exporter (server/trace.h); drops never block */
         gauge(&b, "counter", "dsq:otlp_spans_exported_total",

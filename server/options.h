@@ -37,6 +37,9 @@ typedef struct dsq_options {
     int max_waiting_requests;
     double max_queue_wait;       /* hardening: s, 0 = none                 */
     double step_budget_ms;       /* hardening: ms, 0 = none                */
+    char *admission_policy;      /* admission: static | adaptive           */
+    double target_ttft_ms;       /* admission: ms, 0 = none                */
+    double target_itl_ms;
     int64_t max_undelivered_bytes; /* hardening: bytes                     */
     double stream_stall_timeout; /* hardening: s, 0 = never               */
     double shutdown_timeout;     /* s                                      */
