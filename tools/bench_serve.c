@@ -73,7 +73,11 @@ typedef struct {
     cJSON *schema;              /* --json-schema FILE's schema, or NULL      */
     bool constrained;           /* this pass sends "grammar": grammar, or
                                    "json_schema": schema                     */
+    double open_rate;           /* --open-loop RATE: Poisson arrivals, req/s;
+                                   0 = closed loop (--clients in flight)    */
 } load_t;
+
+#define OPEN_LOOP_SLOTS 1024    /* requests in flight at most, open loop   */
 
 /* One request in flight: its curl handle, SSE parser state, timings. */
 typedef struct {
@@ -91,6 +95,8 @@ typedef struct {
     double *chunk_t;            /* arrival time of each chunk with text     */
     int n_chunks, chunk_cap;
     int usage_tokens;           /* -1: no usage seen                         */
+    long status;                /* HTTP status, once done                   */
+    bool refused_event;         /* a queue_full error event in the stream   */
     bool done, finished, oom;
     char err[240];
 } req_t;
@@ -101,6 +107,7 @@ typedef struct {
     double *chunk_t;            /* [n_chunks], owned; NULL for failures     */
     int n_chunks, tokens;
     bool ok;
+    bool refused;               /* HTTP 503                                  */
 } done_t;
 
 /* Everything the report needs from one target's run. */
@@ -111,6 +118,9 @@ typedef struct {
     long long in_tokens, out_tokens, n_chunks;
     double req_s, out_tok_s;
     double ttft[3], itl[3], tpot[3], e2e[3];   /* p50, p99, mean; ms */
+    int n_refused;              /* open loop: answered 503 (refused)      */
+    double refuse[3];           /* their time to the 503; ms              */
+    double offered_rate;        /* open loop: arrivals per second sent    */
     char first_err[300];
 } stats_t;
 
@@ -183,6 +193,10 @@ static void on_event(req_t *r, double t)
         return;
     }
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    const cJSON *ec = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "code") : NULL;
+    /* a refusal after the 200 went out (dsqd: held back, then refused) */
+    if (cJSON_IsString(ec) && !strcmp(ec->valuestring, "queue_full"))
+        r->refused_event = true;
     if (e && !r->err[0]) {
         const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
         snprintf(r->err, sizeof(r->err), "error event: %.200s",
@@ -367,6 +381,7 @@ static bool req_judge(req_t *r, CURLcode cc)
 {
     long status = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+    r->status = status;
     if (r->line_len) {           /* stream ended without a final newline */
         on_line(r, r->line, r->line_len, r->t_end);
         r->line_len = 0;
@@ -415,15 +430,20 @@ static char *first_model(const char *url)
 static int run_load(const load_t *ld, const char *url, const char *model, int first, int n,
                     int max_tokens_cap, stats_t *st)
 {
-    req_t *rs = calloc((size_t)(ld->n_clients > 0 ? ld->n_clients : 1), sizeof(*rs));
+    /* open loop: arrivals of a Poisson process of rate open_rate (seeded
+     * exponential gaps), started whatever is in flight */
+    bool open = ld->open_rate > 0;
+    int slots = open ? OPEN_LOOP_SLOTS : (ld->n_clients > 0 ? ld->n_clients : 1);
+    req_t *rs = calloc((size_t)slots, sizeof(*rs));
     done_t *done = calloc((size_t)(n > 0 ? n : 1), sizeof(*done));
     CURLM *m = curl_multi_init();
     int rc = -1, next = 0, active = 0, n_done = 0;
+    uint64_t rng = ld->seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     if (!rs || !done || !m)
         goto out;
-    double t0 = dsq__bench_now_s(), t_end = t0;
+    double t0 = dsq__bench_now_s(), t_end = t0, t_arrive = t0;
     for (;;) {
-        while (next < n && active < ld->n_clients) {
+        while (next < n && active < slots && (!open || dsq__bench_now_s() >= t_arrive)) {
             int slot = 0;
             while (rs[slot].easy)
                 slot++;
@@ -437,8 +457,13 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             }
             next++;
             active++;
+            if (open) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                double u = ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
+                t_arrive += -log(u) / ld->open_rate;
+            }
         }
-        if (active == 0)
+        if (active == 0 && next >= n)
             break;
         if (stop_requested) {
             fprintf(stderr, "dsq-bench serve: interrupted\n");
@@ -459,6 +484,8 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             bool ok = req_judge(r, cc);
             if (st) {
                 st->n_req++;
+                if (!ok && (r->status == 503 || r->refused_event))
+                    st->n_refused++;
                 if (ok) {
                     st->n_ok++;
                     st->in_tokens += r->prompt_len;
@@ -474,6 +501,7 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             /* keep the timings, free the transfer and the slot */
             done_t *d = &done[n_done++];
             d->ok = ok;
+            d->refused = !ok && (r->status == 503 || r->refused_event);
             d->t_start = r->t_start;
             d->t_end = r->t_end;
             d->tokens = r->usage_tokens >= 0 ? r->usage_tokens : r->n_chunks;
@@ -484,9 +512,15 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             req_free(r);
             active--;
         }
-        /* a freed slot starts its next request at once; otherwise wait */
-        if (active > 0 && (n_done == done_before || next >= n))
+        /* a freed slot starts its next request at once; otherwise wait
+         * (open loop: until the next arrival at the latest) */
+        if (open && next < n) {
+            int ms = (int)((t_arrive - dsq__bench_now_s()) * 1e3);
+            if (ms > 0)
+                curl_multi_poll(m, NULL, 0, ms < 100 ? ms : 100, NULL);
+        } else if (active > 0 && (n_done == done_before || next >= n)) {
             curl_multi_poll(m, NULL, 0, 100, NULL);
+        }
     }
     if (st) {
         st->dur_s = t_end - t0;
@@ -497,10 +531,13 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
         double *tpot = malloc((size_t)(n_done + 1) * sizeof(double));
         double *e2e = malloc((size_t)(n_done + 1) * sizeof(double));
         double *itl = malloc((n_gap + 1) * sizeof(double));
-        if (ttft && tpot && e2e && itl) {
-            size_t nt = 0, np = 0, ne = 0, ni = 0;
+        double *ref = malloc((size_t)(n_done + 1) * sizeof(double));
+        if (ttft && tpot && e2e && itl && ref) {
+            size_t nt = 0, np = 0, ne = 0, ni = 0, nr = 0;
             for (int i = 0; i < n_done; i++) {
                 const done_t *r = &done[i];
+                if (r->refused)
+                    ref[nr++] = (r->t_end - r->t_start) * 1e3;
                 if (!r->ok)
                     continue;
                 e2e[ne++] = (r->t_end - r->t_start) * 1e3;
@@ -517,6 +554,8 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
             summarize(tpot, np, st->tpot);
             summarize(e2e, ne, st->e2e);
             summarize(itl, ni, st->itl);
+            summarize(ref, nr, st->refuse);
+            st->offered_rate = open && t_arrive > t0 ? n / (t_arrive - t0) : 0;
             st->req_s = st->dur_s > 0 ? st->n_ok / st->dur_s : 0;
             st->out_tok_s = st->dur_s > 0 ? (double)st->out_tokens / st->dur_s : 0;
             rc = 0;
@@ -525,11 +564,12 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
         free(tpot);
         free(e2e);
         free(itl);
+        free(ref);
     } else {
         rc = 0;
     }
 out:
-    for (int i = 0; rs && i < ld->n_clients; i++)
+    for (int i = 0; rs && i < slots; i++)
         if (rs[i].easy) {
             curl_multi_remove_handle(m, rs[i].easy);
             req_free(&rs[i]);
@@ -624,6 +664,14 @@ static void print_table(const load_t *ld, stats_t *s, int n)
     for (int i = 0; i < ld->n_mix; i++)
         printf("%s%d:%d", i ? "," : " ", ld->mix[i].prompt_len, ld->mix[i].max_tokens);
     printf(" (prompt:output tokens)\n");
+    if (ld->open_rate > 0) {
+        printf("# open loop: Poisson arrivals at %.3f req/s; TTFT/ITL/E2E of the requests "
+               "served, refused = answered 503\n", ld->open_rate);
+        for (int i = 0; i < n; i++)
+            printf("# %s: offered %.3f req/s, refused %d/%d, time to the 503 p50 %.1f ms "
+                   "p99 %.1f ms\n", s[i].label, s[i].offered_rate, s[i].n_refused, s[i].n_req,
+                   s[i].refuse[0], s[i].refuse[1]);
+    }
     for (int i = 0; i < n; i++)
         printf("# %s = %s%s%s\n", s[i].label, s[i].url, s[i].first_err[0] ? "; first failure: " : "",
                s[i].first_err);
@@ -681,6 +729,8 @@ static void print_json(const load_t *ld, stats_t *s, int n)
     cJSON_AddNumberToObject(cfg, "clients", ld->n_clients);
     cJSON_AddNumberToObject(cfg, "requests", ld->n_requests);
     cJSON_AddNumberToObject(cfg, "seed", (double)ld->seed);
+    if (ld->open_rate > 0)
+        cJSON_AddNumberToObject(cfg, "open_loop_rate", ld->open_rate);
     for (int i = 0; i < ld->n_mix; i++) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddNumberToObject(m, "prompt_len", ld->mix[i].prompt_len);
@@ -707,6 +757,10 @@ static void print_json(const load_t *ld, stats_t *s, int n)
         add_pct(x, "itl_ms", t->itl);
         add_pct(x, "tpot_ms", t->tpot);
         add_pct(x, "e2e_ms", t->e2e);
+        cJSON_AddNumberToObject(x, "refused", t->n_refused);
+        add_pct(x, "refuse_ms", t->refuse);
+        if (ld->open_rate > 0)
+            cJSON_AddNumberToObject(x, "offered_rate", t->offered_rate);
         if (t->first_err[0])
             cJSON_AddStringToObject(x, "first_error", t->first_err);
         else
@@ -769,7 +823,7 @@ static void usage(FILE *f)
         "         [--prompt-len 128] [--max-tokens 64] [--mix P:T,P:T,...] [--seed 1]\n"
         "         [--vocab 10000] [--warmup 1] [--timeout 600] [--model-name NAME]\n"
         "         [--dsqd-arg ARG]... [--llama-arg ARG]... [--log-dir DIR] [--json]\n"
-        "         [--grammar GBNF_FILE | --json-schema SCHEMA_FILE]\n"
+        "         [--grammar GBNF_FILE | --json-schema SCHEMA_FILE] [--open-loop RATE]\n"
         "Streams /v1/completions from N concurrent clients (prompts are token-id\n"
         "arrays, ignore_eos, greedy) and reports request throughput, output tok/s,\n"
         "TTFT, inter-token latency, time per output token and end-to-end latency.\n"
@@ -779,13 +833,20 @@ static void usage(FILE *f)
         "context --ctx (default: longest P+T rounded up to 256), and stopped after.\n"
         "With two targets the last row gives first/second ratios. Prompt ids are\n"
         "drawn from [100, --vocab); mix entries are used round robin. Exit status:\n"
-        "0 all requests succeeded, 1 some failed or a server did not start, 2 usage.\n"
+        "0 all requests succeeded (open loop: or were refused with 503), 1 some failed\n"
+        "or a server did not start, 2 usage.\n"
         "--grammar: each target runs the load twice, plain and then with every\n"
         "request constrained by the file's GBNF grammar (\"grammar\" field, which\n"
         "dsqd and llama-server both take); the grammar should never complete, so\n"
         "every request still makes exactly T tokens.\n"
         "--json-schema: the same with a JSON Schema (\"json_schema\" field, llama.cpp's\n"
-        "name, which dsqd takes too), row label +schema.\n");
+        "name, which dsqd takes too), row label +schema.\n"
+        "--open-loop RATE: requests arrive as a Poisson process of RATE per second\n"
+        "(seeded exponential gaps), each started whatever is in flight (at most 1024;\n"
+        "--clients is then only the servers' --max-num-seqs); requests answered 503\n"
+        "(or, streamed, an error event with code queue_full) are counted as refused\n"
+        "with their time to the answer, the latency columns\n"
+        "are those of the requests served.\n");
 }
 
 int dsq__bench_serve(int argc, char **argv)
@@ -901,6 +962,15 @@ int dsq__bench_serve(int argc, char **argv)
             rc = errno || end == v || *end || *v == '-' ? -1 : 0;
             if (rc)
                 fprintf(stderr, "dsq-bench serve: --seed wants an unsigned integer\n");
+        } else if (strcmp(a, "--open-loop") == 0) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d > 0 && d <= 100000)) {
+                fprintf(stderr, "dsq-bench serve: --open-loop wants a rate in req/s in "
+                                "(0, 100000]\n");
+                return 2;
+            }
+            ld.open_rate = d;
         } else if (strcmp(a, "--timeout") == 0 || strcmp(a, "--start-timeout") == 0) {
             char *end;
             double d = strtod(v, &end);
@@ -1052,8 +1122,8 @@ int dsq__bench_serve(int argc, char **argv)
             print_table(&ld, st, n_st);
     }
     for (int i = 0; i < n_st && rc == 0; i++)
-        if (st[i].n_ok != st[i].n_req)
-            rc = 1;
+        if (st[i].n_ok + (ld.open_rate > 0 ? st[i].n_refused : 0) != st[i].n_req)
+            rc = 1;          /* open loop: a 503 is an answer, not a failure */
     curl_global_cleanup();
     free(ld.grammar);
     cJSON_Delete(ld.schema);
