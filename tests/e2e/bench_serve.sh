@@ -192,5 +192,53 @@ done
 [ $rc -eq 2 ] && grep -q "not both" "$tmp/e"
 check "serve --grammar with --json-schema: exit 2" $? "rc=$rc" "$(cat "$tmp/e")"
 
+# ---- serve --open-loop: Poisson arrivals; against an adaptive dsqd far over
+# its rate, the excess is counted as refused (503 + Retry-After), not as
+# failures, and the run still exits 0; a slow rate is all served ----
+port=$(free_port)
+"$DSQD" --model "$gguf" --port "$port" --threads 1 --max-num-seqs 4 \
+  --admission-policy adaptive --target-ttft-ms 400 >"$tmp/adm.log" 2>&1 &
+pid=$!
+up=1
+for _ in $(seq 1 300); do
+  if curl -sf --noproxy '*' "http://127.0.0.1:$port/health" >/dev/null 2>&1; then up=0; break; fi
+  sleep 0.1
+done
+check "adaptive dsqd up" $up "$(cat "$tmp/adm.log")"
+timeout 300 "$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --clients 4 --requests 40 \
+  --prompt-len 16 --max-tokens 32 --warmup 0 --open-loop 200 --seed 3 --json \
+  >"$tmp/ol.json" 2>"$tmp/ol.err"
+rc=$?
+check "--open-loop 200 against adaptive: exit 0" $rc "rc=$rc" "$(cat "$tmp/ol.err")"
+python3 - "$tmp/ol.json" <<'EOF2' >"$tmp/chk" 2>&1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["config"]["open_loop_rate"] == 200, j["config"]
+(t,) = j["targets"]
+assert t["requests"] == 40 and t["failed"] == 0, t
+assert t["succeeded"] >= 1 and t["refused"] >= 1, t
+assert t["succeeded"] + t["refused"] == 40, t
+assert t["output_tokens"] == 32 * t["succeeded"], t
+r = t["refuse_ms"]
+assert r["p50"] is not None and r["p50"] <= r["p99"], r
+assert t["offered_rate"] > 20, t["offered_rate"]
+EOF2
+check "--open-loop report: served + refused = 40, refusals timed" $? "$(cat "$tmp/chk")" \
+  "$(cat "$tmp/ol.json")"
+timeout 300 "$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --clients 4 --requests 4 \
+  --prompt-len 16 --max-tokens 4 --warmup 0 --open-loop 2 --seed 4 --json \
+  >"$tmp/ol2.json" 2>"$tmp/ol2.err"
+rc=$?
+python3 -c '
+import json, sys
+(t,) = json.load(open(sys.argv[1]))["targets"]
+assert (t["succeeded"], t["refused"], t["failed"]) == (4, 0, 0), t
+' "$tmp/ol2.json" >"$tmp/chk" 2>&1
+check "--open-loop 2: every request served" $? "rc=$rc" "$(cat "$tmp/chk" "$tmp/ol2.err")"
+"$DSQ_BENCH" serve --url "http://127.0.0.1:$port" --open-loop 0 >"$tmp/o" 2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "open-loop" "$tmp/e"
+check "--open-loop 0: exit 2 with a message" $? "rc=$rc" "$(cat "$tmp/e")"
+kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; pid=
+
 echo "1..$n"
 exit $fail
