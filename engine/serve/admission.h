@@ -21,10 +21,11 @@
  *    a request enters only when the tokens the running ones may still need
  *    (prompt + max_tokens x choices, each) plus its own fit the KV cache
  *    (the KV plan), so admitted requests are never preempted for memory.
- *    Beyond L requests wait in arrival order, at most floor(L) of them;
- *    more are refused at once, and one that waited past half the TTFT
- *    target (it could not meet it) is refused then. Retry-After: the TTFT
- *    target in whole seconds, at least 1.
+ *    Beyond L requests wait in arrival order, at most the free slots plus
+ *    floor(L) of them; more are refused at once, and one that waited past
+ *    half the TTFT target (it could not meet it; 10 x the ITL target when
+ *    only that is set) is refused then. Retry-After: the TTFT target in
+ *    whole seconds, at least 1.
  *
  * Times in ms on one monotonic clock chosen by the caller. Engine-thread
  * only except dsq_admission_submit, which the caller serialises (engine.c
