@@ -1637,26 +1637,29 @@ static enum MHD_Result preflight(conn_t *c)
     return send_response(c, 204, r);
 }
 
-/* api: MHD_KeyValueIterator counting Content-Length headers into *cls. */
-static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind,
-                                            const char *key, const char *value)
+/* How many header fields of one name a request has (case-insensitive,
+ * RFC 9110 5.1): MHD_KeyValueIterator over a header_count_t. */
+typedef struct {
+    const char *name;
+    int n;
+} header_count_t;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
 {
+    header_count_t *hc = cls;
     (void)kind;
     (void)value;
-    if (key && !strcasecmp(key, "Content-Length"))
-        (*(int *)cls)++;
+    if (key && !strcasecmp(key, hc->name))
+        hc->n++;
     return MHD_YES;
 }
 
-/* otel: MHD_KeyValueIterator counting traceparent headers into *cls. */
-static enum MHD_Result count_traceparent(void *cls, enum MHD_ValueKind kind,
-                                         const char *key, const char *value)
+static int n_headers(struct MHD_Connection *mc, const char *name)
 {
-    (void)kind;
-    (void)value;
-    if (key && !strcasecmp(key, "traceparent"))
-        (*(int *)cls)++;
-    return MHD_YES;
+    header_count_t hc = {name, 0};
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, count_header, &hc);
+    return hc.n;
 }
 
 /* First call: everything that can be decided from the headers alone. */
@@ -1677,8 +1680,7 @@ static enum MHD_Result on_headers(conn_t *c)
      * that uses the other one smuggle a second request: refuse (attack2:
      * on every route, GET too) */
     {
-        int n_cl = 0;
-        MHD_get_connection_values(c->mc, MHD_HEADER_KIND, count_content_length, &n_cl);
+        int n_cl = n_headers(c->mc, "Content-Length");
         /* attack2: the body's framing is ambiguous: never keep reading
          * this connection (what follows could be a smuggled request) */
         c->close_after = n_cl > 1 ||
@@ -1818,8 +1820,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         c->queue_ms = -1;
         {
             /* otel: two traceparent headers make it invalid (W3C 3.2) */
-            int n_tp = 0;
-            MHD_get_connection_values(mc, MHD_HEADER_KIND, count_traceparent, &n_tp);
+            int n_tp = n_headers(mc, "traceparent");
             dsq_trace_begin(h->cfg.sampler,
                             n_tp == 1 ? MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
                                                                     "traceparent") : NULL,
