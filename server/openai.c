@@ -507,19 +507,19 @@ static cJSON *message_content(const cJSON *m, int i, const char *role,
 }
 
 /* The members that tie a tool result to its call, in OpenAI's shape: a
- * "tool" message's tool_call_id (a string), tool_calls (an array, or
+ * "tool" message's tool_call_id (a string when present), tool_calls (an array, or
  * null, of {"function": {"name": string, "arguments": string or
  * object}, ...}). The template reads them, so a malformed one would
  * otherwise be rendered wrong or dropped without a word. */
-static int message_tool_fields(const cJSON *m, int i, const char *role,
-                               dsq_api_error_t *err)
+static int message_tool_fields(const cJSON *m, int i, dsq_api_error_t *err)
 {
+    /* Optional, as in vLLM and transformers' templates (which match
+     * results to calls by order); present, it must be a string. */
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
-    if (!strcmp(role, "tool") && !cJSON_IsString(id))
+    if (id && !cJSON_IsString(id))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
-                                 id ? "'messages[%d].tool_call_id' must be a string, got %s"
-                                    : "'messages[%d].tool_call_id' is required for role "
-                                      "'tool'%.0s", i, type_name(id));
+                                 "'messages[%d].tool_call_id' must be a string, got %s", i,
+                                 type_name(id));
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *c;
     if (!tc || cJSON_IsNull(tc))
         return DSQ_OK;
@@ -582,7 +582,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
                               cJSON_IsString(role) ? "'" : "");
             goto fail;
         }
-        if (message_tool_fields(m, i, role->valuestring, err))
+        if (message_tool_fields(m, i, err))
             goto fail;
         if (!(content = message_content(m, i, role->valuestring, err)))
             goto fail;

@@ -826,7 +826,6 @@ static void test_chat_parse(void **state)
             {"{" M MSG "\"functions\":[{\"name\":\"f\"}]}", "functions", "unsupported_parameter"},
             {"{" M MSG "\"functions\":[]}", "functions", "unsupported_parameter"},
             /* OpenAI's shape of the tool-call turns */
-            {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\"}]}", "messages", NULL},
             {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":7}]}",
              "messages", NULL},
             {"{" M "\"messages\":[{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":null}]}",
