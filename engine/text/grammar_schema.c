@@ -44,7 +44,7 @@ typedef struct sbuf {
 
 static void sb_add(sbuf_t *b, const char *s, size_t n)
 {
-    if (b->oom)
+    if (b->oom || !n)   /* s may be NULL when n is 0 (an empty piece) */
         return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
