@@ -1033,7 +1033,10 @@ static wait_result_t poll_progress(conn_t *c)
     bool done = drain_events(c);
     if (done)
         return W_DONE;
-    if (c->req.stream && c->pend_len > c->pend_off)
+    /* held back by admission (stream_held), what is pending (a chat
+     * stream's role chunk, an echo) waits for the 200: the client, stop
+     * and timeout checks below still run */
+    if (c->req.stream && !c->stream_held && c->pend_len > c->pend_off)
         return W_DATA;
     if (atomic_load(&h->no_park)) {
         cancel_all(c);
@@ -1256,7 +1259,8 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     char *body;
     for (;;) {
         uint64_t seen = waiter_seq(c->w);
-        if ((w = poll_progress(c)) != W_PENDING)
+        /* a refused prompt of a list ends the request at once */
+        if ((w = poll_progress(c)) != W_PENDING || c->queue_timeout)
             break;
         if (park(c, seen))
             return MHD_YES;      /* the access handler runs again on resume */
@@ -1271,6 +1275,7 @@ static enum MHD_Result finish_nonstream(conn_t *c)
                           "server is shutting down");
     if (c->queue_timeout) {
         char rbuf[200];
+        cancel_all(c);
         return send_error(c, DSQ_APIERR_OVERLOADED, NULL, refusal_msg(c, rbuf, sizeof(rbuf)));
     }
     if (c->req.chat)
@@ -1571,8 +1576,11 @@ static enum MHD_Result stream_when_admitted(conn_t *c)
             return MHD_NO;
         if (w == W_STOPPING)
             return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is shutting down");
-        if (w == W_DONE && c->queue_timeout) {
+        if (c->queue_timeout) {
+            /* one prompt refused refuses the request: the others (a
+             * prompt list) are cancelled, not computed for nothing */
             char rbuf[200];
+            cancel_all(c);
             return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
                               refusal_msg(c, rbuf, sizeof(rbuf)));
         }

@@ -15,12 +15,15 @@
  *    window (max(250 ms, target TTFT)) with samples, when the window's p90
  *    TTFT exceeds --target-ttft-ms or its p90 inter-token latency (the
  *    duration of steps with decode rows) exceeds --target-itl-ms,
- *    L = max(1, L x 0.9); otherwise, when the window used the limit
- *    (requests in flight reached floor(L)), L += 1; else L stays (an idle
- *    server does not grow it). L is bounded by max_limit (max_num_seqs) and
- *    a request enters only when the tokens the running ones may still need
- *    (prompt + max_tokens x choices, each) plus its own fit the KV cache
- *    (the KV plan), so admitted requests are never preempted for memory.
+ *    L = max(1, L x 0.9); otherwise, when the window has samples of every
+ *    target set and used the limit (requests in flight reached floor(L)),
+ *    L += 1; else L stays (an idle server, or one without evidence for a
+ *    target, does not grow it). L is bounded by max_limit (max_num_seqs) and
+ *    a request enters only when the KV the running ones may still take
+ *    plus its own fit the KV cache (the KV plan; each request's in whole
+ *    blocks: its prompt's full blocks once, and per choice the blocks from
+ *    there to prompt + max_tokens), so admitted requests are not preempted
+ *    for memory.
  *    Beyond L requests wait in arrival order, at most the free slots plus
  *    floor(L) of them; more are refused at once, and one that waited past
  *    half the TTFT target (it could not meet it; 10 x the ITL target when
@@ -59,8 +62,8 @@ typedef struct dsq_admission_view {
     int n_queued;                    /* requests the policy holds back (not
                                         counting the one decided on)        */
     int64_t reserved_tokens;         /* tokens the in-flight ones may reach  */
-    int64_t need_tokens;             /* this request's: prompt + max_tokens x
-                                        max(n, best_of)                      */
+    int64_t need_tokens;             /* the most KV this one can take, tokens
+                                        of whole blocks (engine.c)          */
     int64_t kv_tokens;               /* KV cache capacity in tokens          */
     double wait_ms;                  /* how long this request waited so far  */
     bool held;                       /* it is a held-back one (the oldest),

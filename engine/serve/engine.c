@@ -118,7 +118,8 @@ struct dsq_req {
     atomic_bool adm_held;          /* adaptive: submitted and not yet admitted
                                       (stays set when it ends unadmitted: its
                                       final events tell that)               */
-    int64_t need_tokens;           /* prompt + max_tokens x max(n, best_of)   */
+    int64_t need_tokens;           /* the most KV it can take, whole blocks
+                                      (kv_need_tokens, at submit)          */
     char refusal[200];             /* under mu: the policy's reason, or ""    */
     int retry_after_s;             /* under mu: > 0 with refusal              */
     /* otel: under mu (dsq_req_timeline reads it from any thread) */
@@ -288,9 +289,6 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
         goto oom;
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(*prompt));
     r->n_prompt = n_prompt;
-    /* admission: the most KV this request can take */
-    r->need_tokens = (int64_t)n_prompt + (int64_t)(sp->max_tokens > 0 ? sp->max_tokens : 0) *
-                     (sp->best_of > sp->n ? sp->best_of : (sp->n > 0 ? sp->n : 1));
     if (sp->n_logit_bias > 0) {
         r->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias_ids));
         r->bias = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias));
@@ -819,17 +817,14 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
     }
 }
 
-/* admission: decide on the held-back requests, oldest first, until one
- * has to wait (arrival order is kept: none overtakes an older one). */
-static void admit_pending(dsq_engine_t *e)
+/* admission: end the held-back requests that need no decision, wherever
+ * they are in the queue (cancelled: the client left; past --max-queue-wait),
+ * so they never count as waiting in front of a new one. */
+static void reap_pending(dsq_engine_t *e, double t)
 {
-    double t = now_s();
-    int k = 0;
-    for (; k < e->pend_n; k++) {
+    int w = 0;
+    for (int k = 0; k < e->pend_n; k++) {
         dsq_req_t *r = e->pend[k];
-        char why[200] = "";
-        int retry = 0;
-        dsq_admit_t d;
         if (atomic_load(&r->cancelled)) {
             end_unadmitted(e, r, false);
         } else if (e->o.max_queue_wait_s > 0 && t - r->t_arrival > e->o.max_queue_wait_s) {
@@ -842,27 +837,45 @@ static void admit_pending(dsq_engine_t *e)
                     (unsigned long long)r->id, (t - r->t_arrival) * 1e3);
             end_unadmitted(e, r, true);
         } else {
-            dsq_admission_view_t v = {
-                .n_inflight = atomic_load(&e->n_inflight), .n_queued = e->pend_n - k - 1,
-                .reserved_tokens = atomic_load(&e->reserved_tokens),
-                .need_tokens = r->need_tokens, .kv_tokens = e->kv_tokens,
-                .wait_ms = (t - r->t_arrival) * 1e3, .held = true};
-            d = dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry);
-            if (d == DSQ_ADMIT_QUEUE)
-                break;
-            if (d == DSQ_ADMIT_RUN) {
-                admit_one(e, r);
-            } else {
-                dsq_admission_count_refusal(e->adm, true);
-                pthread_mutex_lock(&r->mu);
-                snprintf(r->refusal, sizeof(r->refusal), "%s", why);
-                r->retry_after_s = retry;
-                pthread_mutex_unlock(&r->mu);
-                dsq_log(DSQ_LOG_INFO, "event=admission_refused req=%llu waited_ms=%.0f "
-                        "reason=\"%s\"", (unsigned long long)r->id,
-                        (t - r->t_arrival) * 1e3, why);
-                end_unadmitted(e, r, true);
-            }
+            e->pend[w++] = r;
+            continue;
+        }
+        atomic_fetch_sub(&e->n_pending, 1);
+    }
+    e->pend_n = w;
+}
+
+/* admission: decide on the held-back requests, oldest first, until one
+ * has to wait (arrival order is kept: none overtakes an older one). */
+static void admit_pending(dsq_engine_t *e)
+{
+    double t = now_s();
+    reap_pending(e, t);
+    int k = 0;
+    for (; k < e->pend_n; k++) {
+        dsq_req_t *r = e->pend[k];
+        char why[200] = "";
+        int retry = 0;
+        dsq_admission_view_t v = {
+            .n_inflight = atomic_load(&e->n_inflight), .n_queued = e->pend_n - k - 1,
+            .reserved_tokens = atomic_load(&e->reserved_tokens),
+            .need_tokens = r->need_tokens, .kv_tokens = e->kv_tokens,
+            .wait_ms = (t - r->t_arrival) * 1e3, .held = true};
+        dsq_admit_t d = dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry);
+        if (d == DSQ_ADMIT_QUEUE)
+            break;
+        if (d == DSQ_ADMIT_RUN) {
+            admit_one(e, r);
+        } else {
+            dsq_admission_count_refusal(e->adm, true);
+            pthread_mutex_lock(&r->mu);
+            snprintf(r->refusal, sizeof(r->refusal), "%s", why);
+            r->retry_after_s = retry;
+            pthread_mutex_unlock(&r->mu);
+            dsq_log(DSQ_LOG_INFO, "event=admission_refused req=%llu waited_ms=%.0f "
+                    "reason=\"%s\"", (unsigned long long)r->id, (t - r->t_arrival) * 1e3,
+                    why);
+            end_unadmitted(e, r, true);
         }
         atomic_fetch_sub(&e->n_pending, 1);
     }
@@ -2070,6 +2083,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
             (now_s() - t0) * 1000.0);
     return e;
 fail:
+    dsq_admission_destroy(e->adm);
     dsq_sched_destroy(e->sched);
     dsq_sampler_destroy(e->sampler);
     free(e->logits_fork);
@@ -2241,6 +2255,20 @@ int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len)
     return retry;
 }
 
+/* admission: the most KV cache a request can take, in tokens of whole
+ * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full blocks,
+ * which its choices share after the fork (dsq_kv_seq_fork), plus for each
+ * of max(n, best_of) choices the blocks from there to prompt + max_tokens
+ * (a choice's copy of the prompt's partial last block included). */
+static int64_t kv_need_tokens(const dsq_engine_t *e, const dsq_req_t *r)
+{
+    int64_t bs = dsq_kv_block_size(e->kv);
+    int64_t total = (int64_t)r->n_prompt + (r->sp.max_tokens > 0 ? r->sp.max_tokens : 0);
+    int64_t shared = r->n_prompt / bs;
+    int64_t own = (total + bs - 1) / bs - shared;
+    return (shared + (int64_t)req_n_total(r) * own) * bs;
+}
+
 int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
 {
     int rc = DSQ_OK;
@@ -2251,6 +2279,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
             return DSQ_EINVAL;
     if (atomic_exchange(&r->submitted, true))
         return DSQ_ESTATE;
+    r->need_tokens = kv_need_tokens(e, r);
     int max_wait = dsq_engine_max_waiting(e);
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {

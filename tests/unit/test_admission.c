@@ -4,7 +4,7 @@
  * Retry-After, refuses a held-back request past half the TTFT target,
  * respects the KV plan, and moves its limit as AIMD: +1 per window under
  * target at the limit, x0.9 per window over target, unchanged when the
- * limit was not reached. */
+ * limit was not reached or a target set had no samples. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -166,12 +166,55 @@ static void test_aimd(void **st)
     dsq_admission_destroy(a);
 }
 
+/* Growing needs evidence for each target set: a window at the limit with
+ * decode steps but no first token (long decodes running, new requests
+ * held) leaves L alone under a TTFT target; with both targets set, each
+ * needs samples. Shrinking needs only the signal that is over. */
+static void test_no_growth_without_evidence(void **st)
+{
+    (void)st;
+    dsq_admission_t *a = adaptive(400, 0, 16, 4);
+    double t = 0;
+    dsq_admission_tick(a, t, 0);
+    for (int w = 0; w < 5; w++) {
+        dsq_admission_observe_itl(a, 10);
+        t += 400;
+        assert_false(dsq_admission_tick(a, t, 4));
+    }
+    assert_true(limit_of(a) == 4);
+    dsq_admission_stats_t s;
+    dsq_admission_stats(a, &s);
+    assert_non_null(strstr(s.reason, "no ttft samples"));
+    assert_int_equal(s.increases, 0);
+    /* the first token comes: the window under target at the limit grows it */
+    dsq_admission_observe_ttft(a, 100);
+    t += 400;
+    assert_true(dsq_admission_tick(a, t, 4));
+    assert_true(limit_of(a) == 5);
+    dsq_admission_destroy(a);
+
+    a = adaptive(400, 50, 16, 4);
+    t = 0;
+    dsq_admission_tick(a, t, 0);
+    dsq_admission_observe_ttft(a, 100);           /* no decode step */
+    t += 400;
+    assert_false(dsq_admission_tick(a, t, 4));
+    dsq_admission_stats(a, &s);
+    assert_non_null(strstr(s.reason, "no itl samples"));
+    dsq_admission_observe_ttft(a, 900);           /* over: shrinks alone */
+    t += 400;
+    assert_true(dsq_admission_tick(a, t, 4));
+    assert_true(limit_of(a) > 3.59 && limit_of(a) < 3.61);
+    dsq_admission_destroy(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_static_and_create),
         cmocka_unit_test(test_decide),
         cmocka_unit_test(test_aimd),
+        cmocka_unit_test(test_no_growth_without_evidence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
