@@ -186,8 +186,8 @@ bool dsq_admission_tick(dsq_admission_t *a, double now_ms, int n_inflight)
         /* growing needs evidence for every target set: a window without a
          * first token (long decodes running, new ones held) says nothing
          * about TTFT, and one without decode steps nothing about ITL */
-        bool blind = (a->o.target_ttft_ms > 0 && a->ttft.n == 0) ||
-                     (a->o.target_itl_ms > 0 && a->itl.n == 0);
+        bool no_ttft = a->o.target_ttft_ms > 0 && a->ttft.n == 0;
+        bool no_itl = a->o.target_itl_ms > 0 && a->itl.n == 0;
         double old = a->limit;
         if (ttft_over || itl_over) {
             a->limit = a->limit * BACKOFF;
@@ -196,9 +196,9 @@ bool dsq_admission_tick(dsq_admission_t *a, double now_ms, int n_inflight)
             snprintf(a->st.reason, sizeof(a->st.reason), "%s p90 %.1f ms over the %.1f ms target",
                      ttft_over ? "ttft" : "itl", ttft_over ? t90 : i90,
                      ttft_over ? a->o.target_ttft_ms : a->o.target_itl_ms);
-        } else if (blind) {
+        } else if (no_ttft || no_itl) {
             snprintf(a->st.reason, sizeof(a->st.reason), "no %s samples in the window",
-                     a->o.target_ttft_ms > 0 && a->ttft.n == 0 ? "ttft" : "itl");
+                     no_ttft ? "ttft" : "itl");
         } else if (a->max_inflight >= (int)a->limit) {
             a->limit = a->limit + 1 > a->o.max_limit ? a->o.max_limit : a->limit + 1;
             snprintf(a->st.reason, sizeof(a->st.reason), "under target at the limit");

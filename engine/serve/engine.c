@@ -2256,8 +2256,8 @@ int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len)
 }
 
 /* admission: the most KV cache a request can take, in tokens of whole
- * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full blocks,
- * which its choices share after the fork (dsq_kv_seq_fork), plus for each
+ * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full
+ * blocks, which its choices share after the fork (dsq_kv_seq_fork), plus for each
  * of max(n, best_of) choices the blocks from there to prompt + max_tokens
  * (a choice's copy of the prompt's partial last block included). */
 static int64_t kv_need_tokens(const dsq_engine_t *e, const dsq_req_t *r)
