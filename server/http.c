@@ -31,6 +31,8 @@
 #include "dsq_config.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/hex.h"
+#include "engine/common/clock.h"
 #include "engine/text/tokenizer.h"
 #include "server/chat.h"
 #include "server/error.h"
@@ -116,13 +118,6 @@ struct dsq_http {
     atomic_bool ticker_stop;
     atomic_llong n_cut_head, n_cut_body;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static waiter_t *waiter_get(dsq_http_t *h)
 {
@@ -276,7 +271,7 @@ static void cancel_all(conn_t *c)
     if (c->cancelled)
         return;
     c->cancelled = true;
-    c->t_cancel = now_s();
+    c->t_cancel = dsq_clock_now_s();
     for (int i = 0; i < c->n_ereqs; i++)
         if (c->ereqs[i] && !c->ereq_done[i])
             dsq_engine_cancel(c->e, c->ereqs[i]);
@@ -754,7 +749,7 @@ static void echo_prompt_logprobs(conn_t *c, int p, const dsq_output_t *o)
 
 static void handle_output(conn_t *c, int p, dsq_output_t *o)
 {
-    double t = now_s();
+    double t = dsq_clock_now_s();
     int n = c->req.sp.n;
     int idx = p * n + (o->index >= 0 && o->index < n ? o->index : 0);
     choice_st *ch = &c->choices[idx];
@@ -1043,7 +1038,7 @@ static wait_result_t poll_progress(conn_t *c)
         return W_STOPPING;
     }
     if (c->cancelled) {
-        if (now_s() - c->t_cancel > CANCEL_GRACE_S)
+        if (dsq_clock_now_s() - c->t_cancel > CANCEL_GRACE_S)
             return W_STOPPING;
     } else if (atomic_load(&h->stopping)) {
         cancel_all(c);
@@ -1056,7 +1051,7 @@ static wait_result_t poll_progress(conn_t *c)
         cancel_all(c);
         return W_GONE;
     } else if (h->cfg.request_timeout_s > 0 &&
-               now_s() - c->t_start > h->cfg.request_timeout_s) {
+               dsq_clock_now_s() - c->t_start > h->cfg.request_timeout_s) {
         cancel_all(c);
         if (!c->req.stream)
             return W_TIMEOUT;
@@ -1563,7 +1558,7 @@ static enum MHD_Result stream_when_admitted(conn_t *c)
     for (;;) {
         uint64_t seen = waiter_seq(c->w);
         if (c->h->cfg.request_timeout_s > 0 && !c->cancelled &&
-            now_s() - c->t_start > c->h->cfg.request_timeout_s) {
+            dsq_clock_now_s() - c->t_start > c->h->cfg.request_timeout_s) {
             cancel_all(c);
             return send_error(c, DSQ_APIERR_TIMEOUT, NULL,
                               "request ran past --request-timeout");
@@ -1792,7 +1787,7 @@ static void sock_phase(dsq_http_t *h, struct MHD_Connection *mc, enum sock_phase
         return;
     pthread_mutex_lock(&h->sock_mu);
     r->phase = ph;
-    r->t0 = now_s();
+    r->t0 = dsq_clock_now_s();
     pthread_mutex_unlock(&h->sock_mu);
 }
 
@@ -1824,7 +1819,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
             return MHD_NO;
         c->h = h;
         c->mc = mc;
-        c->t_start = now_s();
+        c->t_start = dsq_clock_now_s();
         c->queue_ms = -1;
         {
             /* otel: two traceparent headers make it invalid (W3C 3.2) */
@@ -2122,10 +2117,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         if (c->ereqs[p] && !c->ereq_done[p])
             dsq_engine_cancel(c->e, c->ereqs[p]);
     if (c->n_choices && c->t_first > 0)
-        dsq_metrics_observe(h->metrics, DSQ_HIST_E2E, now_s() - c->t_start);
+        dsq_metrics_observe(h->metrics, DSQ_HIST_E2E, dsq_clock_now_s() - c->t_start);
     {
         int st = c->status ? c->status : 499;   /* 499: client closed early */
-        double t = now_s();
+        double t = dsq_clock_now_s();
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
             st = 499;
         /* hardening: not the client's leaving but our deadline (the
@@ -2214,7 +2209,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
             int sb = (int)(b < 4096 ? 4096 : b > (4 << 20) ? (4 << 20) : b);
             setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb));
         }
-        r->t0 = now_s();
+        r->t0 = dsq_clock_now_s();
         pthread_mutex_lock(&h->sock_mu);
         r->next = h->socks;
         if (h->socks)
@@ -2328,7 +2323,7 @@ static void *ticker_main(void *arg)
     while (!atomic_load(&h->ticker_stop)) {
         struct timespec ts = {0, TICK_MS * 1000000L};
         nanosleep(&ts, NULL);
-        double t = now_s();
+        double t = dsq_clock_now_s();
         tick_waiters(h, t);
         tick_deadlines(h, t);
     }
@@ -2397,17 +2392,6 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
 /* users: percent-decoding of URLs and query arguments as libmicrohttpd's
  * own, except that %00 stays "%00": a decoded NUL would end the C string
  * early, so "/v1/models/NAME%00junk" would compare equal to NAME. */
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static size_t unescape_keep_nul(void *cls, struct MHD_Connection *mc, char *s)
 {
     (void)cls;
@@ -2415,8 +2399,8 @@ static size_t unescape_keep_nul(void *cls, struct MHD_Connection *mc, char *s)
     char *r = s, *w = s;
     while (*r) {
         int hi, lo;
-        if (r[0] == '%' && r[1] && r[2] && (hi = hexval(r[1])) >= 0 &&
-            (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+        if (r[0] == '%' && r[1] && r[2] && (hi = dsq_hex_value(r[1])) >= 0 &&
+            (lo = dsq_hex_value(r[2])) >= 0 && (hi | lo)) {
             *w++ = (char)(hi * 16 + lo);
             r += 3;
         } else {

@@ -16,6 +16,8 @@
 #include "dsq_config.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/hex.h"
+#include "engine/common/clock.h"
 
 /* ------------------------------------------------------ trace context */
 
@@ -387,17 +389,6 @@ static int fail(char *err, size_t n, const char *fmt, const char *a, const char 
     return DSQ_EINVAL;
 }
 
-static int hexdig(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decoding of a W3C Baggage value (the format of
  * OTEL_RESOURCE_ATTRIBUTES and OTEL_EXPORTER_OTLP_HEADERS). malloc'd; NULL
  * when malformed (a '%' without two hex digits) or on ENOMEM. */
@@ -412,8 +403,8 @@ static char *pct_decode(const char *s, size_t n)
             out[k++] = s[i];
             continue;
         }
-        int hi = i + 1 < n ? hexdig(s[i + 1]) : -1;
-        int lo = i + 2 < n ? hexdig(s[i + 2]) : -1;
+        int hi = i + 1 < n ? dsq_hex_value(s[i + 1]) : -1;
+        int lo = i + 2 < n ? dsq_hex_value(s[i + 2]) : -1;
         if (hi < 0 || lo < 0) {
             free(out);
             return NULL;
@@ -753,13 +744,6 @@ struct dsq_otlp {
     int64_t n_unwarned;
 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 char *dsq_otlp_encode(const dsq_otlp_config_t *c, cJSON *const *spans, int n)
 {
     cJSON *root = cJSON_CreateObject();
@@ -805,7 +789,7 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *user)
  * the count since the last one. */
 static void warn_failure(dsq_otlp_t *x, const char *why, long status)
 {
-    double t = mono_s();
+    double t = dsq_clock_now_s();
     x->n_unwarned++;
     if (x->t_warned > 0 && t - x->t_warned < 60)
         return;
@@ -862,7 +846,7 @@ static void *exporter_main(void *arg)
     pthread_mutex_lock(&x->mu);
     for (;;) {
         while (!x->quit && x->n < x->c.max_batch &&
-               (x->n == 0 || mono_s() < x->t_first + x->c.delay_ms / 1e3)) {
+               (x->n == 0 || dsq_clock_now_s() < x->t_first + x->c.delay_ms / 1e3)) {
             if (x->n == 0) {
                 pthread_cond_wait(&x->cv, &x->mu);
             } else {
@@ -887,7 +871,7 @@ static void *exporter_main(void *arg)
             continue;
         long timeout = x->c.timeout_ms;
         if (x->quit) {
-            double left = x->t_flush_end - mono_s();
+            double left = x->t_flush_end - dsq_clock_now_s();
             if (left <= 0 || !batch) {
                 /* the flush time is over: what is left is lost */
                 x->st.dropped_export_failed += x->n;
@@ -907,7 +891,7 @@ static void *exporter_main(void *arg)
             x->head = (x->head + 1) % x->c.max_queue;
             x->n--;
         }
-        x->t_first = mono_s();
+        x->t_first = dsq_clock_now_s();
         pthread_mutex_unlock(&x->mu);
         int64_t took = k ? export_batch(x, batch, k, timeout) : 0;
         for (int i = 0; i < k; i++)
@@ -1022,7 +1006,7 @@ void dsq_otlp_destroy(dsq_otlp_t *x, int flush_ms)
         return;
     pthread_mutex_lock(&x->mu);
     x->quit = true;
-    x->t_flush_end = mono_s() + (flush_ms > 0 ? flush_ms : 0) / 1e3;
+    x->t_flush_end = dsq_clock_now_s() + (flush_ms > 0 ? flush_ms : 0) / 1e3;
     pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
     pthread_join(x->thread, NULL);
@@ -1052,7 +1036,7 @@ bool dsq_otlp_submit(dsq_otlp_t *x, cJSON *span)
     }
     x->q[(x->head + x->n) % x->c.max_queue] = span;
     if (x->n++ == 0)
-        x->t_first = mono_s();
+        x->t_first = dsq_clock_now_s();
     if (x->n == 1 || x->n == x->c.max_batch)
         pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);

@@ -2,6 +2,7 @@
 #include "dsq_config.h"
 
 #include "bench_http.h"
+#include "engine/common/clock.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -89,13 +90,7 @@ void dsq__bench_stop_server(pid_t pid)
     waitpid(pid, &status, 0);
 }
 
-
-double dsq__bench_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double dsq__bench_now_s(void) { return dsq_clock_now_s(); }
 
 uint64_t dsq__bench_splitmix(uint64_t *s)
 {

@@ -26,17 +26,11 @@
 #include <time.h>
 
 #include "engine/common/error.h"
+#include "engine/common/clock.h"
 #include "kernels.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/loader/loader.h"
 #include "engine/model/model.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double cpu_s(void)
 {
@@ -102,11 +96,11 @@ static int bench_matmul(int argc, char **argv)
                     int64_t m = ms[mi];
                     dsq_cpu_matmul(y, x, m, &w);    /* warm-up */
                     int iters = 0;
-                    double t0 = now_s(), c0 = cpu_s(), el = 0.0;
+                    double t0 = dsq_clock_now_s(), c0 = cpu_s(), el = 0.0;
                     do {
                         dsq_cpu_matmul(y, x, m, &w);
                         iters++;
-                        el = now_s() - t0;
+                        el = dsq_clock_now_s() - t0;
                     } while (el < min_s);
                     double per = el / iters;
                     /* CPU seconds per call per thread: on a shared machine
@@ -241,12 +235,12 @@ static int bench_cpu(int argc, char **argv)
             continue;
         double best = 0, sum = 0;
         for (int r = -1; r < reps; r++) {       /* r = -1: warm-up */
-            double t0 = now_s();
+            double t0 = dsq_clock_now_s();
             if (cpu_steps(model, kv, ids, n, test == 0, logits) != 0) {
                 fprintf(stderr, "dsq-bench cpu: forward failed\n");
                 goto out;
             }
-            double tps = n / (now_s() - t0);
+            double tps = n / (dsq_clock_now_s() - t0);
             if (r >= 0) {
                 sum += tps;
                 best = tps > best ? tps : best;

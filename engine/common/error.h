@@ -6,6 +6,8 @@
 #ifndef DSQ_ERROR_H
 #define DSQ_ERROR_H
 
+#include <stddef.h>
+
 #define DSQ_OK            0
 #define DSQ_EINVAL       (-1)  /* invalid argument or request field          */
 #define DSQ_ENOMEM       (-2)  /* allocation failed                           */
@@ -22,5 +24,11 @@
 /* Short, static, human-readable name of a DSQ_E* code ("invalid argument").
  * Never returns NULL; unknown codes give "unknown error". */
 const char *dsq_strerror(int err);
+
+/* Write a printf-formatted one-line reason into the caller's buffer err
+ * (err_len bytes, always NUL-terminated, truncated to fit). err NULL or
+ * err_len 0: nothing is written. engine/common/error.c. */
+void dsq_error_set(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

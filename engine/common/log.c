@@ -1,4 +1,4 @@
-/* Logging and error names: the smallest shared pieces of the engine, used by
+/* Logging: the smallest shared piece of the engine with error.c, used by
  * every other module and by server/. Lines are built in a stack buffer and
  * written with one write(2) so concurrent threads never interleave. */
 #include "log.h"
@@ -59,23 +59,4 @@ void dsq__log_write(int level, const char *fmt, ...)
     line[n++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, (size_t)n);
     (void)w;
-}
-
-const char *dsq_strerror(int err)
-{
-    switch (err) {
-    case DSQ_OK: return "ok";
-    case DSQ_EINVAL: return "invalid argument";
-    case DSQ_ENOMEM: return "out of memory";
-    case DSQ_EIO: return "input/output error";
-    case DSQ_EFORMAT: return "malformed file";
-    case DSQ_EUNSUPPORTED: return "not supported";
-    case DSQ_ERANGE: return "out of range";
-    case DSQ_EFULL: return "full";
-    case DSQ_ENOTFOUND: return "not found";
-    case DSQ_ECUDA: return "CUDA error";
-    case DSQ_ECANCELLED: return "cancelled";
-    case DSQ_ESTATE: return "invalid state";
-    default: return "unknown error";
-    }
 }

@@ -60,19 +60,6 @@ typedef struct cursor {
     size_t pos;
 } cursor_t;
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static size_t remaining(const cursor_t *c)
 {
     return c->size - c->pos;
@@ -223,37 +210,37 @@ static int parse_kv(dsq_gguf_t *g, cursor_t *c, char *err, size_t err_len)
         uint64_t klen;
         uint32_t t;
         if (rd_str(c, &ks, &klen) != DSQ_OK) {
-            set_err(err, err_len, "%s: metadata key %d: truncated or length past end of file", p, i);
+            dsq_error_set(err, err_len, "%s: metadata key %d: truncated or length past end of file", p, i);
             return DSQ_EFORMAT;
         }
         kv->key = dup_name(ks, klen);
         if (!kv->key) {
-            set_err(err, err_len, "%s: metadata key %d: embedded NUL or out of memory", p, i);
+            dsq_error_set(err, err_len, "%s: metadata key %d: embedded NUL or out of memory", p, i);
             return DSQ_EFORMAT;
         }
         if (rd_u32(c, &t) != DSQ_OK) {
-            set_err(err, err_len, "%s: metadata '%s': truncated value type", p, kv->key);
+            dsq_error_set(err, err_len, "%s: metadata '%s': truncated value type", p, kv->key);
             return DSQ_EFORMAT;
         }
         if (t > DSQ_GGUF_F64) {
-            set_err(err, err_len, "%s: metadata '%s': unknown value type %u", p, kv->key, t);
+            dsq_error_set(err, err_len, "%s: metadata '%s': unknown value type %u", p, kv->key, t);
             return DSQ_EFORMAT;
         }
         kv->type = (dsq_gguf_vtype_t)t;
         const char *why = NULL;
         if (t == DSQ_GGUF_STRING) {
             if (rd_str(c, &kv->val, &kv->str_len) != DSQ_OK) {
-                set_err(err, err_len, "%s: metadata '%s': string length past end of file", p, kv->key);
+                dsq_error_set(err, err_len, "%s: metadata '%s': string length past end of file", p, kv->key);
                 return DSQ_EFORMAT;
             }
         } else if (t == DSQ_GGUF_ARRAY) {
             uint32_t et;
             if (rd_u32(c, &et) != DSQ_OK || rd_u64(c, &kv->n) != DSQ_OK) {
-                set_err(err, err_len, "%s: metadata '%s': truncated array header", p, kv->key);
+                dsq_error_set(err, err_len, "%s: metadata '%s': truncated array header", p, kv->key);
                 return DSQ_EFORMAT;
             }
             if (et > DSQ_GGUF_F64) {
-                set_err(err, err_len, "%s: metadata '%s': unknown array element type %u", p, kv->key, et);
+                dsq_error_set(err, err_len, "%s: metadata '%s': unknown array element type %u", p, kv->key, et);
                 return DSQ_EFORMAT;
             }
             kv->elem_type = (dsq_gguf_vtype_t)et;
@@ -261,21 +248,21 @@ static int parse_kv(dsq_gguf_t *g, cursor_t *c, char *err, size_t err_len)
             size_t esz = scalar_size(et);
             if (esz) {
                 if (kv->n > remaining(c) / esz) {
-                    set_err(err, err_len, "%s: metadata '%s': array of %llu %s past end of file",
+                    dsq_error_set(err, err_len, "%s: metadata '%s': array of %llu %s past end of file",
                             p, kv->key, (unsigned long long)kv->n, vtype_name(et));
                     return DSQ_EFORMAT;
                 }
                 c->pos += (size_t)kv->n * esz;
             } else {
                 if (kv->n > remaining(c) / 8) {
-                    set_err(err, err_len, "%s: metadata '%s': array of %llu %s past end of file",
+                    dsq_error_set(err, err_len, "%s: metadata '%s': array of %llu %s past end of file",
                             p, kv->key, (unsigned long long)kv->n, vtype_name(et));
                     return DSQ_EFORMAT;
                 }
                 if (et == DSQ_GGUF_STRING && kv->n > 0) {
                     kv->str_off = malloc((size_t)kv->n * sizeof(*kv->str_off));
                     if (!kv->str_off) {
-                        set_err(err, err_len, "%s: metadata '%s': out of memory", p, kv->key);
+                        dsq_error_set(err, err_len, "%s: metadata '%s': out of memory", p, kv->key);
                         return DSQ_ENOMEM;
                     }
                 }
@@ -283,7 +270,7 @@ static int parse_kv(dsq_gguf_t *g, cursor_t *c, char *err, size_t err_len)
                     if (kv->str_off)
                         kv->str_off[j] = c->pos;
                     if (skip_value(c, et, 1, &why) != DSQ_OK) {
-                        set_err(err, err_len, "%s: metadata '%s': element %llu: %s",
+                        dsq_error_set(err, err_len, "%s: metadata '%s': element %llu: %s",
                                 p, kv->key, (unsigned long long)j, why);
                         return DSQ_EFORMAT;
                     }
@@ -292,7 +279,7 @@ static int parse_kv(dsq_gguf_t *g, cursor_t *c, char *err, size_t err_len)
         } else {
             kv->val = c->base + c->pos;
             if (skip_value(c, t, 0, &why) != DSQ_OK) {
-                set_err(err, err_len, "%s: metadata '%s': %s", p, kv->key, why);
+                dsq_error_set(err, err_len, "%s: metadata '%s': %s", p, kv->key, why);
                 return DSQ_EFORMAT;
             }
         }
@@ -310,21 +297,21 @@ static int parse_tensor_infos(dsq_gguf_t *g, cursor_t *c, char *err,
         uint64_t nlen;
         uint32_t n_dims, type;
         if (rd_str(c, &ns, &nlen) != DSQ_OK) {
-            set_err(err, err_len, "%s: tensor %d: name truncated or length past end of file", p, i);
+            dsq_error_set(err, err_len, "%s: tensor %d: name truncated or length past end of file", p, i);
             return DSQ_EFORMAT;
         }
         char *name = dup_name(ns, nlen);
         if (!name) {
-            set_err(err, err_len, "%s: tensor %d: embedded NUL in name or out of memory", p, i);
+            dsq_error_set(err, err_len, "%s: tensor %d: embedded NUL in name or out of memory", p, i);
             return DSQ_EFORMAT;
         }
         t->name = name;
         if (rd_u32(c, &n_dims) != DSQ_OK) {
-            set_err(err, err_len, "%s: tensor '%s': truncated n_dims", p, name);
+            dsq_error_set(err, err_len, "%s: tensor '%s': truncated n_dims", p, name);
             return DSQ_EFORMAT;
         }
         if (n_dims < 1 || n_dims > GGUF_MAX_DIMS) {
-            set_err(err, err_len, "%s: tensor '%s': n_dims %u not in 1..%d", p, name, n_dims, GGUF_MAX_DIMS);
+            dsq_error_set(err, err_len, "%s: tensor '%s': n_dims %u not in 1..%d", p, name, n_dims, GGUF_MAX_DIMS);
             return DSQ_EFORMAT;
         }
         t->n_dims = (int)n_dims;
@@ -334,45 +321,45 @@ static int parse_tensor_infos(dsq_gguf_t *g, cursor_t *c, char *err,
         for (uint32_t d = 0; d < n_dims; d++) {
             uint64_t ne;
             if (rd_u64(c, &ne) != DSQ_OK) {
-                set_err(err, err_len, "%s: tensor '%s': truncated shape", p, name);
+                dsq_error_set(err, err_len, "%s: tensor '%s': truncated shape", p, name);
                 return DSQ_EFORMAT;
             }
             if (ne > (uint64_t)INT64_MAX
                 || __builtin_mul_overflow(n_elems, (int64_t)ne, &n_elems)) {
-                set_err(err, err_len, "%s: tensor '%s': element count overflows", p, name);
+                dsq_error_set(err, err_len, "%s: tensor '%s': element count overflows", p, name);
                 return DSQ_ERANGE;
             }
             t->ne[d] = (int64_t)ne;
         }
         if (rd_u32(c, &type) != DSQ_OK) {
-            set_err(err, err_len, "%s: tensor '%s': truncated type", p, name);
+            dsq_error_set(err, err_len, "%s: tensor '%s': truncated type", p, name);
             return DSQ_EFORMAT;
         }
         int be = dsq_type_block_elems((dsq_type_t)type);
         if (be == 0 || type >= DSQ_TYPE_U8) {
-            set_err(err, err_len, "%s: tensor '%s': unknown or unsupported type %u", p, name, type);
+            dsq_error_set(err, err_len, "%s: tensor '%s': unknown or unsupported type %u", p, name, type);
             return DSQ_EUNSUPPORTED;
         }
         t->type = (dsq_type_t)type;
         if (t->ne[0] % be != 0) {
-            set_err(err, err_len, "%s: tensor '%s': ne[0]=%lld not a multiple of the %s block size %d",
+            dsq_error_set(err, err_len, "%s: tensor '%s': ne[0]=%lld not a multiple of the %s block size %d",
                     p, name, (long long)t->ne[0], dsq_type_name(t->type), be);
             return DSQ_EFORMAT;
         }
         int rc = dsq_type_bytes(t->type, n_elems, &t->n_bytes);
         if (rc != DSQ_OK) {
-            set_err(err, err_len, "%s: tensor '%s': byte size overflows", p, name);
+            dsq_error_set(err, err_len, "%s: tensor '%s': byte size overflows", p, name);
             return rc;
         }
         uint64_t off;
         if (rd_u64(c, &off) != DSQ_OK) {
-            set_err(err, err_len, "%s: tensor '%s': truncated offset", p, name);
+            dsq_error_set(err, err_len, "%s: tensor '%s': truncated offset", p, name);
             return DSQ_EFORMAT;
         }
         /* stash the relative offset in data until the data section is known */
         t->data = (const void *)(uintptr_t)off;
         if (off > SIZE_MAX) {
-            set_err(err, err_len, "%s: tensor '%s': offset too large", p, name);
+            dsq_error_set(err, err_len, "%s: tensor '%s': offset too large", p, name);
             return DSQ_EFORMAT;
         }
     }
@@ -399,7 +386,7 @@ static int read_alignment(dsq_gguf_t *g, char *err, size_t err_len)
         a = a32 > 0 ? (uint32_t)a32 : 0;
     }
     if (a == 0 || (a & (a - 1)) != 0 || a > (1u << 30)) {
-        set_err(err, err_len, "%s: general.alignment: must be a power of two (u32), got %u (type %s)",
+        dsq_error_set(err, err_len, "%s: general.alignment: must be a power of two (u32), got %u (type %s)",
                 g->path, a, vtype_name(kv->type));
         return DSQ_EFORMAT;
     }
@@ -416,7 +403,7 @@ static int place_tensors(dsq_gguf_t *g, size_t info_end, char *err,
     if (g->n_tensors == 0)
         return DSQ_OK;
     if (data_off > g->size) {
-        set_err(err, err_len, "%s: data section starts at %zu, past end of file (%zu bytes)",
+        dsq_error_set(err, err_len, "%s: data section starts at %zu, past end of file (%zu bytes)",
                 g->path, data_off, g->size);
         return DSQ_EFORMAT;
     }
@@ -425,12 +412,12 @@ static int place_tensors(dsq_gguf_t *g, size_t info_end, char *err,
         dsq_tensor_t *t = &g->tensors[i];
         size_t off = (size_t)(uintptr_t)t->data;
         if (off % a != 0) {
-            set_err(err, err_len, "%s: tensor '%s': offset %zu not aligned to %zu",
+            dsq_error_set(err, err_len, "%s: tensor '%s': offset %zu not aligned to %zu",
                     g->path, t->name, off, a);
             return DSQ_EFORMAT;
         }
         if (off > data_size || t->n_bytes > data_size - off) {
-            set_err(err, err_len, "%s: tensor '%s': data [%zu, +%zu) past end of file (data section is %zu bytes)",
+            dsq_error_set(err, err_len, "%s: tensor '%s': data [%zu, +%zu) past end of file (data section is %zu bytes)",
                     g->path, t->name, off, t->n_bytes, data_size);
             return DSQ_EFORMAT;
         }
@@ -441,12 +428,12 @@ static int place_tensors(dsq_gguf_t *g, size_t info_end, char *err,
     const dsq_tensor_t *x, *y;
     int rc = dsq_tensor_find_overlap(g->tensors, g->n_tensors, &x, &y);
     if (rc == DSQ_EFORMAT)
-        set_err(err, err_len, "%s: tensors '%s' [%zu, +%zu) and '%s' [%zu, +%zu) overlap",
+        dsq_error_set(err, err_len, "%s: tensors '%s' [%zu, +%zu) and '%s' [%zu, +%zu) overlap",
                 g->path, x->name, (size_t)((const uint8_t *)x->data - g->base - data_off),
                 x->n_bytes, y->name, (size_t)((const uint8_t *)y->data - g->base - data_off),
                 y->n_bytes);
     else if (rc != DSQ_OK)
-        set_err(err, err_len, "%s: out of memory", g->path);
+        dsq_error_set(err, err_len, "%s: out of memory", g->path);
     return rc;
 }
 
@@ -459,30 +446,30 @@ static int parse(dsq_gguf_t *g, char *err, size_t err_len)
     int rc;
 
     if (rd_u32(&c, &magic) != DSQ_OK || memcmp(g->base, "GGUF", 4) != 0) {
-        set_err(err, err_len, "%s: not a GGUF file (bad magic)", p);
+        dsq_error_set(err, err_len, "%s: not a GGUF file (bad magic)", p);
         return DSQ_EFORMAT;
     }
     (void)magic;
     if (rd_u32(&c, &version) != DSQ_OK) {
-        set_err(err, err_len, "%s: truncated header (version)", p);
+        dsq_error_set(err, err_len, "%s: truncated header (version)", p);
         return DSQ_EFORMAT;
     }
     if (version != 2 && version != 3) {
-        set_err(err, err_len, "%s: GGUF version %u not supported (need 2 or 3)", p, version);
+        dsq_error_set(err, err_len, "%s: GGUF version %u not supported (need 2 or 3)", p, version);
         return DSQ_EUNSUPPORTED;
     }
     g->version = version;
     if (rd_u64(&c, &n_tensors) != DSQ_OK || rd_u64(&c, &n_kv) != DSQ_OK) {
-        set_err(err, err_len, "%s: truncated header (tensor_count/kv_count)", p);
+        dsq_error_set(err, err_len, "%s: truncated header (tensor_count/kv_count)", p);
         return DSQ_EFORMAT;
     }
     /* a kv pair needs >= 8+4+1 bytes, a tensor info >= 8+4+8+4+8 */
     if (n_kv > remaining(&c) / 13 || n_kv > INT32_MAX) {
-        set_err(err, err_len, "%s: kv_count %llu does not fit in the file", p, (unsigned long long)n_kv);
+        dsq_error_set(err, err_len, "%s: kv_count %llu does not fit in the file", p, (unsigned long long)n_kv);
         return DSQ_EFORMAT;
     }
     if (n_tensors > remaining(&c) / 32 || n_tensors > INT32_MAX) {
-        set_err(err, err_len, "%s: tensor_count %llu does not fit in the file", p,
+        dsq_error_set(err, err_len, "%s: tensor_count %llu does not fit in the file", p,
                 (unsigned long long)n_tensors);
         return DSQ_EFORMAT;
     }
@@ -490,7 +477,7 @@ static int parse(dsq_gguf_t *g, char *err, size_t err_len)
     g->kv = calloc(n_kv ? (size_t)n_kv : 1, sizeof(*g->kv));
     g->kv_sorted = calloc(n_kv ? (size_t)n_kv : 1, sizeof(*g->kv_sorted));
     if (!g->kv || !g->kv_sorted) {
-        set_err(err, err_len, "%s: out of memory", p);
+        dsq_error_set(err, err_len, "%s: out of memory", p);
         return DSQ_ENOMEM;
     }
     rc = parse_kv(g, &c, err, err_len);
@@ -501,7 +488,7 @@ static int parse(dsq_gguf_t *g, char *err, size_t err_len)
     qsort(g->kv_sorted, (size_t)g->n_kv, sizeof(*g->kv_sorted), cmp_kv);
     for (int i = 1; i < g->n_kv; i++) {
         if (strcmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key) == 0) {
-            set_err(err, err_len, "%s: duplicate metadata key '%s'", p, g->kv_sorted[i]->key);
+            dsq_error_set(err, err_len, "%s: duplicate metadata key '%s'", p, g->kv_sorted[i]->key);
             return DSQ_EFORMAT;
         }
     }
@@ -513,7 +500,7 @@ static int parse(dsq_gguf_t *g, char *err, size_t err_len)
     g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof(*g->tensors));
     g->t_sorted = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof(*g->t_sorted));
     if (!g->tensors || !g->t_sorted) {
-        set_err(err, err_len, "%s: out of memory", p);
+        dsq_error_set(err, err_len, "%s: out of memory", p);
         return DSQ_ENOMEM;
     }
     /* names are set one by one; a failure leaves later names NULL */
@@ -525,7 +512,7 @@ static int parse(dsq_gguf_t *g, char *err, size_t err_len)
     qsort(g->t_sorted, (size_t)g->n_tensors, sizeof(*g->t_sorted), cmp_tensor);
     for (int i = 1; i < g->n_tensors; i++) {
         if (strcmp(g->t_sorted[i - 1]->name, g->t_sorted[i]->name) == 0) {
-            set_err(err, err_len, "%s: duplicate tensor name '%s'", p, g->t_sorted[i]->name);
+            dsq_error_set(err, err_len, "%s: duplicate tensor name '%s'", p, g->t_sorted[i]->name);
             return DSQ_EFORMAT;
         }
     }
@@ -566,18 +553,18 @@ dsq_gguf_t *dsq_gguf_open_buffer(const void *buf, size_t size,
 {
     dsq_gguf_t *g = calloc(1, sizeof(*g));
     if (!g) {
-        set_err(err, err_len, "%s: out of memory", name ? name : "(buffer)");
+        dsq_error_set(err, err_len, "%s: out of memory", name ? name : "(buffer)");
         return NULL;
     }
     g->path = strdup(name ? name : "(buffer)");
     g->base = buf;
     g->size = size;
     if (!g->path) {
-        set_err(err, err_len, "(buffer): out of memory");
+        dsq_error_set(err, err_len, "(buffer): out of memory");
         goto undo_g;
     }
     if (!buf || size < 4) {
-        set_err(err, err_len, "%s: not a GGUF file (too short: %zu bytes)", g->path, size);
+        dsq_error_set(err, err_len, "%s: not a GGUF file (too short: %zu bytes)", g->path, size);
         goto undo_g;
     }
     if (parse(g, err, err_len) != DSQ_OK)

@@ -31,19 +31,6 @@ struct dsq_llama2c {
     char *names;          /* one block holding every name */
 };
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-}
-
 #define NAME_LEN 48
 
 /* Add tensor i: a 1-D or 2-D F32 view at float offset off. */
@@ -85,13 +72,13 @@ static int build(dsq_llama2c_t *m, const char *path, char *err, size_t err_len)
     int32_t hdr[7];
     char cerr[256] = "";
     if (m->size < 28) {
-        set_err(err, err_len, "%s: not a llama2.c checkpoint (shorter than the 28-byte header)", path);
+        dsq_error_set(err, err_len, "%s: not a llama2.c checkpoint (shorter than the 28-byte header)", path);
         return DSQ_EFORMAT;
     }
     memcpy(hdr, m->base, sizeof(hdr));
     int rc = dsq_model_config_from_llama2c(hdr, &m->config, cerr, sizeof(cerr));
     if (rc != DSQ_OK) {
-        set_err(err, err_len, "%s: %s", path, cerr);
+        dsq_error_set(err, err_len, "%s: %s", path, cerr);
         return rc;
     }
     const dsq_model_config_t *c = &m->config;
@@ -119,7 +106,7 @@ static int build(dsq_llama2c_t *m, const char *path, char *err, size_t err_len)
         n_floats = (uint64_t)1 << 60;
     uint64_t want = 28 + n_floats * 4;
     if (ovf || (uint64_t)m->size != want) {
-        set_err(err, err_len, "%s: llama2.c checkpoint is %zu bytes, header "
+        dsq_error_set(err, err_len, "%s: llama2.c checkpoint is %zu bytes, header "
                 "(dim=%lld hidden_dim=%lld n_layers=%lld n_heads=%lld n_kv_heads=%lld vocab_size=%d seq_len=%lld) "
                 "needs %llu", path, m->size, (long long)c->n_embd, (long long)c->n_ff,
                 (long long)c->n_layer, (long long)c->n_head, (long long)c->n_head_kv, hdr[5],
@@ -130,7 +117,7 @@ static int build(dsq_llama2c_t *m, const char *path, char *err, size_t err_len)
     m->tensors = calloc(n, sizeof(*m->tensors));
     m->names = calloc(n, NAME_LEN);
     if (!m->tensors || !m->names) {
-        set_err(err, err_len, "%s: out of memory", path);
+        dsq_error_set(err, err_len, "%s: out of memory", path);
         return DSQ_ENOMEM;
     }
     char nm[NAME_LEN];
@@ -182,7 +169,7 @@ dsq_llama2c_t *dsq_llama2c_open(const char *path, char *err, size_t err_len)
         return NULL;
     dsq_llama2c_t *m = calloc(1, sizeof(*m));
     if (!m) {
-        set_err(err, err_len, "%s: out of memory", path);
+        dsq_error_set(err, err_len, "%s: out of memory", path);
         munmap(map, size);
         return NULL;
     }

@@ -20,19 +20,6 @@
 #include <string.h>
 #include <strings.h>
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static void copy_str(char *dst, size_t cap, const char *src, size_t len)
 {
     if (len >= cap)
@@ -89,7 +76,7 @@ static int check_token_id(int64_t id, int64_t n_vocab, const char *src,
         return DSQ_OK;
     if (index >= 0)
         snprintf(idx, sizeof(idx), "[%d]", index);
-    set_err(err, err_len, "%s: %s%s = %lld is not a token id (vocab size %lld; -1 means none)",
+    dsq_error_set(err, err_len, "%s: %s%s = %lld is not a token id (vocab size %lld; -1 means none)",
             src, key, idx, (long long)id, (long long)n_vocab);
     return DSQ_EFORMAT;
 }
@@ -119,11 +106,11 @@ static int check_config(dsq_model_config_t *c, const char *src,
                  || c->n_experts_per_tok > c->n_routed_experts))
         bad = "experts per token";
     if (bad) {
-        set_err(err, err_len, "%s: missing or invalid %s", src, bad);
+        dsq_error_set(err, err_len, "%s: missing or invalid %s", src, bad);
         return DSQ_EFORMAT;
     }
     if (c->n_ctx_train < 1 || c->n_ctx_train > DSQ_MODEL_CTX_MAX) {
-        set_err(err, err_len, "%s: %s = %lld is out of range (1 to %d tokens)", src, k->ctx,
+        dsq_error_set(err, err_len, "%s: %s = %lld is out of range (1 to %d tokens)", src, k->ctx,
                 (long long)c->n_ctx_train, DSQ_MODEL_CTX_MAX);
         return DSQ_EFORMAT;
     }
@@ -189,7 +176,7 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
     const char *a = dsq_gguf_get_str(g, "general.architecture", &alen);
     char arch[32];
     if (!a) {
-        set_err(err, err_len, "%s: general.architecture missing", path);
+        dsq_error_set(err, err_len, "%s: general.architecture missing", path);
         return DSQ_EFORMAT;
     }
     copy_str(arch, sizeof(arch), a, alen);
@@ -197,7 +184,7 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
     else if (strcmp(arch, "qwen2") == 0) c.arch = DSQ_ARCH_QWEN2;
     else if (strcmp(arch, "deepseek2") == 0) c.arch = DSQ_ARCH_DEEPSEEK2;
     else {
-        set_err(err, err_len, "%s: general.architecture '%s' not supported (llama, qwen2, deepseek2)",
+        dsq_error_set(err, err_len, "%s: general.architecture '%s' not supported (llama, qwen2, deepseek2)",
                 path, arch);
         return DSQ_EUNSUPPORTED;
     }
@@ -248,7 +235,7 @@ int dsq_model_config_from_gguf(const dsq_gguf_t *g, dsq_model_config_t *out,
         if (strcmp(stype, "linear") == 0) c.rope_scaling = DSQ_ROPE_SCALING_LINEAR;
         else if (strcmp(stype, "yarn") == 0) c.rope_scaling = DSQ_ROPE_SCALING_YARN;
         else if (strcmp(stype, "none") != 0) {
-            set_err(err, err_len, "%s: %s '%s' not supported (none, linear, yarn)", path, key, stype);
+            dsq_error_set(err, err_len, "%s: %s '%s' not supported (none, linear, yarn)", path, key, stype);
             return DSQ_EUNSUPPORTED;
         }
         if (c.rope_scaling != DSQ_ROPE_SCALING_NONE && factor > 0.0)
@@ -372,7 +359,7 @@ static int hf_rope_scaling(jctx_t *j, const cJSON *rs, dsq_model_config_t *c,
     if (!rs || cJSON_IsNull(rs))
         return DSQ_OK;
     if (!cJSON_IsObject(rs)) {
-        set_err(err, err_len, "config.json: rope_scaling must be an object or null");
+        dsq_error_set(err, err_len, "config.json: rope_scaling must be an object or null");
         return DSQ_EFORMAT;
     }
     const char *t = js(rs, "rope_type");
@@ -385,7 +372,7 @@ static int hf_rope_scaling(jctx_t *j, const cJSON *rs, dsq_model_config_t *c,
     else if (strcmp(t, "yarn") == 0) c->rope_scaling = DSQ_ROPE_SCALING_YARN;
     else if (strcmp(t, "llama3") == 0) c->rope_scaling = DSQ_ROPE_SCALING_LLAMA3;
     else {
-        set_err(err, err_len, "config.json: rope_scaling type '%s' not supported (linear, dynamic, yarn, llama3)", t);
+        dsq_error_set(err, err_len, "config.json: rope_scaling type '%s' not supported (linear, dynamic, yarn, llama3)", t);
         return DSQ_EUNSUPPORTED;
     }
     c->rope_factor = jf(j, rs, "factor", 1.0);
@@ -397,7 +384,7 @@ static int hf_rope_scaling(jctx_t *j, const cJSON *rs, dsq_model_config_t *c,
     c->rope_low_freq_factor = jf(j, rs, "low_freq_factor", 1.0);
     c->rope_high_freq_factor = jf(j, rs, "high_freq_factor", 4.0);
     if (!(c->rope_factor > 0.0)) {
-        set_err(err, err_len, "config.json: rope_scaling.factor must be > 0");
+        dsq_error_set(err, err_len, "config.json: rope_scaling.factor must be > 0");
         return DSQ_EFORMAT;
     }
     return DSQ_OK;
@@ -410,7 +397,7 @@ static int hf_quant(jctx_t *j, const cJSON *q, dsq_model_config_t *c,
         return DSQ_OK;
     const char *m = js(q, "quant_method");
     if (!cJSON_IsObject(q) || !m) {
-        set_err(err, err_len, "config.json: quantization_config.quant_method missing");
+        dsq_error_set(err, err_len, "config.json: quantization_config.quant_method missing");
         return DSQ_EFORMAT;
     }
     if (strcmp(m, "awq") == 0) {
@@ -421,7 +408,7 @@ static int hf_quant(jctx_t *j, const cJSON *q, dsq_model_config_t *c,
         c->ckpt_desc_act = false;
         const char *v = js(q, "version");
         if (v && strcasecmp(v, "gemm") != 0) {
-            set_err(err, err_len, "config.json: quantization_config.version '%s' not supported (awq gemm only)", v);
+            dsq_error_set(err, err_len, "config.json: quantization_config.version '%s' not supported (awq gemm only)", v);
             return DSQ_EUNSUPPORTED;
         }
     } else if (strcmp(m, "gptq") == 0) {
@@ -431,15 +418,15 @@ static int hf_quant(jctx_t *j, const cJSON *q, dsq_model_config_t *c,
         c->ckpt_desc_act = jb(j, q, "desc_act", false);
         c->ckpt_zero_point = !jb(j, q, "sym", true);
     } else {
-        set_err(err, err_len, "config.json: quantization_config.quant_method '%s' not supported (awq, gptq)", m);
+        dsq_error_set(err, err_len, "config.json: quantization_config.quant_method '%s' not supported (awq, gptq)", m);
         return DSQ_EUNSUPPORTED;
     }
     if (c->ckpt_bits != 4) {
-        set_err(err, err_len, "config.json: quantization_config.bits %d not supported (4)", c->ckpt_bits);
+        dsq_error_set(err, err_len, "config.json: quantization_config.bits %d not supported (4)", c->ckpt_bits);
         return DSQ_EUNSUPPORTED;
     }
     if (c->ckpt_group_size != -1 && c->ckpt_group_size <= 0) {
-        set_err(err, err_len, "config.json: quantization_config.group_size %d invalid", c->ckpt_group_size);
+        dsq_error_set(err, err_len, "config.json: quantization_config.group_size %d invalid", c->ckpt_group_size);
         return DSQ_EFORMAT;
     }
     return DSQ_OK;
@@ -466,7 +453,7 @@ static int hf_check_id_lists(const cJSON *root, int64_t n_vocab, const cfg_keys_
                 break;
             if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble)
                 || fabs(e->valuedouble) > 9.0e15) {
-                set_err(err, err_len, "config.json: %s[%d] is not an integer", keys[i], n);
+                dsq_error_set(err, err_len, "config.json: %s[%d] is not an integer", keys[i], n);
                 rc = DSQ_EFORMAT;
             } else {
                 rc = check_token_id((int64_t)e->valuedouble, n_vocab, "config.json", keys[i], n,
@@ -508,7 +495,7 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
     dsq_model_config_defaults(&c);
     cJSON *root = json_text ? cJSON_ParseWithLength(json_text, len) : NULL;
     if (!cJSON_IsObject(root)) {
-        set_err(err, err_len, "config.json: not a JSON object");
+        dsq_error_set(err, err_len, "config.json: not a JSON object");
         rc = DSQ_EFORMAT;
         goto undo_json;
     }
@@ -516,7 +503,7 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
     c.arch = hf_arch(root);
     if (c.arch == DSQ_ARCH_UNKNOWN) {
         const char *mt = js(root, "model_type");
-        set_err(err, err_len, "config.json: model_type '%s' not supported (llama, qwen2, deepseek_v2)",
+        dsq_error_set(err, err_len, "config.json: model_type '%s' not supported (llama, qwen2, deepseek_v2)",
                 mt ? mt : "(missing)");
         rc = DSQ_EUNSUPPORTED;
         goto undo_json;
@@ -575,7 +562,7 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
         rc = hf_quant(&j, cJSON_GetObjectItemCaseSensitive(root, "quantization_config"),
                       &c, err, err_len);
     if (rc == DSQ_OK && j.bad) {
-        set_err(err, err_len, "config.json: field '%s' has the wrong type", j.bad);
+        dsq_error_set(err, err_len, "config.json: field '%s' has the wrong type", j.bad);
         rc = DSQ_EFORMAT;
     }
     if (rc == DSQ_OK)
@@ -598,7 +585,7 @@ int dsq_model_config_from_llama2c(const int32_t hdr[7], dsq_model_config_t *out,
         "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
     for (int i = 0; i < 7; i++) {
         if (hdr[i] == 0 || (i != 5 && hdr[i] < 0) || hdr[i] == INT32_MIN) {
-            set_err(err, err_len, "llama2.c header: %s = %d invalid", names[i], hdr[i]);
+            dsq_error_set(err, err_len, "llama2.c header: %s = %d invalid", names[i], hdr[i]);
             return DSQ_EFORMAT;
         }
     }
@@ -619,7 +606,7 @@ int dsq_model_config_from_llama2c(const int32_t hdr[7], dsq_model_config_t *out,
     c.rope_theta = 10000.0;
     c.rope_neox = false;
     if (c.n_embd % c.n_head != 0) {
-        set_err(err, err_len, "llama2.c header: dim %d not a multiple of n_heads %d", hdr[0], hdr[3]);
+        dsq_error_set(err, err_len, "llama2.c header: dim %d not a multiple of n_heads %d", hdr[0], hdr[3]);
         return DSQ_EFORMAT;
     }
     const cfg_keys_t keys = {"seq_len", NULL, NULL, NULL};

@@ -35,19 +35,6 @@ struct dsq_safetensors {
     const dsq_tensor_t **sorted;
 };
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static const struct {
     const char *name;
     dsq_type_t type;
@@ -84,7 +71,7 @@ static int parse_entry(dsq_safetensors_t *s, const cJSON *e, dsq_tensor_t *t,
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsObject(e) || !cJSON_IsString(dt) || !cJSON_IsArray(shape)
         || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
-        set_err(err, err_len, "%s: tensor '%s': needs dtype, shape and data_offsets [begin, end]", p, n);
+        dsq_error_set(err, err_len, "%s: tensor '%s': needs dtype, shape and data_offsets [begin, end]", p, n);
         return DSQ_EFORMAT;
     }
     bool found = false;
@@ -95,12 +82,12 @@ static int parse_entry(dsq_safetensors_t *s, const cJSON *e, dsq_tensor_t *t,
         }
     }
     if (!found) {
-        set_err(err, err_len, "%s: tensor '%s': dtype '%s' not supported", p, n, dt->valuestring);
+        dsq_error_set(err, err_len, "%s: tensor '%s': dtype '%s' not supported", p, n, dt->valuestring);
         return DSQ_EUNSUPPORTED;
     }
     int nd = cJSON_GetArraySize(shape);
     if (nd > 4) {
-        set_err(err, err_len, "%s: tensor '%s': %d dims (at most 4)", p, n, nd);
+        dsq_error_set(err, err_len, "%s: tensor '%s': %d dims (at most 4)", p, n, nd);
         return DSQ_EUNSUPPORTED;
     }
     t->n_dims = nd == 0 ? 1 : nd;
@@ -111,28 +98,28 @@ static int parse_entry(dsq_safetensors_t *s, const cJSON *e, dsq_tensor_t *t,
         uint64_t v;
         if (!json_u64(cJSON_GetArrayItem(shape, d), &v)
             || __builtin_mul_overflow(n_elems, (int64_t)v, &n_elems)) {
-            set_err(err, err_len, "%s: tensor '%s': bad or overflowing shape[%d]", p, n, d);
+            dsq_error_set(err, err_len, "%s: tensor '%s': bad or overflowing shape[%d]", p, n, d);
             return DSQ_EFORMAT;
         }
         t->ne[nd - 1 - d] = (int64_t)v;    /* JSON is outermost-first */
     }
     if (dsq_type_bytes(t->type, n_elems, &t->n_bytes) != DSQ_OK) {
-        set_err(err, err_len, "%s: tensor '%s': byte size overflows", p, n);
+        dsq_error_set(err, err_len, "%s: tensor '%s': byte size overflows", p, n);
         return DSQ_ERANGE;
     }
     uint64_t b, en;
     if (!json_u64(cJSON_GetArrayItem(offs, 0), &b)
         || !json_u64(cJSON_GetArrayItem(offs, 1), &en) || b > en) {
-        set_err(err, err_len, "%s: tensor '%s': bad data_offsets", p, n);
+        dsq_error_set(err, err_len, "%s: tensor '%s': bad data_offsets", p, n);
         return DSQ_EFORMAT;
     }
     if (en > buf_size) {
-        set_err(err, err_len, "%s: tensor '%s': data_offsets end %llu past end of file (buffer is %zu bytes)",
+        dsq_error_set(err, err_len, "%s: tensor '%s': data_offsets end %llu past end of file (buffer is %zu bytes)",
                 p, n, (unsigned long long)en, buf_size);
         return DSQ_EFORMAT;
     }
     if (en - b != t->n_bytes) {
-        set_err(err, err_len, "%s: tensor '%s': data_offsets span %llu bytes, shape x dtype needs %zu",
+        dsq_error_set(err, err_len, "%s: tensor '%s': data_offsets span %llu bytes, shape x dtype needs %zu",
                 p, n, (unsigned long long)(en - b), t->n_bytes);
         return DSQ_EFORMAT;
     }
@@ -146,12 +133,12 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
     uint64_t hlen;
     int rc = DSQ_OK;
     if (s->size < 8) {
-        set_err(err, err_len, "%s: not a safetensors file (shorter than 8 bytes)", p);
+        dsq_error_set(err, err_len, "%s: not a safetensors file (shorter than 8 bytes)", p);
         return DSQ_EFORMAT;
     }
     memcpy(&hlen, s->base, 8);
     if (hlen > ST_MAX_HEADER_BYTES || hlen > s->size - 8) {
-        set_err(err, err_len, "%s: header length %llu exceeds the file or the 100 MB limit",
+        dsq_error_set(err, err_len, "%s: header length %llu exceeds the file or the 100 MB limit",
                 p, (unsigned long long)hlen);
         return DSQ_EFORMAT;
     }
@@ -159,7 +146,7 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
     size_t buf_size = s->size - 8 - (size_t)hlen;
     cJSON *root = cJSON_ParseWithLength((const char *)s->base + 8, (size_t)hlen);
     if (!cJSON_IsObject(root)) {
-        set_err(err, err_len, "%s: header is not a JSON object", p);
+        dsq_error_set(err, err_len, "%s: header is not a JSON object", p);
         rc = DSQ_EFORMAT;
         goto undo_json;
     }
@@ -172,7 +159,7 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
     s->tensors = calloc(n ? (size_t)n : 1, sizeof(*s->tensors));
     s->sorted = calloc(n ? (size_t)n : 1, sizeof(*s->sorted));
     if (!s->tensors || !s->sorted) {
-        set_err(err, err_len, "%s: out of memory", p);
+        dsq_error_set(err, err_len, "%s: out of memory", p);
         rc = DSQ_ENOMEM;
         goto undo_json;
     }
@@ -182,7 +169,7 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
         dsq_tensor_t *t = &s->tensors[s->n_tensors];
         t->name = strdup(e->string);
         if (!t->name) {
-            set_err(err, err_len, "%s: out of memory", p);
+            dsq_error_set(err, err_len, "%s: out of memory", p);
             rc = DSQ_ENOMEM;
             goto undo_json;
         }
@@ -196,7 +183,7 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
     qsort(s->sorted, (size_t)s->n_tensors, sizeof(*s->sorted), cmp_tensor);
     for (int i = 1; i < s->n_tensors; i++) {
         if (strcmp(s->sorted[i - 1]->name, s->sorted[i]->name) == 0) {
-            set_err(err, err_len, "%s: duplicate tensor name '%s'", p, s->sorted[i]->name);
+            dsq_error_set(err, err_len, "%s: duplicate tensor name '%s'", p, s->sorted[i]->name);
             rc = DSQ_EFORMAT;
             goto undo_json;
         }
@@ -208,11 +195,11 @@ static int parse(dsq_safetensors_t *s, char *err, size_t err_len)
     if (rc == DSQ_EFORMAT) {
         size_t bx = (size_t)((const uint8_t *)x->data - buf);
         size_t by = (size_t)((const uint8_t *)y->data - buf);
-        set_err(err, err_len, "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap "
+        dsq_error_set(err, err_len, "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap "
                 "(data_offsets)", p, x->name, bx, bx + x->n_bytes, y->name, by,
                 by + y->n_bytes);
     } else if (rc != DSQ_OK) {
-        set_err(err, err_len, "%s: out of memory", p);
+        dsq_error_set(err, err_len, "%s: out of memory", p);
     }
 undo_json:
     cJSON_Delete(root);
@@ -239,7 +226,7 @@ dsq_safetensors_t *dsq_safetensors_open_buffer(const void *buf, size_t size,
 {
     dsq_safetensors_t *s = calloc(1, sizeof(*s));
     if (!s || !(s->path = strdup(name ? name : "(buffer)"))) {
-        set_err(err, err_len, "%s: out of memory", name ? name : "(buffer)");
+        dsq_error_set(err, err_len, "%s: out of memory", name ? name : "(buffer)");
         free(s);
         return NULL;
     }

@@ -46,19 +46,6 @@ struct dsq_model_file {
     char *chat_template;
 };
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -92,19 +79,19 @@ static char *read_text(const char *path, size_t *len, char *err, size_t err_len)
     char *buf = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        dsq_error_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         n = ftell(f);
     if (n < 0 || (unsigned long)n > MAX_JSON_BYTES || fseek(f, 0, SEEK_SET) != 0) {
-        set_err(err, err_len, "%s: unreadable or larger than %u bytes", path, MAX_JSON_BYTES);
+        dsq_error_set(err, err_len, "%s: unreadable or larger than %u bytes", path, MAX_JSON_BYTES);
         goto undo_f;
     }
     buf = malloc((size_t)n + 1);
     if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        set_err(err, err_len, "%s: read failed", path);
+        dsq_error_set(err, err_len, "%s: read failed", path);
         free(buf);
         buf = NULL;
         goto undo_f;
@@ -266,7 +253,7 @@ static int index_table(dsq_model_file_t *f, char *err, size_t err_len)
     qsort(f->sorted, (size_t)f->n_tensors, sizeof(*f->sorted), cmp_tensor);
     for (int i = 1; i < f->n_tensors; i++) {
         if (strcmp(f->sorted[i - 1]->name, f->sorted[i]->name) == 0) {
-            set_err(err, err_len, "%s: tensor '%s' appears twice", f->path, f->sorted[i]->name);
+            dsq_error_set(err, err_len, "%s: tensor '%s' appears twice", f->path, f->sorted[i]->name);
             return DSQ_EFORMAT;
         }
     }
@@ -330,7 +317,7 @@ static int open_tokenizer_override(dsq_model_file_t *f, const char *tp,
         f->tok = dsq_tokenizer_from_llama2c(tp, terr, sizeof(terr));
     }
     if (!f->tok) {
-        set_err(err, err_len, "%s: tokenizer: %s", tp, terr);
+        dsq_error_set(err, err_len, "%s: tokenizer: %s", tp, terr);
         return DSQ_EFORMAT;
     }
     return DSQ_OK;
@@ -424,7 +411,7 @@ static int ds2_add_split(dsq_model_file_t *f, const dsq_tensor_t *t, char *err,
         return DSQ_OK;
     int64_t ns = t->ne[2];
     if (t->n_dims != 3 || ns <= 0 || t->ne[3] != 1 || t->n_bytes % (size_t)ns != 0) {
-        set_err(err, err_len, "%s: tensor '%s' must be 3-D [k, n, slices] with equal slices",
+        dsq_error_set(err, err_len, "%s: tensor '%s' must be 3-D [k, n, slices] with equal slices",
                 f->path, t->name);
         return DSQ_EFORMAT;
     }
@@ -434,7 +421,7 @@ static int ds2_add_split(dsq_model_file_t *f, const dsq_tensor_t *t, char *err,
         snprintf(name, sizeof(name), "%s.%lld.weight", prefix, (long long)e);
         char *owned = strdup(name);
         if (!owned) {
-            set_err(err, err_len, "%s: out of memory", f->path);
+            dsq_error_set(err, err_len, "%s: out of memory", f->path);
             return DSQ_ENOMEM;
         }
         dsq_tensor_t v = *t;
@@ -461,7 +448,7 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
         return DSQ_EFORMAT;
     int rc = dsq_model_config_from_gguf(f->gguf, &f->config, cerr, sizeof(cerr));
     if (rc != DSQ_OK) {
-        set_err(err, err_len, "%s", cerr);
+        dsq_error_set(err, err_len, "%s", cerr);
         return rc;
     }
     int n = dsq_gguf_n_tensors(f->gguf);
@@ -473,11 +460,11 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
             extra += t->ne[2] - 1;
     }
     if (extra > INT32_MAX / 2 - n) {
-        set_err(err, err_len, "%s: too many stacked expert/head slices", f->path);
+        dsq_error_set(err, err_len, "%s: too many stacked expert/head slices", f->path);
         return DSQ_EFORMAT;
     }
     if (alloc_table(f, n + (int)extra, ds2) != DSQ_OK) {
-        set_err(err, err_len, "%s: out of memory", f->path);
+        dsq_error_set(err, err_len, "%s: out of memory", f->path);
         return DSQ_ENOMEM;
     }
     for (int i = 0; i < n; i++) {
@@ -491,7 +478,7 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
     size_t tl;
     const char *ct = dsq_gguf_get_str(f->gguf, "tokenizer.chat_template", &tl);
     if (ct && !(f->chat_template = strndup(ct, tl))) {
-        set_err(err, err_len, "%s: out of memory", f->path);
+        dsq_error_set(err, err_len, "%s: out of memory", f->path);
         return DSQ_ENOMEM;
     }
     size_t ml = 0;
@@ -502,7 +489,7 @@ static int open_gguf(dsq_model_file_t *f, bool want_tok, char *err,
     if (want_tok && !no_vocab && dsq_gguf_find_key(f->gguf, "tokenizer.ggml.model") >= 0) {
         f->tok = dsq_tokenizer_from_gguf(f->gguf, cerr, sizeof(cerr));
         if (!f->tok) {
-            set_err(err, err_len, "%s: tokenizer: %s", f->path, cerr);
+            dsq_error_set(err, err_len, "%s: tokenizer: %s", f->path, cerr);
             return DSQ_EFORMAT;
         }
     }
@@ -540,7 +527,7 @@ static int open_llama2c(dsq_model_file_t *f, const char *tokenizer_path,
     f->config = *dsq_llama2c_config(f->l2c);
     int n = dsq_llama2c_n_tensors(f->l2c);
     if (alloc_table(f, n, false) != DSQ_OK) {
-        set_err(err, err_len, "%s: out of memory", f->path);
+        dsq_error_set(err, err_len, "%s: out of memory", f->path);
         return DSQ_ENOMEM;
     }
     for (int i = 0; i < n; i++)
@@ -570,7 +557,7 @@ static int open_index(dsq_model_file_t *f, const char *dir, const char *index,
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     const cJSON *e;
     if (!cJSON_IsObject(wm)) {
-        set_err(err, err_len, "%s: weight_map missing or not an object", index);
+        dsq_error_set(err, err_len, "%s: weight_map missing or not an object", index);
         rc = DSQ_EFORMAT;
         goto undo_json;
     }
@@ -579,14 +566,14 @@ static int open_index(dsq_model_file_t *f, const char *dir, const char *index,
     char **names = calloc(n ? (size_t)n : 1, sizeof(*names));
     if (!f->shards || !names) {
         free(names);
-        set_err(err, err_len, "%s: out of memory", index);
+        dsq_error_set(err, err_len, "%s: out of memory", index);
         rc = DSQ_ENOMEM;
         goto undo_json;
     }
     cJSON_ArrayForEach(e, wm) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/')
             || strcmp(e->valuestring, "..") == 0 || e->valuestring[0] == '\0') {
-            set_err(err, err_len, "%s: weight_map['%s']: not a plain file name", index, e->string);
+            dsq_error_set(err, err_len, "%s: weight_map['%s']: not a plain file name", index, e->string);
             rc = DSQ_EFORMAT;
             break;
         }
@@ -606,7 +593,7 @@ static int open_index(dsq_model_file_t *f, const char *dir, const char *index,
             f->n_shards++;
         }
         if (!dsq_safetensors_find(f->shards[s], e->string)) {
-            set_err(err, err_len, "%s: tensor '%s' mapped to %s but not found there",
+            dsq_error_set(err, err_len, "%s: tensor '%s' mapped to %s but not found there",
                     index, e->string, e->valuestring);
             rc = DSQ_EFORMAT;
             break;
@@ -631,7 +618,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
     char *one = single ? strdup(single) : join(dir, "model.safetensors");
     char *txt = NULL;
     if (!cfg_path || !idx || !one) {
-        set_err(err, err_len, "%s: out of memory", dir);
+        dsq_error_set(err, err_len, "%s: out of memory", dir);
         rc = DSQ_ENOMEM;
         goto undo;
     }
@@ -642,7 +629,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
     }
     rc = dsq_model_config_from_hf_json(txt, len, &f->config, cerr, sizeof(cerr));
     if (rc != DSQ_OK) {
-        set_err(err, err_len, "%s: %s", cfg_path, cerr);
+        dsq_error_set(err, err_len, "%s: %s", cfg_path, cerr);
         goto undo;
     }
     if (!single && is_file(idx)) {
@@ -653,7 +640,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
             f->n_shards = 1;
         rc = f->n_shards ? DSQ_OK : DSQ_EFORMAT;
     } else {
-        set_err(err, err_len, "%s: no model.safetensors or model.safetensors.index.json", dir);
+        dsq_error_set(err, err_len, "%s: no model.safetensors or model.safetensors.index.json", dir);
         rc = DSQ_ENOTFOUND;
     }
     if (rc != DSQ_OK)
@@ -662,7 +649,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
     for (int s = 0; s < f->n_shards; s++)
         total += dsq_safetensors_n_tensors(f->shards[s]);
     if (alloc_table(f, total, true) != DSQ_OK) {
-        set_err(err, err_len, "%s: out of memory", dir);
+        dsq_error_set(err, err_len, "%s: out of memory", dir);
         rc = DSQ_ENOMEM;
         goto undo;
     }
@@ -679,7 +666,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
             }
             char *owned = strdup(name);
             if (!owned) {
-                set_err(err, err_len, "%s: out of memory", dir);
+                dsq_error_set(err, err_len, "%s: out of memory", dir);
                 rc = DSQ_ENOMEM;
                 goto undo;
             }
@@ -696,7 +683,7 @@ static int open_hf(dsq_model_file_t *f, const char *dir, const char *single,
         if (tj && is_file(tj)) {
             f->tok = dsq_tokenizer_from_hf(dir, cerr, sizeof(cerr));
             if (!f->tok) {
-                set_err(err, err_len, "%s: tokenizer: %s", tj, cerr);
+                dsq_error_set(err, err_len, "%s: tokenizer: %s", tj, cerr);
                 rc = DSQ_EFORMAT;
             }
         } else {
@@ -723,17 +710,17 @@ static int check_tensors(dsq_model_file_t *f, char *err, size_t err_len)
     if (f->n_tensors == 0)
         return DSQ_OK;  /* vocab-only GGUF: nothing to check */
     if (!te) {
-        set_err(err, err_len, "%s: tensor 'token_embd.weight' missing", f->path);
+        dsq_error_set(err, err_len, "%s: tensor 'token_embd.weight' missing", f->path);
         return DSQ_EFORMAT;
     }
     if (te->ne[0] != c->n_embd || te->ne[1] != c->n_vocab) {
-        set_err(err, err_len, "%s: tensor 'token_embd.weight' is [%lld, %lld], config says [n_embd=%lld, n_vocab=%lld]",
+        dsq_error_set(err, err_len, "%s: tensor 'token_embd.weight' is [%lld, %lld], config says [n_embd=%lld, n_vocab=%lld]",
                 f->path, (long long)te->ne[0], (long long)te->ne[1], (long long)c->n_embd,
                 (long long)c->n_vocab);
         return DSQ_EFORMAT;
     }
     if (!c->tie_word_embeddings && !dsq_model_file_find(f, "output.weight")) {
-        set_err(err, err_len, "%s: tensor 'output.weight' missing (tie_word_embeddings is false)", f->path);
+        dsq_error_set(err, err_len, "%s: tensor 'output.weight' missing (tie_word_embeddings is false)", f->path);
         return DSQ_EFORMAT;
     }
     return DSQ_OK;
@@ -745,12 +732,12 @@ dsq_model_file_t *dsq_model_file_open(const char *path,
 {
     int rc;
     if (!path) {
-        set_err(err, err_len, "(null): no model path");
+        dsq_error_set(err, err_len, "(null): no model path");
         return NULL;
     }
     dsq_model_file_t *f = calloc(1, sizeof(*f));
     if (!f || !(f->path = strdup(path))) {
-        set_err(err, err_len, "%s: out of memory", path);
+        dsq_error_set(err, err_len, "%s: out of memory", path);
         free(f);
         return NULL;
     }
@@ -766,7 +753,7 @@ dsq_model_file_t *dsq_model_file_open(const char *path,
         char magic[4] = {0};
         FILE *fp = fopen(path, "rb");
         if (!fp) {
-            set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+            dsq_error_set(err, err_len, "%s: cannot open: %s", path, strerror(errno));
             rc = DSQ_EIO;
             goto undo_f;
         }
@@ -779,7 +766,7 @@ dsq_model_file_t *dsq_model_file_open(const char *path,
         else if (ends_with(path, ".bin"))
             rc = open_llama2c(f, tokenizer_path, err, err_len);
         else {
-            set_err(err, err_len, "%s: unknown model format (expected .gguf, .bin (llama2.c), "
+            dsq_error_set(err, err_len, "%s: unknown model format (expected .gguf, .bin (llama2.c), "
                     ".safetensors or a Hugging Face directory)", path);
             rc = DSQ_EUNSUPPORTED;
         }

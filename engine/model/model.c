@@ -35,6 +35,7 @@
 #include "engine/common/error.h"
 #include "kernels.h"
 #include "engine/common/log.h"
+#include "engine/common/clock.h"
 #include "model_internal.h"   /* ds2: DeepSeek-V2 graph dispatch */
 #include "quant.h"
 #include "engine/io/tensor.h"
@@ -578,13 +579,6 @@ static void dev_keep(dsq_model_t *m, const void *p)
         m->dev_owned[m->n_dev_owned++] = (void *)p;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* bytes more are on the device: one log line per 10 % (and the last) */
 static void up_progress(dsq_model_t *m, size_t bytes)
 {
@@ -594,7 +588,7 @@ static void up_progress(dsq_model_t *m, size_t bytes)
         pct = 100;
     if (pct < m->up_next_pct)
         return;
-    double dt = mono_s() - m->up_t0;
+    double dt = dsq_clock_now_s() - m->up_t0;
     dsq_log(DSQ_LOG_INFO, "event=weights_upload backend=%s bytes=%zu total_bytes=%zu pct=%d "
             "seconds=%.2f", dsq_backend_name(m->be), m->up_done, m->up_total, pct, dt);
     m->up_next_pct = pct / 10 * 10 + 10;
@@ -670,7 +664,7 @@ static int upload_weights(dsq_model_t *m)
     m->up_total = m->weight_bytes;
     m->up_done = 0;
     m->up_next_pct = 10;
-    m->up_t0 = mono_s();
+    m->up_t0 = dsq_clock_now_s();
     const int64_t d = c->n_embd, q_dim = c->n_head * c->head_dim;
     const bool tied = m->output.data == m->tok_embd.data;
     int rc = up_weight(m, &m->tok_embd);

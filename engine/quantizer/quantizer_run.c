@@ -24,6 +24,7 @@
 #include <cblas.h>
 
 #include "engine/common/error.h"
+#include "engine/common/clock.h"
 #include "kernels.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/loader/loader.h"
@@ -279,13 +280,6 @@ static bool is_dir(const char *p)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* One linear of the current layer. */
 typedef struct lin {
     const char *cname;     /* canonical: attn_q ...   */
@@ -517,7 +511,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         for (int i = 0; i < L * N_SITES; i++)
             cal.s[i].cap = o->calib_rows > 0 ? o->calib_rows : 512;
         dsq_model_set_tap(model, tap, &cal);
-        double t0 = now_s();
+        double t0 = dsq_clock_now_s();
         for (int s = 0; s < n_samples && !rc; s++) {
             rc = run_seq(model, kv, ids + (size_t)s * L_seq, L_seq);
             if (!rc)
@@ -528,7 +522,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
             FAIL(rc, "quantize: calibration forward pass failed (%d)", rc);
         if (!o->quiet)
             fprintf(stderr, "quantize: calibration samples=%d seq_len=%d tokens=%d "
-                    "elapsed=%.1fs\n", n_samples, L_seq, n_samples * L_seq, now_s() - t0);
+                    "elapsed=%.1fs\n", n_samples, L_seq, n_samples * L_seq, dsq_clock_now_s() - t0);
         dsq_model_destroy(model);
         model = NULL;
     }
@@ -546,7 +540,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
     qo.clip_search = method == M_AWQ;
     qo.zero_min1 = gptq_fmt;
     bool permute = c->arch == DSQ_ARCH_LLAMA && !c->rope_neox;
-    double t_start = now_s();
+    double t_start = dsq_clock_now_s();
     double sum_err = 0;
     for (int l = 0; l < L; l++) {
         lin_t *ln = all + (size_t)l * 7;
@@ -737,7 +731,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
         }
         sum_err += costs[l].err4;
         if (!o->quiet) {
-            double el = now_s() - t_start;
+            double el = dsq_clock_now_s() - t_start;
             fprintf(stderr, "quantize: layer %d/%d elapsed=%.1fs eta=%.1fs out_mse=%.4g\n",
                     l + 1, L, el, el / (l + 1) * (L - l - 1), costs[l].err4);
         }
@@ -1022,7 +1016,7 @@ int dsq_quantizer_run(const dsq_qrun_opts_t *o, char *err, size_t err_len)
            "packed=%d int8=%d fp16=%d calib_samples=%d sum_out_mse=%.6g elapsed=%.1fs "
            "out=%s\n", mname, wbit, g, o->sym ? 1 : 0,
            o->recipe == DSQ_QRECIPE_DEEPSEEK_MOE ? "deepseek-moe" : "default", L, n_packed,
-           n_int8, n_fp16, n_samples, sum_err, now_s() - t_start, o->out_dir);
+           n_int8, n_fp16, n_samples, sum_err, dsq_clock_now_s() - t_start, o->out_dir);
     if (o->search && !o->quiet)
         printf("quantize: search chose point %d: bpw=%.3f out_mse=%.6g latency_us=%.2f\n",
                pick, pts[pick].bpw, pts[pick].err, pts[pick].latency_us);

@@ -32,6 +32,7 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/loader/loader.h"
 #include "engine/common/log.h"
+#include "engine/common/clock.h"
 #include "engine/model/model.h"
 #include "padding.h"
 #include "planner.h"
@@ -205,13 +206,6 @@ struct dsq_engine {
 };
 
 static atomic_uint_fast64_t next_req_id = 1;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------ requests */
 
@@ -629,7 +623,7 @@ static void finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_t
     s->req->tl.n_generated += s->n_generated;
     s->req->tl.n_preemptions += s->seq.n_preempted;
     if (s->req->n_live == 0)
-        s->req->tl.t_end = now_s();
+        s->req->tl.t_end = dsq_clock_now_s();
     pthread_mutex_unlock(&s->req->mu);
     pthread_mutex_lock(&e->mu);
     e->stats.requests_finished_total += s->req->n_live == 0;
@@ -794,11 +788,11 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
             s->seq.prompt_logits = r->sp.prompt_logprobs;    /* attack2 */
             uint64_t seed = r->sp.seed;
             if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
-                seed = (uint64_t)now_s() ^ r->id;
+                seed = (uint64_t)dsq_clock_now_s() ^ r->id;
             dsq_rng_seed(&s->rng, seed);
         }
         dsq_log(DSQ_LOG_DEBUG, "event=admit req=%llu n_prompt=%d queued_ms=%.2f",
-                (unsigned long long)r->id, r->n_prompt, (now_s() - r->t_arrival) * 1e3);
+                (unsigned long long)r->id, r->n_prompt, (dsq_clock_now_s() - r->t_arrival) * 1e3);
         r->seqs[0] = s;
         r->n_seqs = s ? 1 : 0;
         r->n_live = s ? 1 : 0;
@@ -849,7 +843,7 @@ static void reap_pending(dsq_engine_t *e, double t)
  * has to wait (arrival order is kept: none overtakes an older one). */
 static void admit_pending(dsq_engine_t *e)
 {
-    double t = now_s();
+    double t = dsq_clock_now_s();
     reap_pending(e, t);
     int k = 0;
     for (; k < e->pend_n; k++) {
@@ -926,7 +920,7 @@ static void admit_new(dsq_engine_t *e)
  * its submit is cancelled, marked so that its final events say why. */
 static void expire_waiting(dsq_engine_t *e)
 {
-    double t = now_s();
+    double t = dsq_clock_now_s();
     if (e->o.max_queue_wait_s <= 0)
         return;
     for (dsq_req_t *r = e->active; r; r = r->next_active) {
@@ -984,7 +978,7 @@ static int hold_unread(dsq_engine_t *e)
 {
     int64_t hi = e->o.max_undelivered_bytes > 0 ? e->o.max_undelivered_bytes : 16 * 1024;
     double tmo = e->o.undelivered_timeout_s == 0 ? 30.0 : e->o.undelivered_timeout_s;
-    double t = now_s();
+    double t = dsq_clock_now_s();
     int n_held = 0;
     for (dsq_req_t *r = e->active; r; r = r->next_active) {
         if (atomic_load(&r->cancelled))
@@ -1059,7 +1053,7 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
     s->n_generated++;
     s->cum_logprob += lp;
     if (r->t_first_token == 0) {
-        r->t_first_token = now_s();
+        r->t_first_token = dsq_clock_now_s();
         dsq_admission_observe_ttft(e->adm, (r->t_first_token - r->t_arrival) * 1e3);
     }
     pthread_mutex_lock(&e->mu);
@@ -1115,7 +1109,7 @@ static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
             return rc;
         uint64_t seed = r->sp.seed + (uint64_t)i;
         if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
-            seed = (uint64_t)now_s() ^ (r->id + (uint64_t)i);
+            seed = (uint64_t)dsq_clock_now_s() ^ (r->id + (uint64_t)i);
         dsq_rng_seed(&c->rng, seed);
         rc = dsq_sched_add_running(e->sched, &c->seq);
         if (rc)
@@ -1453,7 +1447,7 @@ static bool engine_step(dsq_engine_t *e)
     dsq_sched_out_t out;
     /* itl: step timings by composition, logged at debug level */
     bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
-    double t0 = now_s(), t_fwd = 0, t_smp = 0;
+    double t0 = dsq_clock_now_s(), t_fwd = 0, t_smp = 0;
     admit_new(e);
     e->n_held = hold_unread(e);
     reap_cancelled(e);
@@ -1481,7 +1475,7 @@ static bool engine_step(dsq_engine_t *e)
         for (int i = 0; i < out.n_seqs && !rc; i++) {
             eseq_t *s = (eseq_t *)out.seqs[i]->owner;
             if (s->req->t_sched == 0)
-                s->req->t_sched = now_s();
+                s->req->t_sched = dsq_clock_now_s();
             if (s->req->counted_waiting) {
                 s->req->counted_waiting = false;
                 atomic_fetch_sub(&e->n_waiting, 1);
@@ -1509,9 +1503,9 @@ static bool engine_step(dsq_engine_t *e)
             };
             /* api: the grammar masks are made while the forward pass runs */
             bool masks = mask_worker_post(e, &out);
-            t_fwd = now_s();
+            t_fwd = dsq_clock_now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
-            t_smp = now_s();
+            t_smp = dsq_clock_now_s();
             if (masks)
                 mask_worker_wait(e);
             if (!rc)
@@ -1548,7 +1542,7 @@ static bool engine_step(dsq_engine_t *e)
             }
         }
         if (!rc) {
-            double t_done = now_s();
+            double t_done = dsq_clock_now_s();
             bool decoded = false;
             timeline_step(e, &out, t0, t_done);
             for (int i = 0; i < out.n_seqs && !decoded; i++)
@@ -1591,11 +1585,11 @@ static bool engine_step(dsq_engine_t *e)
         n_dec += end - out.seqs[i]->sched_row == 1 &&
                  out.seqs[i]->n_computed > out.seqs[i]->n_prompt;
     }
-    double t_pub = timed ? now_s() : 0;
+    double t_pub = timed ? dsq_clock_now_s() : 0;
     publish(e);
     update_stats(e);
     if (timed && rc == DSQ_OK && out.n_tokens > 0) {
-        double t1 = now_s();
+        double t1 = dsq_clock_now_s();
         dsq_log(DSQ_LOG_DEBUG,
                 "event=step n_seqs=%d n_decode=%d n_prefill_tokens=%d n_tokens=%d "
                 "n_waiting=%d sched_ms=%.2f forward_ms=%.2f predicted_ms=%.2f sample_ms=%.2f "
@@ -1605,7 +1599,7 @@ static bool engine_step(dsq_engine_t *e)
                 predicted_ms, (t_pub - t_smp) * 1e3, (t1 - t_pub) * 1e3, (t1 - t0) * 1e3,
                 (long long)pairs);
     }
-    if (dsq_admission_tick(e->adm, now_s() * 1e3, atomic_load(&e->n_inflight))) {
+    if (dsq_admission_tick(e->adm, dsq_clock_now_s() * 1e3, atomic_load(&e->n_inflight))) {
         dsq_admission_stats_t as;
         dsq_admission_stats(e->adm, &as);
         dsq_log(DSQ_LOG_DEBUG, "event=admission_limit limit=%.2f inflight=%d held=%d "
@@ -1651,7 +1645,7 @@ static int burst_wait_ms(dsq_engine_t *e)
     pthread_mutex_unlock(&e->mu);
     if (n_new == 0 && dsq_sched_n_waiting(e->sched) == 0)
         return 0;
-    double now = now_s(), w = e->window_ms * 1e-3;
+    double now = dsq_clock_now_s(), w = e->window_ms * 1e-3;
     if (e->t_burst == 0)
         e->t_burst = now;
     double last = t_sub > e->t_last_step ? t_sub : e->t_last_step;
@@ -1694,7 +1688,7 @@ static void on_idle(uv_idle_t *h)
     }
     /* == end deploy == */
     bool busy = engine_step(e);
-    e->t_last_step = now_s();
+    e->t_last_step = dsq_clock_now_s();
     if (!busy && e->held_idle) {
         /* hardening: every request left is held (hold_unread): look again
          * in 100 ms (timeouts) unless a reader's pop wakes the loop first */
@@ -1886,7 +1880,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     atomic_init(&e->n_waiting, 0);
     if (opts->n_threads > 0)
         dsq_cpu_set_threads(opts->n_threads);
-    double t0 = now_s();
+    double t0 = dsq_clock_now_s();
     char desc[256];
     e->file = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err, err_len);
     if (!e->file)
@@ -1976,9 +1970,9 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     if (!e->kv)
         goto fail;
     if (opts->kv_prefault && !device) {
-        double t0 = now_s();
+        double t0 = dsq_clock_now_s();
         size_t b = dsq_kv_prefault(e->kv);
-        dsq_log(DSQ_LOG_INFO, "event=kv_prefault bytes=%zu ms=%.0f", b, 1e3 * (now_s() - t0));
+        dsq_log(DSQ_LOG_INFO, "event=kv_prefault bytes=%zu ms=%.0f", b, 1e3 * (dsq_clock_now_s() - t0));
     }
     if (device) {
         /* the plan's figures beside what was allocated so far; the step
@@ -2080,7 +2074,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
             dsq_arch_name(c->arch), (long long)c->n_layer, e->n_vocab,
             dsq_model_weight_bytes(e->model), (long long)n_blocks, block_size, per_tok,
             e->max_model_len, dsq_backend_name(e->be), dsq_cpu_get_threads(), dsq_cpu_isa(),
-            (now_s() - t0) * 1000.0);
+            (dsq_clock_now_s() - t0) * 1000.0);
     return e;
 fail:
     dsq_admission_destroy(e->adm);
@@ -2318,7 +2312,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
         if (!rc) {
             dsq_req_ref(r);
             r->eng = e;
-            r->t_arrival = now_s();
+            r->t_arrival = dsq_clock_now_s();
             r->tl.t_submit = r->t_arrival;     /* otel: not yet shared */
             e->t_last_submit = r->t_arrival;   /* itl */
             e->subq[e->subq_n++] = r;

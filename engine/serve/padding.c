@@ -24,13 +24,6 @@
 #define REL_TIE 1e-9
 #define MAX_FILE_BYTES (1 << 20)
 
-static void set_err(char *err, size_t err_len, const char *fmt, const char *a,
-                    const char *b)
-{
-    if (err && err_len)
-        snprintf(err, err_len, fmt, a, b);
-}
-
 static double curve_eval(const dsq_pad_point_t *p, int n, int b)
 {
     if (n == 1 || b <= p[0].b)
@@ -214,14 +207,14 @@ int dsq_pad_fit(const dsq_pad_sample_t *s, int n, dsq_pad_model_t *out, char *er
 {
     char msg[160];
     if (!s || !out || n < 2) {
-        set_err(err, err_len, "%s%s", "padding fit: need at least 2 samples", "");
+        dsq_error_set(err, err_len, "%s%s", "padding fit: need at least 2 samples", "");
         return DSQ_EINVAL;
     }
     for (int i = 0; i < n; i++) {
         if (s[i].b < 1 || s[i].bucket < s[i].b || !isfinite(s[i].us) || s[i].us < 0) {
             snprintf(msg, sizeof(msg), "sample %d (b=%d bucket=%d us=%g)", i, s[i].b,
                      s[i].bucket, s[i].us);
-            set_err(err, err_len, "padding fit: bad %s: need 1 <= b <= bucket, time >= 0%s",
+            dsq_error_set(err, err_len, "padding fit: bad %s: need 1 <= b <= bucket, time >= 0%s",
                     msg, "");
             return DSQ_EINVAL;
         }
@@ -252,7 +245,7 @@ int dsq_pad_fit(const dsq_pad_sample_t *s, int n, dsq_pad_model_t *out, char *er
             j++;
         }
         if (n_groups == DSQ_PAD_MAX_POINTS) {
-            set_err(err, err_len, "padding fit: more than %s distinct batch sizes%s", "64", "");
+            dsq_error_set(err, err_len, "padding fit: more than %s distinct batch sizes%s", "64", "");
             rc = DSQ_EINVAL;
             goto undo_alloc;
         }
@@ -268,7 +261,7 @@ int dsq_pad_fit(const dsq_pad_sample_t *s, int n, dsq_pad_model_t *out, char *er
         i = j;
     }
     if (!(sxx > 1e-12)) {
-        set_err(err, err_len, "padding fit: k is not identifiable: no batch size was measured "
+        dsq_error_set(err, err_len, "padding fit: k is not identifiable: no batch size was measured "
                 "in two buckets with different pad ratios%s%s", "", "");
         rc = DSQ_EINVAL;
         goto undo_alloc;
@@ -314,12 +307,12 @@ static int check_curve(const char *name, const dsq_pad_point_t *p, int n, bool m
                        char *err, size_t err_len)
 {
     if (n < (may_be_empty ? 0 : 1) || n > DSQ_PAD_MAX_POINTS) {
-        set_err(err, err_len, "padding model: \"%s\" needs 1..64 points%s", name, "");
+        dsq_error_set(err, err_len, "padding model: \"%s\" needs 1..64 points%s", name, "");
         return DSQ_EFORMAT;
     }
     for (int i = 0; i < n; i++) {
         if (p[i].b < 1 || !isfinite(p[i].us) || p[i].us < 0 || (i > 0 && p[i].b <= p[i - 1].b)) {
-            set_err(err, err_len, "padding model: \"%s\" points need batch sizes >= 1 in "
+            dsq_error_set(err, err_len, "padding model: \"%s\" points need batch sizes >= 1 in "
                     "increasing order and finite times >= 0%s", name, "");
             return DSQ_EFORMAT;
         }
@@ -330,11 +323,11 @@ static int check_curve(const char *name, const dsq_pad_point_t *p, int n, bool m
 int dsq_pad_model_check(const dsq_pad_model_t *m, char *err, size_t err_len)
 {
     if (!m) {
-        set_err(err, err_len, "padding model: NULL%s%s", "", "");
+        dsq_error_set(err, err_len, "padding model: NULL%s%s", "", "");
         return DSQ_EFORMAT;
     }
     if (!isfinite(m->k_us) || !isfinite(m->exponent) || m->exponent <= 0) {
-        set_err(err, err_len, "padding model: \"k_us\" and \"exponent\" must be finite "
+        dsq_error_set(err, err_len, "padding model: \"k_us\" and \"exponent\" must be finite "
                 "(exponent > 0)%s%s", "", "");
         return DSQ_EFORMAT;
     }
@@ -394,7 +387,7 @@ static int get_str(const cJSON *o, const char *key, char *dst, size_t cap, char 
         return 0;
     }
     if (!cJSON_IsString(it) || strlen(it->valuestring) >= cap) {
-        set_err(err, err_len, "padding model: \"%s\" must be a string (%s)", key,
+        dsq_error_set(err, err_len, "padding model: \"%s\" must be a string (%s)", key,
                 "shorter than its field");
         return DSQ_EFORMAT;
     }
@@ -409,7 +402,7 @@ static int get_num(const cJSON *o, const char *key, bool required, double *out, 
     if (!it && !required)
         return 0;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
-        set_err(err, err_len, "padding model: \"%s\" %s", key,
+        dsq_error_set(err, err_len, "padding model: \"%s\" %s", key,
                 it ? "must be a finite number" : "is missing");
         return DSQ_EFORMAT;
     }
@@ -422,7 +415,7 @@ static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t 
     double d = 0;
     int rc = get_num(o, key, false, &d, err, err_len);
     if (rc == 0 && (d != floor(d) || d < 0 || d > 1e9)) {
-        set_err(err, err_len, "padding model: \"%s\" %s", key, "must be an integer >= 0");
+        dsq_error_set(err, err_len, "padding model: \"%s\" %s", key, "must be an integer >= 0");
         rc = DSQ_EFORMAT;
     }
     if (rc == 0)
@@ -438,7 +431,7 @@ static int get_curve(const cJSON *o, const char *key, bool required, dsq_pad_poi
     if (!a && !required)
         return 0;
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > DSQ_PAD_MAX_POINTS) {
-        set_err(err, err_len, "padding model: \"%s\" %s", key,
+        dsq_error_set(err, err_len, "padding model: \"%s\" %s", key,
                 a ? "must be an array of at most 64 [batch, us] pairs" : "is missing");
         return DSQ_EFORMAT;
     }
@@ -448,7 +441,7 @@ static int get_curve(const cJSON *o, const char *key, bool required, dsq_pad_poi
         if (!cJSON_IsArray(pt) || cJSON_GetArraySize(pt) != 2 || !cJSON_IsNumber(b) ||
             !cJSON_IsNumber(us) || b->valuedouble != floor(b->valuedouble) ||
             b->valuedouble < 1 || b->valuedouble > 1e9) {
-            set_err(err, err_len, "padding model: \"%s\" %s", key,
+            dsq_error_set(err, err_len, "padding model: \"%s\" %s", key,
                     "entries must be [batch size (integer >= 1), microseconds]");
             return DSQ_EFORMAT;
         }
@@ -462,7 +455,7 @@ int dsq_pad_model_parse(dsq_pad_model_t *m, const char *text, size_t len, char *
                         size_t err_len)
 {
     if (!m || !text) {
-        set_err(err, err_len, "padding model: NULL argument%s%s", "", "");
+        dsq_error_set(err, err_len, "padding model: NULL argument%s%s", "", "");
         return DSQ_EINVAL;
     }
     cJSON *o = cJSON_ParseWithLength(text, len);
@@ -470,7 +463,7 @@ int dsq_pad_model_parse(dsq_pad_model_t *m, const char *text, size_t len, char *
     memset(&t, 0, sizeof(t));
     int rc = 0;
     if (!cJSON_IsObject(o)) {
-        set_err(err, err_len, "padding model: %s%s",
+        dsq_error_set(err, err_len, "padding model: %s%s",
                 o ? "top level must be a JSON object" : "not valid JSON", "");
         rc = DSQ_EFORMAT;
         goto undo_json;
@@ -479,7 +472,7 @@ int dsq_pad_model_parse(dsq_pad_model_t *m, const char *text, size_t len, char *
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "dsq-padding-model") != 0 ||
         !cJSON_IsNumber(ver) || ver->valuedouble != 1) {
-        set_err(err, err_len, "padding model: %s%s",
+        dsq_error_set(err, err_len, "padding model: %s%s",
                 "\"format\" must be \"dsq-padding-model\" and \"version\" 1", "");
         rc = DSQ_EFORMAT;
         goto undo_json;
@@ -487,7 +480,7 @@ int dsq_pad_model_parse(dsq_pad_model_t *m, const char *text, size_t len, char *
     double fit_n = 0, fit_clamped = 0;
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "fit");
     if (f && !cJSON_IsObject(f)) {
-        set_err(err, err_len, "padding model: \"%s\" %s", "fit", "must be an object");
+        dsq_error_set(err, err_len, "padding model: \"%s\" %s", "fit", "must be an object");
         rc = DSQ_EFORMAT;
         goto undo_json;
     }
@@ -524,13 +517,13 @@ undo_json:
 int dsq_pad_model_load(dsq_pad_model_t *m, const char *path, char *err, size_t err_len)
 {
     if (!m || !path) {
-        set_err(err, err_len, "padding model: NULL argument%s%s", "", "");
+        dsq_error_set(err, err_len, "padding model: NULL argument%s%s", "", "");
         return DSQ_EINVAL;
     }
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         int e = errno;
-        set_err(err, err_len, "%.400s: %s", path, strerror(e));
+        dsq_error_set(err, err_len, "%.400s: %s", path, strerror(e));
         return e == ENOENT ? DSQ_ENOTFOUND : DSQ_EIO;
     }
     char *buf = malloc(MAX_FILE_BYTES + 1);
@@ -538,16 +531,16 @@ int dsq_pad_model_load(dsq_pad_model_t *m, const char *path, char *err, size_t e
     size_t n = buf ? fread(buf, 1, MAX_FILE_BYTES + 1, fp) : 0;
     if (!buf) {
         rc = DSQ_ENOMEM;
-        set_err(err, err_len, "%.400s: %s", path, "out of memory");
+        dsq_error_set(err, err_len, "%.400s: %s", path, "out of memory");
     } else if (ferror(fp) || n > MAX_FILE_BYTES) {
         rc = DSQ_EIO;
-        set_err(err, err_len, "%.400s: %s", path,
+        dsq_error_set(err, err_len, "%.400s: %s", path,
                 ferror(fp) ? "read error" : "larger than 1 MiB");
     } else {
         char why[256] = "";
         rc = dsq_pad_model_parse(m, buf, n, why, sizeof(why));
         if (rc)
-            set_err(err, err_len, "%.400s: %s", path, why);
+            dsq_error_set(err, err_len, "%.400s: %s", path, why);
     }
     free(buf);
     fclose(fp);
@@ -580,7 +573,7 @@ int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
     if (rc)
         return rc;
     if (!path) {
-        set_err(err, err_len, "padding model: NULL path%s%s", "", "");
+        dsq_error_set(err, err_len, "padding model: NULL path%s%s", "", "");
         return DSQ_EINVAL;
     }
     char *json = dsq_pad_model_to_json(m);
@@ -588,19 +581,19 @@ int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
     char *tmp = malloc(tl);
     if (!json || !tmp) {
         rc = DSQ_ENOMEM;
-        set_err(err, err_len, "%.400s: %s", path, "out of memory");
+        dsq_error_set(err, err_len, "%.400s: %s", path, "out of memory");
         goto undo_alloc;
     }
     snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
     if (make_parents(path) != 0) {
         rc = DSQ_EIO;
-        set_err(err, err_len, "%.400s: cannot create its directory: %s", path, strerror(errno));
+        dsq_error_set(err, err_len, "%.400s: cannot create its directory: %s", path, strerror(errno));
         goto undo_alloc;
     }
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
         rc = DSQ_EIO;
-        set_err(err, err_len, "%.400s: %s", tmp, strerror(errno));
+        dsq_error_set(err, err_len, "%.400s: %s", tmp, strerror(errno));
         goto undo_alloc;
     }
     size_t n = strlen(json);
@@ -608,7 +601,7 @@ int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
     ok = (fclose(fp) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         rc = DSQ_EIO;
-        set_err(err, err_len, "%.400s: %s", path, ok ? strerror(errno) : "write failed");
+        dsq_error_set(err, err_len, "%.400s: %s", path, ok ? strerror(errno) : "write failed");
         unlink(tmp);
     }
 undo_alloc:
@@ -637,7 +630,7 @@ int dsq_pad_model_open(const char *path, const char *backend, dsq_pad_model_t **
 {
     char def[4096];
     if (!out || !backend) {
-        set_err(err, err_len, "padding model: NULL argument%s%s", "", "");
+        dsq_error_set(err, err_len, "padding model: NULL argument%s%s", "", "");
         return DSQ_EINVAL;
     }
     *out = NULL;
@@ -649,7 +642,7 @@ int dsq_pad_model_open(const char *path, const char *backend, dsq_pad_model_t **
     }
     dsq_pad_model_t *m = malloc(sizeof(*m));
     if (!m) {
-        set_err(err, err_len, "padding model: %s%s", "out of memory", "");
+        dsq_error_set(err, err_len, "padding model: %s%s", "out of memory", "");
         return DSQ_ENOMEM;
     }
     char why[512] = "";
@@ -657,7 +650,7 @@ int dsq_pad_model_open(const char *path, const char *backend, dsq_pad_model_t **
     if (rc != 0) {
         free(m);
         if (explicit_path) {
-            set_err(err, err_len, "--padding-model %s%s", why, "");
+            dsq_error_set(err, err_len, "--padding-model %s%s", why, "");
             return rc;
         }
         if (rc != DSQ_ENOTFOUND)

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine/common/error.h"
+#include "engine/common/hex.h"
 
 typedef struct u32vec {
     uint32_t *v;
@@ -229,12 +230,6 @@ static uint32_t src_utf8(parser_t *p)
     return cp;
 }
 
-static int hexval(int c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* One character of a literal or class: an escape or a UTF-8 code point. */
 static uint32_t parse_char(parser_t *p)
 {
@@ -260,7 +255,7 @@ static uint32_t parse_char(parser_t *p)
         int nd = c == 'x' ? 2 : c == 'u' ? 4 : 8;
         uint32_t v = 0;
         for (int k = 0; k < nd; k++) {
-            int h = hexval(peek(p));
+            int h = dsq_hex_value(peek(p));
             if (h < 0) {
                 perr(p, "\\%c needs %d hex digits", c, nd);
                 return 0;

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "engine/common/error.h"
+#include "engine/common/hex.h"
 #include "grammar.h"
 
 #define MAX_SCHEMA_DEPTH 64
@@ -590,12 +591,6 @@ static int32_t rx_cp(rx_t *x)
     return (int32_t)c;
 }
 
-static int hexval(char ch)
-{
-    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
 /* The escape after a backslash as a set (one character or a shorthand
  * class). */
 static int rx_escape(rx_t *x, cset_t *set)
@@ -627,7 +622,7 @@ static int rx_escape(rx_t *x, cset_t *set)
         int nd = e == 'x' ? 2 : 4;
         uint32_t v = 0;
         for (int k = 0; k < nd; k++) {
-            int h = x->i < x->n ? hexval(x->s[x->i]) : -1;
+            int h = x->i < x->n ? dsq_hex_value(x->s[x->i]) : -1;
             if (h < 0)
                 return rx_fail(x, DSQ_EINVAL, "\\%c needs %d hex digits", e, nd);
             v = v << 4 | (uint32_t)h;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "chat_template_internal.h"
+#include "engine/common/hex.h"
 
 /* ---- arena ---- */
 struct dsq__arena_chunk {
@@ -202,17 +203,6 @@ static void put_utf8(char *out, size_t *o, uint32_t cp)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decode a Python string literal body (Jinja decodes with
  * "unicode-escape"): \n \t \r \\ \' \" \a \b \f \v \0-7 octal, \xHH,
  * \uHHHH, \UHHHHHHHH; an unknown escape keeps the backslash. */
@@ -255,7 +245,7 @@ static void lex_string(pstate_t *ps, size_t *pos, int *line)
             int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             uint32_t cp = 0;
             for (int d = 0; d < nd; d++) {
-                int h = k + 1 + (size_t)d < i ? hexval(s[k + 1 + (size_t)d]) : -1;
+                int h = k + 1 + (size_t)d < i ? dsq_hex_value(s[k + 1 + (size_t)d]) : -1;
                 if (h < 0)
                     fail(ps, start_line, "truncated \\%c escape in string", e);
                 cp = cp * 16 + (uint32_t)h;

@@ -37,6 +37,7 @@
  * for the process lifetime); a fork()ed child starts without workers.
  */
 #include "cpu_internal.h"
+#include "engine/common/clock.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -91,13 +92,6 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
     return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
 }
 
-static long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 /* Wait until *word != seen: spin spin_ns, yield a little, then sleep
  * (announcing it through *sleepers so the waker knows to FUTEX_WAKE). */
 static uint32_t wait_change(_Atomic uint32_t *word, uint32_t seen, long spin_ns,
@@ -111,7 +105,7 @@ static uint32_t wait_change(_Atomic uint32_t *word, uint32_t seen, long spin_ns,
             return v;
         CPU_RELAX();
         if ((it & 63) == 63) {
-            long t = now_ns();
+            long t = dsq_clock_now_ns();
             if (t0 == 0)
                 t0 = t;
             else if (t - t0 > spin_ns)
