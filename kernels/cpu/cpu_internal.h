@@ -61,6 +61,28 @@ static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
     *i1 = *i0 + q + (tid < r ? 1 : 0);
 }
 
+/* ------------------------------------------ product tiling (matmul.c)
+ *
+ * Both product paths (matmul.c's int8 activations, matmul_f32act.c's fp32
+ * ones) split y[m][n] the same way: tiles of DSQ__MM_TILE_M activation rows
+ * x DSQ__MM_TILE_N weight rows, handed out as contiguous static ranges over
+ * the thread pool (so results never depend on the thread count), each tile
+ * walked DSQ__MM_MR activation rows at a time so an unpacked weight chunk
+ * is reused from registers while the tile's weights stay in L1. */
+#define DSQ__MM_TILE_N 16
+#define DSQ__MM_TILE_M 64
+#define DSQ__MM_MR 4
+
+/* Computes y rows [r0, r1) (at most DSQ__MM_MR of them) x columns [n0, n1)
+ * of one product; ctx is the path's own call state. */
+typedef void (*dsq__mm_block_fn)(void *ctx, int64_t r0, int64_t r1, int64_t n0, int64_t n1);
+
+/* Runs fn over every block of y[m][w->n] (row stride w->n) and adds
+ * w->bias (when set) to each block after it is computed. A call of fewer
+ * than min_work multiply-adds per thread runs inline. */
+void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
+                       dsq__mm_block_fn fn, void *ctx);
+
 /* IEEE binary16 -> binary32, exact. */
 static inline float dsq__h2f(uint16_t h)
 {

@@ -30,9 +30,9 @@
 
 #include "engine/common/error.h"
 
-#define TILE_N 16
-#define TILE_M 64
-#define MR 4
+#define TILE_N DSQ__MM_TILE_N
+#define TILE_M DSQ__MM_TILE_M
+#define MR DSQ__MM_MR
 
 /* ------------------------------------------------------------ scalar tiles */
 
@@ -341,19 +341,19 @@ static void quant_range(void *p, int64_t r0, int64_t r1)
     quantize_any(p, r0, r1);
 }
 
-struct mm_ctx {
+struct tiles_ctx {
     float *y;
-    const dsq__xq_t *xq;
     const dsq_weight_t *w;
-    dsq__mm_tile_fn fn;
     int64_t m, tn;
+    dsq__mm_block_fn fn;
+    void *fn_ctx;
 };
 
 /* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
  * weight rows (t % tn) * TILE_N.. */
-static void mm_tiles(void *p, int64_t t0, int64_t t1)
+static void run_tiles(void *p, int64_t t0, int64_t t1)
 {
-    const struct mm_ctx *c = p;
+    const struct tiles_ctx *c = p;
     const int64_t n = c->w->n, m = c->m;
     for (int64_t t = t0; t < t1; t++) {
         int64_t im = t / c->tn, in = t % c->tn;
@@ -361,13 +361,37 @@ static void mm_tiles(void *p, int64_t t0, int64_t t1)
         int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
         for (int64_t r = mb0; r < mb1; r += MR) {
             int64_t r1 = r + MR < mb1 ? r + MR : mb1;
-            c->fn(c->y, n, c->xq, r, r1, c->w, n0, n1);
+            c->fn(c->fn_ctx, r, r1, n0, n1);
             if (c->w->bias)
                 for (int64_t i = r; i < r1; i++)
                     for (int64_t j = n0; j < n1; j++)
                         c->y[i * n + j] += c->w->bias[j];
         }
     }
+}
+
+void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
+                       dsq__mm_block_fn fn, void *ctx)
+{
+    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx};
+    c.tn = (w->n + TILE_N - 1) / TILE_N;
+    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
+    /* at least min_work multiply-adds per thread, in whole tiles */
+    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
+    dsq__parallel_for(n_tiles, min_work / tile_work + 1, run_tiles, &c);
+}
+
+struct mm_ctx {
+    float *y;
+    const dsq__xq_t *xq;
+    const dsq_weight_t *w;
+    dsq__mm_tile_fn fn;
+};
+
+static void mm_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
+{
+    const struct mm_ctx *c = p;
+    c->fn(c->y, c->w->n, c->xq, r0, r1, c->w, n0, n1);
 }
 
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
@@ -418,15 +442,12 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (isa >= DSQ__ISA_NEON_DOTPROD)
         dsq__mm_neon_dot(fast);
 
-    struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .m = m};
+    struct mm_ctx c = {.y = y, .xq = &xq, .w = w};
     const int slot = w->format == DSQ_WFMT_INT4 && !dsq__int4_classic(w) ? DSQ__MM_INT4_GEN
                                                                           : (int)w->format;
     c.fn = fast[slot] ? fast[slot] : tab[w->format];
-    c.tn = (w->n + TILE_N - 1) / TILE_N;
-    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
-    /* at least ~128k multiply-adds per thread, in whole tiles */
-    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
-    dsq__parallel_for(n_tiles, 131072 / tile_work + 1, mm_tiles, &c);
+    /* at least ~128k multiply-adds per thread */
+    dsq__mm_run_tiles(y, m, w, 131072, mm_block, &c);
     free(buf);
     return DSQ_OK;
 }

@@ -7,13 +7,13 @@
  * the int8 path (one convert + two FMAs per 8 weights instead of one
  * integer dot per 32), which is why it is an option (dsq_act_dtype_t).
  *
- * Same tiling as matmul.c: tiles of (64 activation rows x 16 weight rows)
- * split statically over the thread pool (results do not depend on the
- * thread count), 4 activation rows per pass so each dequantised weight
- * vector is reused from registers. Scalar kernels are the definition; the
- * AVX2+FMA+F16C, AVX-512 and AArch64 NEON kernels do the same fp32
- * operations with the sums reordered across lanes, and are tested against
- * them (tests/unit/test_matmul_f32act.c; NEON under qemu by
+ * Same tiling as matmul.c (dsq__mm_run_tiles: tiles of 64 activation rows
+ * x 16 weight rows split statically over the thread pool, so results do not
+ * depend on the thread count; 4 activation rows per pass so each
+ * dequantised weight vector is reused from registers). Scalar kernels are
+ * the definition; the AVX2+FMA+F16C, AVX-512 and AArch64 NEON kernels do
+ * the same fp32 operations with the sums reordered across lanes, and are
+ * tested against them (tests/unit/test_matmul_f32act.c; NEON under qemu by
  * scripts/test-arm64). Each SIMD block is compiled only for its
  * architecture, so x86 builds never see the NEON code and vice versa.
  */
@@ -32,9 +32,7 @@
 
 #include "engine/common/error.h"
 
-#define TILE_N 16
-#define TILE_M 64
-#define MR 4
+#define MR DSQ__MM_MR
 
 /* Activations of one call: rows of ldx floats; for INT4 and Q8_0 ldx is a
  * multiple of 32 and the padding past k is zero, so kernels read whole
@@ -563,28 +561,12 @@ struct fa_ctx {
     const fa_t *a;
     const dsq_weight_t *w;
     fa_tile_fn fn;
-    int64_t m, tn;
 };
 
-/* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
- * weight rows (t % tn) * TILE_N.. (as matmul.c). */
-static void fa_tiles(void *p, int64_t t0, int64_t t1)
+static void fa_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
 {
     const struct fa_ctx *c = p;
-    const int64_t n = c->w->n, m = c->m;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t im = t / c->tn, in = t % c->tn;
-        int64_t n0 = in * TILE_N, n1 = n0 + TILE_N < n ? n0 + TILE_N : n;
-        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
-        for (int64_t r = mb0; r < mb1; r += MR) {
-            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
-            c->fn(c->y, n, c->a, r, r1, c->w, n0, n1);
-            if (c->w->bias)
-                for (int64_t i = r; i < r1; i++)
-                    for (int64_t j = n0; j < n1; j++)
-                        c->y[i * n + j] += c->w->bias[j];
-        }
-    }
+    c->fn(c->y, c->w->n, c->a, r0, r1, c->w, n0, n1);
 }
 
 static fa_tile_fn pick(const dsq_weight_t *w)
@@ -627,12 +609,9 @@ int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *
         a.x = pad;
         a.ldx = kp;
     }
-    struct fa_ctx c = {.y = y, .a = &a, .w = w, .fn = pick(w), .m = m};
-    c.tn = (w->n + TILE_N - 1) / TILE_N;
-    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
-    /* at least ~64k multiply-adds per thread, in whole tiles */
-    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
-    dsq__parallel_for(n_tiles, 65536 / tile_work + 1, fa_tiles, &c);
+    struct fa_ctx c = {.y = y, .a = &a, .w = w, .fn = pick(w)};
+    /* at least ~64k multiply-adds per thread */
+    dsq__mm_run_tiles(y, m, w, 65536, fa_block, &c);
     free(pad);
     return DSQ_OK;
 }
