@@ -1,13 +1,14 @@
-/* Byte sizes, validation and row views of the dsq_weight_t layouts, in one
- * place so the memory planner, the repackers (engine/model/quant.c), the
- * backends and the kernels agree on the layouts documented in kernels.h;
- * and each format's reference dequantisation. */
+/* The dsq_weight_t layouts of kernels.h as code: byte sizes, validation,
+ * row views and the IQ4_NL codebook. It sits beside kernels.h, not under
+ * cpu/ or cuda/, because it is the specification every side reads: the
+ * memory planner, the repackers (engine/model/quant.c), both backends'
+ * weight uploads and every kernel agree on a layout by calling it. Each
+ * format's reference dequantisation is a CPU op (kernels/cpu/dequant.c). */
 #include "kernels.h"
 
 #include <stdbool.h>
 #include <string.h>
 
-#include "cpu_internal.h"
 #include "engine/common/error.h"
 
 size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size)
@@ -134,101 +135,4 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
         v.bias = w->bias + r0;
     *out = v;
     return DSQ_OK;
-}
-
-/* Row dequantisation, the reference formula of each format (kernels.h).
- * Used by dsq_cpu_embed and by tests; not a hot path. */
-
-int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
-{
-    if (!w || !out || !w->data || row < 0 || row >= w->n || w->k <= 0)
-        return DSQ_EINVAL;
-    const int64_t k = w->k;
-    int rc = DSQ_OK;
-    switch (w->format) {
-    case DSQ_WFMT_F32: {
-        const float *r = (const float *)w->data + row * k;
-        memcpy(out, r, (size_t)k * sizeof(float));
-        break;
-    }
-    case DSQ_WFMT_F16: {
-        const uint16_t *r = (const uint16_t *)w->data + row * k;
-        for (int64_t j = 0; j < k; j++)
-            out[j] = dsq__h2f(r[j]);
-        break;
-    }
-    case DSQ_WFMT_BF16: {
-        const uint16_t *r = (const uint16_t *)w->data + row * k;
-        for (int64_t j = 0; j < k; j++)
-            out[j] = dsq__bf2f(r[j]);
-        break;
-    }
-    case DSQ_WFMT_Q8_0: {
-        if (k % 32) {
-            rc = DSQ_EINVAL;
-            break;
-        }
-        const uint8_t *r = (const uint8_t *)w->data + row * (k / 32) * DSQ__Q8_0_BLOCK;
-        for (int64_t c = 0; c < k / 32; c++) {
-            const uint8_t *b = r + c * DSQ__Q8_0_BLOCK;
-            float d = dsq__h2f((uint16_t)(b[0] | (b[1] << 8)));
-            for (int j = 0; j < 32; j++)
-                out[c * 32 + j] = (float)((const int8_t *)(b + 2))[j] * d;
-        }
-        break;
-    }
-    case DSQ_WFMT_INT8: {
-        if (!w->scales) {
-            rc = DSQ_EINVAL;
-            break;
-        }
-        const int8_t *r = (const int8_t *)w->data + row * k;
-        float s = dsq__h2f(w->scales[row]);
-        for (int64_t j = 0; j < k; j++)
-            out[j] = (float)r[j] * s;
-        break;
-    }
-    case DSQ_WFMT_INT4:
-    case DSQ_WFMT_INT8G: {
-        if (dsq_weight_check(w) != DSQ_OK) {
-            rc = DSQ_EINVAL;
-            break;
-        }
-        const int64_t gs = w->group_size, nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
-        const bool int4 = w->format == DSQ_WFMT_INT4;
-        const uint8_t *r4 = (const uint8_t *)w->data + row * nb * 16;
-        const int8_t *r8 = (const int8_t *)w->data + row * nb * 32;
-        for (int64_t g = 0; g < groups; g++) {
-            float s, c;
-            dsq__group_sc(w, row, g, groups, &s, &c);
-            const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
-            for (int64_t j = g * gs; j < j1; j++) {
-                int q;
-                if (int4) {
-                    const uint8_t b = r4[(j / 32) * 16 + (j % 16)];
-                    q = (j % 32) < 16 ? (b & 15) : (b >> 4);
-                } else {
-                    q = r8[j];
-                }
-                /* the formula of the source format, operation by operation
-                 * (ggml's dequantize_row_*): see kernels.h */
-                switch (w->zp_mode) {
-                case DSQ_ZP_SYM: out[j] = int4 ? (float)(q - 8) * s : (float)q * s; break;
-                case DSQ_ZP_INT:
-                    out[j] = w->scale_mode == DSQ_SCALE_SUPER
-                                 ? (float)(q - w->sub_zeros[row * groups + g]) * s
-                                 : ((float)q - dsq__h2f(w->zeros[row * groups + g])) * s;
-                    break;
-                case DSQ_ZP_LUT: out[j] = (float)dsq_iq4nl_values[q] * s; break;
-                default: out[j] = (float)q * s + c; break;
-                }
-            }
-        }
-        break;
-    }
-    default:
-        rc = DSQ_EINVAL;
-        break;
-    }
-    return rc;
 }
