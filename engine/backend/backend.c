@@ -1,6 +1,7 @@
-/* The backend layer's public functions (backend.h), the byte accounting
- * every backend shares, weight upload, and the CPU backend: today's
- * kernels/cpu ops behind the op table, memory from the host heap.
+/* The backend layer's public functions (backend.h): creation, the byte
+ * accounting every backend shares, weight upload, and one dispatching
+ * wrapper per op of backend_ops.inc. The backends themselves live in
+ * backend_cpu.c and backend_cuda.c.
  *
  * Dispatch costs one indirect call per op; the CPU ops themselves take
  * microseconds or more, so the graphs pay nothing measurable for it
@@ -14,213 +15,6 @@
 #include "dsq_config.h"
 #include "engine/common/error.h"
 
-#define ALIGN 256u
-
-/* ---------------------------------------------------------------- CPU */
-
-/* Host blocks carry their size in a 256-byte header, so free can account
- * for them without a table. */
-static void *cpu_alloc(dsq_backend_t *be, size_t bytes)
-{
-    (void)be;
-    if (bytes > SIZE_MAX - 2 * ALIGN)
-        return NULL;
-    size_t total = ALIGN + (bytes + ALIGN - 1) / ALIGN * ALIGN;
-    unsigned char *p = aligned_alloc(ALIGN, total);
-    if (!p)
-        return NULL;
-    memcpy(p, &bytes, sizeof(bytes));
-    return p + ALIGN;
-}
-
-static size_t cpu_free(dsq_backend_t *be, void *p)
-{
-    (void)be;
-    unsigned char *base = (unsigned char *)p - ALIGN;
-    size_t bytes;
-    memcpy(&bytes, base, sizeof(bytes));
-    free(base);
-    return bytes;
-}
-
-static int cpu_upload(dsq_backend_t *be, void *dst, const void *src, size_t bytes)
-{
-    (void)be;
-    memcpy(dst, src, bytes);
-    return DSQ_OK;
-}
-
-static int cpu_memset(dsq_backend_t *be, void *dst, int value, size_t bytes)
-{
-    (void)be;
-    memset(dst, value, bytes);
-    return DSQ_OK;
-}
-
-static int cpu_sync(dsq_backend_t *be)
-{
-    (void)be;
-    return DSQ_OK;
-}
-
-static void cpu_describe(const dsq_backend_t *be, char *buf, size_t len)
-{
-    (void)be;
-    snprintf(buf, len, "cpu %s %d threads", dsq_cpu_isa(), dsq_cpu_get_threads());
-}
-
-static int cpu_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
-                      const dsq_weight_t *w)
-{
-    (void)be;
-    return dsq_cpu_matmul(y, x, m, w);
-}
-static int cpu_embed(dsq_backend_t *be, float *out, const dsq_weight_t *emb,
-                     const int32_t *ids, int64_t m)
-{
-    (void)be;
-    return dsq_cpu_embed(out, emb, ids, m);
-}
-static int cpu_rmsnorm(dsq_backend_t *be, float *y, const float *x, const float *w,
-                       int64_t m, int64_t n, float eps)
-{
-    (void)be;
-    return dsq_cpu_rmsnorm(y, x, w, m, n, eps);
-}
-static int cpu_rope(dsq_backend_t *be, float *x, int64_t m, int n_heads, int head_dim,
-                    const int32_t *pos, const dsq_rope_t *p)
-{
-    (void)be;
-    return dsq_cpu_rope(x, m, n_heads, head_dim, pos, p);
-}
-static int cpu_swiglu(dsq_backend_t *be, float *out, const float *gate, const float *up,
-                      int64_t m, int64_t n)
-{
-    (void)be;
-    return dsq_cpu_swiglu(out, gate, up, m, n);
-}
-static int cpu_add(dsq_backend_t *be, float *y, const float *x, int64_t n)
-{
-    (void)be;
-    return dsq_cpu_add(y, x, n);
-}
-static int cpu_softmax(dsq_backend_t *be, float *x, int64_t m, int64_t n)
-{
-    (void)be;
-    return dsq_cpu_softmax(x, m, n);
-}
-static int cpu_gather_rows(dsq_backend_t *be, float *dst, const float *src,
-                           const int32_t *rows, int64_t m, int64_t width, int64_t n_src)
-{
-    (void)be;
-    return dsq_cpu_gather_rows(dst, src, rows, m, width, n_src);
-}
-static int cpu_gather_cols(dsq_backend_t *be, float *dst, const float *src,
-                           const int32_t *perm, int64_t m, int64_t k)
-{
-    (void)be;
-    return dsq_cpu_gather_cols(dst, src, perm, m, k);
-}
-static int cpu_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const float *k,
-                        const float *v, const int32_t *slot, int64_t m)
-{
-    (void)be;
-    return dsq_cpu_kv_write(kv, k, v, slot, m);
-}
-static int cpu_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                         int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
-                         const int32_t *row_pos, const int32_t *block_tables,
-                         int max_blocks, float scale, const int32_t *row_seq_host)
-{
-    (void)be;
-    (void)row_seq_host;
-    return dsq_cpu_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                             max_blocks, scale);
-}
-static int cpu_mla_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                             int n_heads, int kv_lora_rank, const dsq_kv_layer_t *kv,
-                             const int32_t *row_seq, const int32_t *row_pos,
-                             const int32_t *block_tables, int max_blocks, float scale)
-{
-    (void)be;
-    return dsq_cpu_mla_attention(out, q, m, n_heads, kv_lora_rank, kv, row_seq, row_pos,
-                                 block_tables, max_blocks, scale);
-}
-static int cpu_mla_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                            const float *latent, const int32_t *slot, int64_t m)
-{
-    (void)be;
-    return dsq_cpu_mla_kv_write(kv, latent, slot, m);
-}
-static int cpu_mla_kv_read(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                           const int32_t *slot, int64_t m, float *out)
-{
-    (void)be;
-    return dsq_cpu_mla_kv_read(kv, slot, m, out);
-}
-static int cpu_mla_attention_dense(dsq_backend_t *be, float *out, const float *q,
-                                   int64_t m, int n_heads, const int32_t *row_pos,
-                                   const float *kv, const float *k_pe, int64_t n_ctx,
-                                   int qk_nope_dim, int qk_rope_dim, int v_dim,
-                                   float scale)
-{
-    (void)be;
-    return dsq_cpu_mla_attention_dense(out, q, m, n_heads, row_pos, kv, k_pe, n_ctx,
-                                       qk_nope_dim, qk_rope_dim, v_dim, scale);
-}
-static int cpu_moe_route(dsq_backend_t *be, int32_t *ids, float *weights,
-                         const float *logits, int64_t m, const dsq_moe_route_t *p)
-{
-    (void)be;
-    return dsq_cpu_moe_route(ids, weights, logits, m, p);
-}
-static int cpu_moe_group(dsq_backend_t *be, int32_t *offsets, int32_t *rows,
-                         float *row_weights, const int32_t *ids, const float *weights,
-                         int64_t m, int top_k, int n_experts)
-{
-    (void)be;
-    return dsq_cpu_moe_group(offsets, rows, row_weights, ids, weights, m, top_k,
-                             n_experts);
-}
-
-static const dsq_backend_ops_t cpu_ops = {
-    .name = "cpu",
-    .is_host = true,
-    .describe = cpu_describe,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .upload = cpu_upload,
-    .download = cpu_upload,
-    .copy = cpu_upload,
-    .memset = cpu_memset,
-    .sync = cpu_sync,
-    .matmul = cpu_matmul,
-    .embed = cpu_embed,
-    .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
-    .add = cpu_add,
-    .softmax = cpu_softmax,
-    .gather_rows = cpu_gather_rows,
-    .gather_cols = cpu_gather_cols,
-    .kv_write = cpu_kv_write,
-    .attention = cpu_attention,
-    .mla_attention = cpu_mla_attention,
-    .mla_kv_write = cpu_mla_kv_write,
-    .mla_kv_read = cpu_mla_kv_read,
-    .mla_attention_dense = cpu_mla_attention_dense,
-    .moe_route = cpu_moe_route,
-    .moe_group = cpu_moe_group,
-};
-
-static dsq_backend_t cpu_singleton = {
-    .ops = &cpu_ops,
-    .kind = DSQ_BACKEND_CPU,
-    .is_singleton = true,
-};
-
-dsq_backend_t *dsq_backend_cpu(void) { return &cpu_singleton; }
-
 /* ------------------------------------------------------- create/destroy */
 
 dsq_backend_t *dsq_backend_create(dsq_backend_kind_t kind, char *err, size_t err_len)
@@ -233,7 +27,7 @@ dsq_backend_t *dsq_backend_create(dsq_backend_kind_t kind, char *err, size_t err
     be->kind = kind;
     switch (kind) {
     case DSQ_BACKEND_CPU:
-        be->ops = &cpu_ops;
+        be->ops = &dsq__backend_cpu_ops;
         return be;
     case DSQ_BACKEND_CUDA:
 #if DSQ_HAVE_CUDA
@@ -430,106 +224,39 @@ void dsq_backend_weight_free(dsq_backend_t *be, dsq_weight_t *w)
     memset(w, 0, sizeof(*w));
 }
 
+/* -------------------------------------------------------- host threads */
+
+int dsq_backend_set_host_threads(int n_threads) { return dsq_cpu_set_threads(n_threads); }
+int dsq_backend_host_threads(void) { return dsq_cpu_get_threads(); }
+const char *dsq_backend_host_isa(void) { return dsq_cpu_isa(); }
+
 /* ----------------------------------------------------------------- ops */
 
-#define DISPATCH(op, ...) \
-    (be->ops->op ? be->ops->op(be, __VA_ARGS__) : DSQ_EUNSUPPORTED)
+#define DSQ_BACKEND_OP(op, params, args, on_cpu, on_cuda)                          \
+    int dsq_backend_##op(dsq_backend_t *be, DSQ__BACKEND_UNPAREN params)           \
+    {                                                                            \
+        return be->ops->op ? be->ops->op(be, DSQ__BACKEND_UNPAREN args)            \
+                           : DSQ_EUNSUPPORTED;                                   \
+    }
+#include "backend_ops.inc"
 
-int dsq_backend_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
-                       const dsq_weight_t *w)
+static const char *const op_names[] = {
+#define DSQ_BACKEND_OP(op, params, args, on_cpu, on_cuda) #op,
+#include "backend_ops.inc"
+};
+
+const char *dsq_backend_op_name(int i)
 {
-    return DISPATCH(matmul, y, x, m, w);
+    return i >= 0 && i < (int)(sizeof(op_names) / sizeof(op_names[0])) ? op_names[i] : NULL;
 }
-int dsq_backend_embed(dsq_backend_t *be, float *out, const dsq_weight_t *emb,
-                      const int32_t *ids, int64_t m)
+
+bool dsq_backend_has_op(const dsq_backend_t *be, const char *name)
 {
-    return DISPATCH(embed, out, emb, ids, m);
-}
-int dsq_backend_rmsnorm(dsq_backend_t *be, float *y, const float *x, const float *w,
-                        int64_t m, int64_t n, float eps)
-{
-    return DISPATCH(rmsnorm, y, x, w, m, n, eps);
-}
-int dsq_backend_rope(dsq_backend_t *be, float *x, int64_t m, int n_heads, int head_dim,
-                     const int32_t *pos, const dsq_rope_t *p)
-{
-    return DISPATCH(rope, x, m, n_heads, head_dim, pos, p);
-}
-int dsq_backend_swiglu(dsq_backend_t *be, float *out, const float *gate,
-                       const float *up, int64_t m, int64_t n)
-{
-    return DISPATCH(swiglu, out, gate, up, m, n);
-}
-int dsq_backend_add(dsq_backend_t *be, float *y, const float *x, int64_t n)
-{
-    return DISPATCH(add, y, x, n);
-}
-int dsq_backend_softmax(dsq_backend_t *be, float *x, int64_t m, int64_t n)
-{
-    return DISPATCH(softmax, x, m, n);
-}
-int dsq_backend_gather_rows(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *rows, int64_t m, int64_t width,
-                            int64_t n_src)
-{
-    return DISPATCH(gather_rows, dst, src, rows, m, width, n_src);
-}
-int dsq_backend_gather_cols(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *perm, int64_t m, int64_t k)
-{
-    return DISPATCH(gather_cols, dst, src, perm, m, k);
-}
-int dsq_backend_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const float *k,
-                         const float *v, const int32_t *slot, int64_t m)
-{
-    return DISPATCH(kv_write, kv, k, v, slot, m);
-}
-int dsq_backend_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                          int n_heads, const dsq_kv_layer_t *kv,
-                          const int32_t *row_seq, const int32_t *row_pos,
-                          const int32_t *block_tables, int max_blocks, float scale,
-                          const int32_t *row_seq_host)
-{
-    return DISPATCH(attention, out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                    max_blocks, scale, row_seq_host);
-}
-int dsq_backend_mla_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                              int n_heads, int kv_lora_rank, const dsq_kv_layer_t *kv,
-                              const int32_t *row_seq, const int32_t *row_pos,
-                              const int32_t *block_tables, int max_blocks,
-                              float scale)
-{
-    return DISPATCH(mla_attention, out, q, m, n_heads, kv_lora_rank, kv, row_seq,
-                    row_pos, block_tables, max_blocks, scale);
-}
-int dsq_backend_mla_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                             const float *latent, const int32_t *slot, int64_t m)
-{
-    return DISPATCH(mla_kv_write, kv, latent, slot, m);
-}
-int dsq_backend_mla_kv_read(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                            const int32_t *slot, int64_t m, float *out)
-{
-    return DISPATCH(mla_kv_read, kv, slot, m, out);
-}
-int dsq_backend_mla_attention_dense(dsq_backend_t *be, float *out, const float *q,
-                                    int64_t m, int n_heads, const int32_t *row_pos,
-                                    const float *kv, const float *k_pe, int64_t n_ctx,
-                                    int qk_nope_dim, int qk_rope_dim, int v_dim,
-                                    float scale)
-{
-    return DISPATCH(mla_attention_dense, out, q, m, n_heads, row_pos, kv, k_pe, n_ctx,
-                    qk_nope_dim, qk_rope_dim, v_dim, scale);
-}
-int dsq_backend_moe_route(dsq_backend_t *be, int32_t *ids, float *weights,
-                          const float *logits, int64_t m, const dsq_moe_route_t *p)
-{
-    return DISPATCH(moe_route, ids, weights, logits, m, p);
-}
-int dsq_backend_moe_group(dsq_backend_t *be, int32_t *offsets, int32_t *rows,
-                          float *row_weights, const int32_t *ids, const float *weights,
-                          int64_t m, int top_k, int n_experts)
-{
-    return DISPATCH(moe_group, offsets, rows, row_weights, ids, weights, m, top_k,
-                    n_experts);
+    if (!be || !name)
+        return false;
+#define DSQ_BACKEND_OP(op, params, args, on_cpu, on_cuda) \
+    if (strcmp(name, #op) == 0)                         \
+        return be->ops->op != NULL;
+#include "backend_ops.inc"
+    return false;
 }

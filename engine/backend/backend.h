@@ -122,71 +122,44 @@ int dsq_backend_weight_upload(dsq_backend_t *be, const dsq_weight_t *w,
  * nothing) and zero *w. NULL: no-op. */
 void dsq_backend_weight_free(dsq_backend_t *be, dsq_weight_t *w);
 
+/* ------------------------------------------------------ host CPU threads
+ *
+ * The host CPU ops (the CPU backend's, and whatever host work another
+ * backend leaves on the CPU) share one process-wide thread pool. */
+
+/* Threads the host CPU ops may use, the calling thread included (>= 1;
+ * default: physical cores). Call it while no op runs. Returns 0 or
+ * DSQ_EINVAL. */
+int dsq_backend_set_host_threads(int n_threads);
+int dsq_backend_host_threads(void);
+/* Instruction-set level of the host CPU ops ("avx512", "avx2",
+ * "neon_dotprod", "neon" or "scalar"; static string). */
+const char *dsq_backend_host_isa(void);
+
 /* ---------------------------------------------------------------- ops
  *
- * Arguments and results as the dsq_cpu_* op of the same name in
- * kernels/kernels.h, with every array in backend memory (dsq_weight_t,
- * dsq_kv_layer_t, dsq_rope_t and dsq_moe_route_t are host structs whose
- * array pointers are backend memory). Return 0 or a DSQ_E* code:
- * DSQ_EINVAL for bad shapes, DSQ_EUNSUPPORTED when the backend lacks the
- * op or the format (the CUDA backend has no DeepSeek-V2 MLA/MoE ops yet),
- * DSQ_ECUDA when a launch fails. */
+ * One wrapper per row of backend_ops.inc, which gives each op's parameters
+ * and contract: int dsq_backend_<op>(dsq_backend_t *be, <params>), the
+ * arguments and results of the kernels.h op of the same name, with every
+ * array in backend memory (dsq_weight_t, dsq_kv_layer_t, dsq_rope_t and
+ * dsq_moe_route_t are host structs whose array pointers are backend
+ * memory). Each returns 0 or a DSQ_E* code: DSQ_EINVAL for bad shapes,
+ * DSQ_EUNSUPPORTED when the backend lacks the op or the format (the CUDA
+ * backend has no DeepSeek-V2 MLA/MoE ops yet), DSQ_ECUDA when a launch
+ * fails. */
 
-int dsq_backend_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
-                       const dsq_weight_t *w);
-int dsq_backend_embed(dsq_backend_t *be, float *out, const dsq_weight_t *emb,
-                      const int32_t *ids, int64_t m);
-int dsq_backend_rmsnorm(dsq_backend_t *be, float *y, const float *x, const float *w,
-                        int64_t m, int64_t n, float eps);
-int dsq_backend_rope(dsq_backend_t *be, float *x, int64_t m, int n_heads, int head_dim,
-                     const int32_t *pos, const dsq_rope_t *p);
-int dsq_backend_swiglu(dsq_backend_t *be, float *out, const float *gate,
-                       const float *up, int64_t m, int64_t n);
-int dsq_backend_add(dsq_backend_t *be, float *y, const float *x, int64_t n);
-int dsq_backend_softmax(dsq_backend_t *be, float *x, int64_t m, int64_t n);
-/* dst[i][0..width) = src[rows[i]][0..width), i < m, src of n_src rows;
- * rows in backend memory (kernels.h dsq_cpu_gather_rows). */
-int dsq_backend_gather_rows(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *rows, int64_t m, int64_t width,
-                            int64_t n_src);
-/* dst[t][j] = src[t][perm[j]], t < m, j < k (GPTQ act-order inputs;
- * kernels.h dsq_cpu_gather_cols). */
-int dsq_backend_gather_cols(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *perm, int64_t m, int64_t k);
-int dsq_backend_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const float *k,
-                         const float *v, const int32_t *slot, int64_t m);
-/* Paged attention over m rows (kernels.h dsq_cpu_attention).
- * row_seq_host: the same m values as row_seq, in host memory, or NULL. The
- * CUDA backend uses it to send runs of rows of one sequence (prefill
- * chunks) to its prefill kernel, which shares each K/V load among the
- * run's rows and a GQA group's heads, and single rows (decodes) to its
- * decode kernel; without it every row takes the decode kernel. The result
- * does not depend on it beyond fp32 summation order. */
-int dsq_backend_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                          int n_heads, const dsq_kv_layer_t *kv,
-                          const int32_t *row_seq, const int32_t *row_pos,
-                          const int32_t *block_tables, int max_blocks, float scale,
-                          const int32_t *row_seq_host);
+/* Name of op i of backend_ops.inc in table order ("matmul", ...), NULL
+ * past the last (static strings). */
+const char *dsq_backend_op_name(int i);
+/* True when be provides the op called name (false for a name that is not
+ * a row of backend_ops.inc); a missing op answers DSQ_EUNSUPPORTED. */
+bool dsq_backend_has_op(const dsq_backend_t *be, const char *name);
 
-/* DeepSeek-V2 MLA and MoE (kernels.h). CPU backend only for now. */
-int dsq_backend_mla_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                              int n_heads, int kv_lora_rank, const dsq_kv_layer_t *kv,
-                              const int32_t *row_seq, const int32_t *row_pos,
-                              const int32_t *block_tables, int max_blocks,
-                              float scale);
-int dsq_backend_mla_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                             const float *latent, const int32_t *slot, int64_t m);
-int dsq_backend_mla_kv_read(dsq_backend_t *be, const dsq_kv_layer_t *kv,
-                            const int32_t *slot, int64_t m, float *out);
-int dsq_backend_mla_attention_dense(dsq_backend_t *be, float *out, const float *q,
-                                    int64_t m, int n_heads, const int32_t *row_pos,
-                                    const float *kv, const float *k_pe, int64_t n_ctx,
-                                    int qk_nope_dim, int qk_rope_dim, int v_dim,
-                                    float scale);
-int dsq_backend_moe_route(dsq_backend_t *be, int32_t *ids, float *weights,
-                          const float *logits, int64_t m, const dsq_moe_route_t *p);
-int dsq_backend_moe_group(dsq_backend_t *be, int32_t *offsets, int32_t *rows,
-                          float *row_weights, const int32_t *ids, const float *weights,
-                          int64_t m, int top_k, int n_experts);
+/* (params) -> params, for the rows of backend_ops.inc */
+#define DSQ__BACKEND_UNPAREN(...) __VA_ARGS__
+
+#define DSQ_BACKEND_OP(op, params, args, cpu, cuda) \
+    int dsq_backend_##op(dsq_backend_t *be, DSQ__BACKEND_UNPAREN params);
+#include "backend_ops.inc"
 
 #endif

@@ -6,8 +6,9 @@
  * stream (dsq_cuda_set_stream), so ops queue in call order on it; copies go
  * on the same stream. Attention splits a batch by the host copy of its
  * row_seq: runs of rows of one sequence (prefill chunks) go to the prefill
- * kernel, the rest to the decode kernel. The DeepSeek-V2 MLA/MoE ops are
- * not in the table yet (DSQ_EUNSUPPORTED). */
+ * kernel, the rest to the decode kernel. The other entries are generated
+ * from backend_ops.inc (column cuda); the DeepSeek-V2 MLA/MoE ops are NONE
+ * there (DSQ_EUNSUPPORTED). */
 #include "backend_internal.h"
 
 #include <cuda_runtime_api.h>
@@ -154,64 +155,10 @@ static int cuda_mem_info(dsq_backend_t *be, size_t *free_bytes, size_t *total_by
     return check(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
 }
 
-static int cuda_matmul(dsq_backend_t *be, float *y, const float *x, int64_t m,
-                       const dsq_weight_t *w)
-{
-    on_stream(be);
-    return dsq_cuda_matmul(y, x, m, w);
-}
-static int cuda_embed(dsq_backend_t *be, float *out, const dsq_weight_t *emb,
-                      const int32_t *ids, int64_t m)
-{
-    on_stream(be);
-    return dsq_cuda_embed(out, emb, ids, m);
-}
-static int cuda_rmsnorm(dsq_backend_t *be, float *y, const float *x, const float *w,
-                        int64_t m, int64_t n, float eps)
-{
-    on_stream(be);
-    return dsq_cuda_rmsnorm(y, x, w, m, n, eps);
-}
-static int cuda_rope(dsq_backend_t *be, float *x, int64_t m, int n_heads, int head_dim,
-                     const int32_t *pos, const dsq_rope_t *p)
-{
-    on_stream(be);
-    return dsq_cuda_rope(x, m, n_heads, head_dim, pos, p);
-}
-static int cuda_swiglu(dsq_backend_t *be, float *out, const float *gate, const float *up,
-                       int64_t m, int64_t n)
-{
-    on_stream(be);
-    return dsq_cuda_swiglu(out, gate, up, m, n);
-}
-static int cuda_add(dsq_backend_t *be, float *y, const float *x, int64_t n)
-{
-    on_stream(be);
-    return dsq_cuda_add(y, x, n);
-}
-static int cuda_softmax(dsq_backend_t *be, float *x, int64_t m, int64_t n)
-{
-    on_stream(be);
-    return dsq_cuda_softmax(x, m, n);
-}
-static int cuda_gather_rows(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *rows, int64_t m, int64_t width, int64_t n_src)
-{
-    on_stream(be);
-    return dsq_cuda_gather_rows(dst, src, rows, m, width, n_src);
-}
-static int cuda_gather_cols(dsq_backend_t *be, float *dst, const float *src,
-                            const int32_t *perm, int64_t m, int64_t k)
-{
-    on_stream(be);
-    return dsq_cuda_gather_cols(dst, src, perm, m, k);
-}
-static int cuda_kv_write(dsq_backend_t *be, const dsq_kv_layer_t *kv, const float *k,
-                         const float *v, const int32_t *slot, int64_t m)
-{
-    on_stream(be);
-    return dsq_cuda_kv_write(kv, k, v, slot, m);
-}
+#define BACKEND_BEFORE_OP(be) on_stream(be)
+#define DSQ_BACKEND_OP(op, params, args, on_cpu, on_cuda) \
+    DSQ__BACKEND_ENTRY_##on_cuda(cuda, op, params, args, dsq_cuda_##op)
+#include "backend_ops.inc"
 
 /* Rows [r0, r1) as one launch of the decode or the prefill kernel. */
 static int attention_range(float *out, const float *q, int64_t r0, int64_t r1,
@@ -276,17 +223,8 @@ static const dsq_backend_ops_t cuda_ops = {
     .memset = cuda_memset,
     .sync = cuda_sync,
     .mem_info = cuda_mem_info,
-    .matmul = cuda_matmul,
-    .embed = cuda_embed,
-    .rmsnorm = cuda_rmsnorm,
-    .rope = cuda_rope,
-    .swiglu = cuda_swiglu,
-    .add = cuda_add,
-    .softmax = cuda_softmax,
-    .gather_rows = cuda_gather_rows,
-    .gather_cols = cuda_gather_cols,
-    .kv_write = cuda_kv_write,
-    .attention = cuda_attention,
+#define DSQ_BACKEND_OP(op, params, args, on_cpu, on_cuda) DSQ__BACKEND_SLOT_##on_cuda(cuda, op)
+#include "backend_ops.inc"
 };
 
 int dsq__backend_cuda_init(dsq_backend_t *be, char *err, size_t err_len)

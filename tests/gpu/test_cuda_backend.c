@@ -68,6 +68,10 @@ static void test_memory(void **state)
     assert_int_equal(dsq_backend_sync(be), DSQ_OK);
     /* the MLA/MoE ops are not on CUDA yet: refused, not run */
     assert_int_equal(dsq_backend_moe_route(be, NULL, NULL, NULL, 1, NULL), DSQ_EUNSUPPORTED);
+    assert_false(dsq_backend_has_op(be, "moe_route"));
+    assert_false(dsq_backend_has_op(be, "mla_attention"));
+    assert_true(dsq_backend_has_op(be, "matmul"));
+    assert_true(dsq_backend_has_op(be, "attention"));
     dsq_backend_destroy(be);
 }
 

@@ -51,6 +51,27 @@ static void test_identity(void **state)
     assert_non_null(strstr(err, "unknown backend kind"));
 }
 
+/* Every row of the op table has a CPU entry (the CPU backend is the
+ * reference every other one is tested against), each name once; a name
+ * outside the table is no op. */
+static void test_op_table(void **state)
+{
+    (void)state;
+    dsq_backend_t *be = dsq_backend_cpu();
+    int n = 0;
+    for (const char *name; (name = dsq_backend_op_name(n)) != NULL; n++) {
+        assert_true(dsq_backend_has_op(be, name));
+        for (int j = 0; j < n; j++)
+            assert_string_not_equal(name, dsq_backend_op_name(j));
+    }
+    assert_true(n >= 17);
+    assert_string_equal(dsq_backend_op_name(0), "matmul");
+    assert_null(dsq_backend_op_name(-1));
+    assert_false(dsq_backend_has_op(be, "no_such_op"));
+    assert_false(dsq_backend_has_op(be, NULL));
+    assert_false(dsq_backend_has_op(NULL, "matmul"));
+}
+
 /* No CUDA build, or no device (this test runs on machines without one):
  * NULL and a reason, never a CPU backend in disguise. */
 static void test_cuda_unavailable(void **state)
@@ -183,6 +204,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity),
+        cmocka_unit_test(test_op_table),
         cmocka_unit_test(test_cuda_unavailable),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_ops_are_the_kernels),
