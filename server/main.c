@@ -32,7 +32,6 @@
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/text/grammar.h"
-#include "kernels/kernels.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/options.h"
@@ -105,9 +104,9 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->max_undelivered_bytes = o->max_undelivered_bytes;
     eo->undelivered_timeout_s = o->stream_stall_timeout > 0 ? o->stream_stall_timeout : -1;
     eo->block_size = o->block_size;
-    eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_KV_INT8
-                         : !strcmp(o->kv_cache_dtype, "fp32") ? DSQ_KV_F32
-                         : !strcmp(o->kv_cache_dtype, "fp16") ? DSQ_KV_F16
+    eo->kv_cache_dtype = !strcmp(o->kv_cache_dtype, "int8")   ? DSQ_ENGINE_KV_INT8
+                         : !strcmp(o->kv_cache_dtype, "fp32") ? DSQ_ENGINE_KV_F32
+                         : !strcmp(o->kv_cache_dtype, "fp16") ? DSQ_ENGINE_KV_F16
                                                               : DSQ_ENGINE_KV_AUTO;
     eo->memory_limit_bytes = o->memory_limit;
     eo->kv_cache_memory_bytes = o->kv_cache_memory;
@@ -117,7 +116,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;
     eo->quant_group_size = o->group_size;
     eo->padding_model_path = o->padding_model;          /* pad */
-    eo->activation_dtype = !strcmp(o->activation_dtype, "fp32") ? DSQ_ACT_F32 : DSQ_ACT_INT8;
+    eo->activation_dtype = !strcmp(o->activation_dtype, "fp32") ? DSQ_ENGINE_ACT_F32 : DSQ_ENGINE_ACT_INT8;
     eo->device = o->device;
     eo->gpu_memory_utilization = o->gpu_memory_utilization;
 }

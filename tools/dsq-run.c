@@ -15,7 +15,6 @@
 #include "dsq_config.h"
 #include "engine/serve/engine.h"
 #include "engine/common/error.h"
-#include "kernels.h"
 #include "engine/common/log.h"
 #include "engine/text/tokenizer.h"
 
@@ -149,17 +148,17 @@ int main(int argc, char **argv)
     }
     eo.kv_cache_dtype = DSQ_ENGINE_KV_AUTO;
     if (kvd && strcmp(kvd, "int8") == 0)
-        eo.kv_cache_dtype = DSQ_KV_INT8;
+        eo.kv_cache_dtype = DSQ_ENGINE_KV_INT8;
     else if (kvd && strcmp(kvd, "fp16") == 0)
-        eo.kv_cache_dtype = DSQ_KV_F16;
+        eo.kv_cache_dtype = DSQ_ENGINE_KV_F16;
     else if (kvd && strcmp(kvd, "fp32") == 0)
-        eo.kv_cache_dtype = DSQ_KV_F32;
+        eo.kv_cache_dtype = DSQ_ENGINE_KV_F32;
     else if (kvd && strcmp(kvd, "auto") != 0) {
         fprintf(stderr, "dsq-run: --kv-cache-dtype must be auto, fp16, fp32 or int8\n");
         return 2;
     }
     if (actd && strcmp(actd, "fp32") == 0)
-        eo.activation_dtype = DSQ_ACT_F32;
+        eo.activation_dtype = DSQ_ENGINE_ACT_F32;
     else if (actd && strcmp(actd, "int8") != 0) {
         fprintf(stderr, "dsq-run: --activation-dtype must be int8 or fp32\n");
         return 2;

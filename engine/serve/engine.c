@@ -1770,8 +1770,14 @@ static void *engine_main(void *arg)
 static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f,
                                    bool device)
 {
-    if (opts->kv_cache_dtype == DSQ_KV_INT8 || opts->kv_cache_dtype == DSQ_KV_F32)
-        return (dsq_kv_dtype_t)opts->kv_cache_dtype;
+    _Static_assert((int)DSQ_ENGINE_KV_F16 == (int)DSQ_KV_F16 &&
+                   (int)DSQ_ENGINE_KV_INT8 == (int)DSQ_KV_INT8 &&
+                   (int)DSQ_ENGINE_KV_F32 == (int)DSQ_KV_F32,
+                   "engine.h names the kernels' KV types by value");
+    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_INT8)
+        return DSQ_KV_INT8;
+    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_F32)
+        return DSQ_KV_F32;
     if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f && !device) {
         const dsq_tensor_t *t = dsq_model_file_find(f, "token_embd.weight");
         if (t && t->type == DSQ_TYPE_F32)
@@ -1941,7 +1947,8 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
             (long long)plan.kv_budget_bytes, (long long)n_blocks,
             plan.kv_budget_source ? plan.kv_budget_source : "");
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
-                           .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype,
+                           .activation_dtype = opts->activation_dtype == DSQ_ENGINE_ACT_F32
+                                                 ? DSQ_ACT_F32 : DSQ_ACT_INT8,
                            .backend = e->be};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)

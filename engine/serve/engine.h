@@ -18,7 +18,15 @@
 #include "admission.h"
 #include "engine/text/tokenizer.h"
 
-#define DSQ_ENGINE_KV_AUTO (-1)
+/* KV cache element type (dsqd --kv-cache-dtype); the values are the
+ * kernels' dsq_kv_dtype_t ones, plus AUTO. */
+typedef enum dsq_engine_kv {
+    DSQ_ENGINE_KV_AUTO = -1,   /* FP32 for a model stored in FP32 (vLLM's
+                                  "auto" = model dtype), FP16 otherwise      */
+    DSQ_ENGINE_KV_F16 = 0,
+    DSQ_ENGINE_KV_INT8 = 1,    /* group-wise INT8 (kernels.h DSQ_KV_INT8)    */
+    DSQ_ENGINE_KV_F32 = 2,
+} dsq_engine_kv_t;
 
 /* itl: defaults of admission_defer_steps and admission_window_ms (see
  * docs/benchmarks.md, serving section, for the measurements behind them). */
@@ -30,6 +38,15 @@ typedef struct dsq_req dsq_req_t;
 
 /* Engine options (units in the names). Zero means "default" for every
  * numeric field. */
+/* Activation precision of the quantised products (dsqd
+ * --activation-dtype). The engine hands it to the model, which sets it on
+ * every quantised linear weight (kernels.h dsq_act_dtype_t). */
+typedef enum dsq_engine_act {
+    DSQ_ENGINE_ACT_INT8 = 0,   /* default: activations quantised to int8 per
+                                  32-block, llama.cpp's scheme and speed     */
+    DSQ_ENGINE_ACT_F32 = 1,    /* fp32: W·x exact up to fp32 rounding, slower */
+} dsq_engine_act_t;
+
 typedef struct dsq_engine_opts {
     const char *model_path;          /* .gguf file, HF directory or llama2.c .bin */
     const char *tokenizer_path;      /* optional separate tokenizer             */
@@ -77,10 +94,7 @@ typedef struct dsq_engine_opts {
     int admission_policy;
     double target_ttft_ms, target_itl_ms;
     int block_size;                  /* tokens per KV block, default 16         */
-    int kv_cache_dtype;              /* dsq_kv_dtype_t, or DSQ_ENGINE_KV_AUTO:
-                                        FP32 for a model stored in FP32
-                                        (like vLLM's "auto" = model dtype),
-                                        FP16 otherwise                       */
+    int kv_cache_dtype;              /* a dsq_engine_kv_t value              */
     int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
     int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
     bool kv_prefault;                /* hardening: commit the host KV cache's
@@ -93,11 +107,7 @@ typedef struct dsq_engine_opts {
     int n_threads;                   /* CPU threads, default physical cores     */
     const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
     int quant_group_size;            /* with quantize=int4: 32/64/128           */
-    int activation_dtype;            /* dsq_act_dtype_t (kernels.h): activations
-                                        of quantised matmuls, DSQ_ACT_INT8 (0,
-                                        default, llama.cpp's scheme and speed)
-                                        or DSQ_ACT_F32 (fp32: W·x exact up to
-                                        fp32 rounding, slower)               */
+    dsq_engine_act_t activation_dtype; /* activations of quantised matmuls */
     /* == deploy: liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
      * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
      * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from

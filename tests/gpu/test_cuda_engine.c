@@ -71,7 +71,7 @@ static dsq_engine_t *open_engine(const char *device, int block_size, int n_block
                            .kv_cache_dtype = kv_dtype,
                            .kv_cache_memory_bytes = per_token * block_size * n_blocks,
                            .enable_prefix_caching = prefix, .n_threads = 1,
-                           .activation_dtype = DSQ_ACT_F32, .device = device};
+                           .activation_dtype = DSQ_ENGINE_ACT_F32, .device = device};
     char err[512];
     dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
     if (!e)
