@@ -1,6 +1,6 @@
 /* The HTTP daemon: routes, auth, limits, CORS, TLS, streaming, drain.
  *
- * Threading (hardening, issue 20): libmicrohttpd runs a small pool of
+ * Threading: libmicrohttpd runs a small pool of
  * polling threads (MHD_OPTION_THREAD_POOL_SIZE, --http-threads; epoll on
  * Linux) that parse, authorize, tokenize and render, and never wait. A
  * request that has nothing to send parks: its connection is suspended
@@ -71,7 +71,7 @@ typedef struct dsq_http_config {
     int64_t default_seed;            /* users: --seed, the seed of requests
                                         that send none; < 0 = none (each
                                         such request draws a random one)  */
-    /* otel (issue 23): every request gets a W3C trace context (from its
+    /* tracing: every request gets a W3C trace context (from its
      * traceparent / tracestate, else a new trace) and answers with its
      * traceparent; with otlp (borrowed; must outlive the daemon) each
      * sampled request's spans are queued to it when the request ends

@@ -1,4 +1,4 @@
-/* Request tracing (issue 23): W3C Trace Context propagation and an
+/* Request tracing: W3C Trace Context propagation and an
  * OpenTelemetry span exporter over OTLP/HTTP with JSON encoding.
  *
  * Sources:

@@ -640,7 +640,7 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
         dup2(fd, 1);
         dup2(fd, 2);
         if (strcmp(sp->kind, "dsqd") != 0) {
-            /* issue 24: a peer runs at its own defaults. libgomp's wait
+            /* a peer runs at its own defaults. libgomp's wait
              * policy knobs (the test environment sets OMP_WAIT_POLICY=
              * passive, which cut llama.cpp's decode ~14x on a 2-core box)
              * never reach it from ours. */

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Overload probe: what N concurrent requests cost a dsqd (issue 20,
-finding 4: memory per waiting request).
+"""Overload probe: what N concurrent requests cost a dsqd (memory per
+waiting request).
 
 usage: tools/overload_probe.py PORT PID [N] [MAX_TOKENS]
 

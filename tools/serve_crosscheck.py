@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent cross-check of `dsq-bench serve` (issue 24): the same load,
+"""Independent cross-check of `dsq-bench serve`: the same load,
 driven by the official OpenAI Python SDK instead of our C client.
 
 usage: tools/serve_crosscheck.py URL CLIENTS REQUESTS [PROMPT_LEN] [MAX_TOKENS] [SEED]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Stall probe: how long a running stream waits while a long prompt is
-prefilled beside it (the step budget's effect, issue 20 finding 3).
+prefilled beside it (the step budget's effect).
 
 usage: tools/stall_probe.py PORT [PROMPT_TOKENS] [MODEL_NAME]
 

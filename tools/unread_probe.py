@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unread-stream probe (issue 20, finding 2): N streaming clients that never
+"""Unread-stream probe: N streaming clients that never
 read, against a dsqd listening on 127.0.0.1:PORT with process id PID.
 
 usage: tools/unread_probe.py PORT PID [N] [SECONDS]

@@ -1,4 +1,4 @@
-/* Admission policy (issue 23): decides, when a request is submitted and at
+/* Admission policy: decides, when a request is submitted and at
  * each engine step for the requests it holds back, whether a request runs
  * (enters the scheduler), waits, or is refused with a reason and a
  * Retry-After.

@@ -87,7 +87,7 @@ typedef struct dsq_engine_opts {
     double max_queue_wait_s;         /* hardening: a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */
-    /* admission (issue 23, admission.h): DSQ_ADMISSION_STATIC (0, the
+    /* admission (admission.h): DSQ_ADMISSION_STATIC (0, the
      * fixed bounds above) or DSQ_ADMISSION_ADAPTIVE: a concurrency limit
      * moved by the p90 TTFT / ITL of recent requests against these
      * targets (ms; at least one > 0 for adaptive, else create fails). */
@@ -362,7 +362,7 @@ bool dsq_req_held(dsq_req_t *r);
  * freed at the next step; it then reports DSQ_FINISH_ABORT. Idempotent. */
 void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r);
 
-/* otel (issue 23): where a request spent its time, for its trace spans
+/* tracing: where a request spent its time, for its trace spans
  * (server/trace.h). Times are seconds on CLOCK_MONOTONIC (the clock of
  * every other engine timestamp), 0 while the moment has not come. */
 #define DSQ_REQ_MAX_CHUNKS 32

@@ -1,5 +1,5 @@
 /* Padding cost model and bucket choice (DESIGN.md, "padding cost
- * base + k·pad_ratio^1.8", issue #5).
+ * base + k·pad_ratio^1.8").
  *
  * A backend that replays captured CUDA graphs can only run a decode batch
  * in one of a few fixed shapes (buckets, e.g. 1, 2, 4, ... 64 rows). A

@@ -73,7 +73,7 @@ static void attend_range(const float *q, const dsq_kv_layer_t *kv, int G, int kh
         w->l[g] = 0.0f;
     }
     const int n_blk = pos / bs + 1;
-    /* issue 24: FP16 cache with a fused path: keys and values read in
+    /* FP16 cache with a fused path: keys and values read in
      * place, each once per tile of query heads */
     const bool fused = kv->dtype == DSQ_KV_F16 && ops->f16_scores && D % 8 == 0;
     const int64_t tstride = (int64_t)kv->n_kv_heads * D;
@@ -255,7 +255,7 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     for (int64_t i = 0; i < m; i++)
         work += ((int64_t)row_pos[i] + 1) * row;
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
-    /* issue 24: few (row, kv head) pairs over a long context (a decode
+    /* few (row, kv head) pairs over a long context (a decode
      * step of one sequence): split each pair's KV range across the
      * threads instead of its query heads, so every key and value is read
      * once (a head split reads the pair's whole cache once per chunk), and

@@ -228,7 +228,7 @@ typedef struct dsq__vec_ops {
     void (*axpy)(float *y, float a, const float *x, int n);              /* y += a*x  */
     void (*f16)(float *dst, const uint16_t *src, int n);                 /* fp16 -> fp32 */
     void (*i8)(float *dst, const int8_t *q, float s, float c, int n);   /* q*s + c   */
-    /* issue 24: fused FP16-KV attention steps, or NULL (the caller composes
+    /* fused FP16-KV attention steps, or NULL (the caller composes
      * them from f16/dot/axpy). D % 8 == 0, G >= 1. Token j's fp16 vector
      * is at kv + j * stride (elements).
      * f16_scores: s[g * s_stride + j] = scale * (q[g*D .. +D] . k_j), j < n.

@@ -112,7 +112,7 @@ VEC_TARGET static void i8_avx2(float *dst, const int8_t *q, float s, float c, in
         dst[i] = (float)q[i] * s + c;
 }
 
-/* issue 24: decode attention reads each cached fp16 key/value once per
+/* Decode attention reads each cached fp16 key/value once per
  * (kv head, query-head tile of 4): converted in registers (F16C) and used
  * by up to 4 query heads at once, no fp32 copy through memory and no call
  * per token. */

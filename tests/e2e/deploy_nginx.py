@@ -344,7 +344,7 @@ def parse_one_response(raw):
 
 
 def test_nginx_framing_errors_are_json():
-    """Issue 20, findings 5 and 8, covered by the deployment docs/api.md
+    """Framing errors and slow clients, covered by the deployment docs/api.md
     prescribes (dsqd behind deploy/nginx/dsq.conf): every framing error a
     client can provoke is one response, an OpenAI JSON error object, on a
     connection the server then closes; a NUL byte inside the API key is

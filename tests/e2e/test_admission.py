@@ -1,4 +1,4 @@
-"""Admission policies (issue 23): static (fixed bounds) against adaptive
+"""Admission policies: static (fixed bounds) against adaptive
 (a concurrency limit moved by --target-ttft-ms / --target-itl-ms). A burst
 far beyond what the target allows: static serves everything (late), the
 adaptive policy serves some and refuses the rest at once with 503, an

@@ -1,4 +1,4 @@
-"""The /v1/completions gaps of issue #6 end to end: best_of > n, echo together
+"""The /v1/completions gaps vLLM users would hit, end to end: best_of > n, echo together
 with logprobs (prompt logprobs, the scoring call), and input hardening
 (invalid UTF-8, the per-request sequence cap, duplicate Content-Length, the
 idle-connection timeout). Prompt logprobs are compared with llama.cpp

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions end to end (issue 7): the official openai
+"""POST /v1/chat/completions end to end: the official openai
 client streaming and not on SmolLM2-135M-Instruct, whose GGUF carries its
 chat template; the rendered prompt (POST /tokenize with messages, then
 /detokenize) against the transformers golden in

@@ -74,7 +74,7 @@ def test_invalid_json(server):
 
 
 
-# issue #20: a request body is JSON as RFC 8259 defines it, and no object
+# A request body is JSON as RFC 8259 defines it, and no object
 # holds a key twice (a proxy in front may read the other one). Each case is
 # (the rest of a body that starts with STRICT, the offset in that rest where
 # the error is reported, a piece of the message, param): the 400 names the

@@ -1,4 +1,4 @@
-"""Hardening (issue 20): slow and hostile clients cannot lock the server.
+"""Hardening: slow and hostile clients cannot lock the server.
 
 Every test is bounded in time and uses loopback only. Slow clients connect
 from other loopback addresses (127.0.0.2, ...: Linux routes all of
@@ -294,8 +294,8 @@ def test_unread_streams_do_not_grow_memory(daemon_factory):
     --max-undelivered-bytes: generation stops once each has filled its
     socket and its engine queue (KV kept), RSS stays within 10% of the
     idle server's (the KV cache is committed at start, --kv-cache-prefault),
-    and a normal client is then served at its unloaded pace. (32, not issue
-    20's 100, bounds the test's time on 2 cores; tools/unread_probe.py
+    and a normal client is then served at its unloaded pace. (32, not the 100
+    of the attack that found it, bounds the test's time on 2 cores; tools/unread_probe.py
     measures 100, docs/benchmarks.md.)"""
     n = 32
     d = daemon_factory("--max-num-seqs", "128", "--stream-stall-timeout", "0")
@@ -415,7 +415,7 @@ def test_long_prompt_does_not_stall_streams(daemon_factory):
     gaps = sorted(b - a for a, b in zip(times, times[1:]) if a >= t_long0 and b <= t_long1)
     assert len(gaps) >= 5, (len(gaps), t_long1 - t_long0)
     # The prefill was split into steps the cost model sized to the budget:
-    # nine in ten gaps within 2x the budget (the issue's bound), and no gap
+    # nine in ten gaps within 2x the budget (the bound the step budget promises), and no gap
     # a large part of the prefill (before: 2,048-token chunks, one gap ~2/3
     # of it). The bound is on p90, not the maximum: the suite shares the 2
     # cores with other tests, whose bursts the model cannot foresee (alone

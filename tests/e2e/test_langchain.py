@@ -1,4 +1,4 @@
-"""langchain-openai against dsqd (issue 22): ChatOpenAI pointed at the
+"""langchain-openai against dsqd: ChatOpenAI pointed at the
 daemon on the real SmolLM2, with bind_tools (tool_choice "required", a
 named tool, streamed chunks) and with_structured_output in each of its
 methods (json_schema, function_calling, json_mode). Arguments and

@@ -1,4 +1,4 @@
-"""Automatic prefix caching end to end (--enable-prefix-caching, issue #5).
+"""Automatic prefix caching end to end (--enable-prefix-caching).
 
 With the flag, a repeated prompt reuses the KV blocks of its first run:
 usage.prompt_tokens_details.cached_tokens = the prompt tokens whose KV came

@@ -1,4 +1,4 @@
-"""JSON Schema and regex constraints through the API (issue 22, part 2) on
+"""JSON Schema and regex constraints through the API on
 the real SmolLM2: OpenAI's response_format json_schema (through the SDK,
 including its pydantic `parse` helper), vLLM's guided_json and
 guided_regex, llama.cpp's json_schema.

@@ -1,4 +1,4 @@
-"""Constrained decoding through the API (issue 22, part 1): llama.cpp's
+"""Constrained decoding through the API: llama.cpp's
 `grammar` and vLLM's `guided_grammar` (GBNF), vLLM's `guided_choice`, and
 OpenAI's response_format {"type": "json_object"}, on the real SmolLM2.
 

@@ -1,4 +1,4 @@
-"""Tool calls through the chat API (issue 22) on the real SmolLM2 with the
+"""Tool calls through the chat API on the real SmolLM2 with the
 openai SDK: tool_choice "required" and a named function constrain
 decoding to calls in the model's syntax (Hermes' <tool_call> JSON here:
 SmolLM2's template shows no call syntax, so --tool-call-parser auto picks

@@ -1,4 +1,4 @@
-"""Request tracing (issue 23) against a real OTLP/HTTP receiver.
+"""Request tracing against a real OTLP/HTTP receiver.
 
 The receiver is a loopback HTTP server taking POST /v1/traces; every body
 is parsed with the official opentelemetry-proto package

@@ -1,4 +1,4 @@
-"""What users of vLLM, llama.cpp and the OpenAI SDKs expect (issue 21):
+"""What users of vLLM, llama.cpp and the OpenAI SDKs expect:
 each case failed on dsqd before its fix.
 
 Busy port, 404 model_not_found, GET /v1/models/{id}, the developer role,

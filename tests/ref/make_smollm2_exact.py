@@ -8,7 +8,7 @@ definition: w = d*q + m for Q4_1, d*q for Q8_0), and the llama forward pass
 lm_head) is evaluated in float64 with numpy, with no activation quantization
 and no fp16 rounding anywhere. llama.cpp's own Q4_1 x Q8_1 kernels and fp16
 attention move these logits by up to ~0.6 on this model (see
-docs/benchmarks.md / the issue notes), which is why the 1e-2 relative check
+docs/benchmarks.md), which is why the 1e-2 relative check
 is made against this exact reference, and llama.cpp's logits are checked
 with a tolerance derived from its own distance to it.
 

@@ -41,7 +41,7 @@ for f in "$S/stories260K.bin" "$S/tok512.bin" "$B/dsq-quantize" "$B/dsq-perplexi
     [ -e "$f" ] || { echo "run_quant_stories.sh: missing $f" >&2; exit 1; }
 done
 mkdir -p "$W"
-# issue 24: no OMP_WAIT_POLICY here: llama-quantize / llama-perplexity run
+# no OMP_WAIT_POLICY here: llama-quantize / llama-perplexity run
 # at llama.cpp's own OpenMP defaults (the figures are quality, not speed)
 export DSQ_LOG_LEVEL=warn
 if [ "$TEXT" = alice ]; then

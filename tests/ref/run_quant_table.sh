@@ -68,7 +68,7 @@ for f in "$SRC" "$B/dsq-quantize" "$B/dsq-perplexity"; do
 done
 mkdir -p "$W"
 : > "$W/paired.txt"
-# issue 24: no OMP_WAIT_POLICY here: llama-quantize / llama-perplexity run
+# no OMP_WAIT_POLICY here: llama-quantize / llama-perplexity run
 # at llama.cpp's own OpenMP defaults (the figures are quality, not speed)
 export DSQ_LOG_LEVEL=warn
 

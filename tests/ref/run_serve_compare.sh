@@ -1,5 +1,5 @@
 #!/bin/sh
-# Issue 24: dsqd beside llama.cpp's llama-server, each at its own defaults
+# dsqd beside llama.cpp's llama-server, each at its own defaults
 # (llama-server -t T -tb T -np C; continuous batching is its default), and
 # llama-server -fa as a second row, interleaved by concurrency in one run:
 # `dsq-bench serve` streams /v1/completions (128-id prompts, 64 new tokens,

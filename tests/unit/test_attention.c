@@ -402,7 +402,7 @@ static void test_attention(void **state)
         run_case(&cases[i]);
 }
 
-/* issue 24: one decode row over a long context (2,000 and 1,001
+/* One decode row over a long context (2,000 and 1,001
  * positions, shuffled blocks), where the kernel splits each kv head's KV
  * range across threads and merges the parts' softmax states
  * (flash-decoding): against the FP64 reference on the values the cache

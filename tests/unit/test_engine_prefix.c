@@ -1,5 +1,5 @@
 /* tests for prefix caching through engine/serve/engine.c on the real
- * SmolLM2-135M-Instruct Q4_1 model (issue #5).
+ * SmolLM2-135M-Instruct Q4_1 model.
  *
  * The reference is the same engine with prefix caching off (whose greedy
  * output test_engine and test_model check against llama.cpp): with caching

@@ -773,7 +773,7 @@ static void test_chat_parse(void **state)
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(m, "tool_calls")));
     assert_int_equal(cJSON_GetArraySize(r.tools), 1);
     dsq_completion_req_deinit(&r);
-    /* users: tool_choice and parallel_tool_calls (issue 22); a named
+    /* tool_choice and parallel_tool_calls; a named
      * function must be one of the tools; the legacy functions fields are
      * refused; response_format text passes */
     {
@@ -1117,7 +1117,7 @@ static void test_prompt_logprobs(void **state)
     cJSON_Delete(lp);
 }
 
-/* issue #20: request bodies are JSON as RFC 8259 defines it, and no object
+/* Request bodies are JSON as RFC 8259 defines it, and no object
  * holds a key twice. Each of these cJSON alone took (or refused without
  * saying where); now each is a 400 whose message names the byte offset
  * (0-based) and line:column (1-based, columns in characters). The offsets

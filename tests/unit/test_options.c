@@ -229,7 +229,7 @@ static void test_errors(void **state)
         write_config("[1]");
         expect_fail(a, 3, NULL, "object");
         unlink(cfg_path);
-        /* issue #20: the config file is strict JSON too (RFC 8259), and a
+        /* the config file is strict JSON too (RFC 8259), and a
          * key set twice is an error, not "the first one wins"; the one
          * line names the key and where (byte 0-based, line:column) */
         write_config("{\"port\": 9000,\n \"port\": 9001}");

@@ -90,7 +90,7 @@ static void test_choose_hand(void **state)
     assert_int_equal(p.n_padded, 12);
     assert_true(fabs(p.cost_us - 368.441) < 1e-3);
 
-    /* b=40 (the issue's example): 32 + 8 = 420 + 180 = 600; 5 x 8 = 900;
+    /* b=40 (docs/architecture.md's example): 32 + 8 = 420 + 180 = 600; 5 x 8 = 900;
      * 20+20 in two 32s = 2·(300 + 68.44) = 736.9                 -> 32 + 8 */
     assert_int_equal(dsq_pad_choose(&m, 40, bk, 2, &p), 0);
     assert_int_equal(p.n_launches, 2);

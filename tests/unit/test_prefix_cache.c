@@ -1,5 +1,5 @@
 /* tests for the prefix cache of engine/kv/kv_cache.c and its use by
- * engine/serve/scheduler.c (issue #5: automatic prefix caching).
+ * engine/serve/scheduler.c (vLLM's automatic prefix caching).
  *
  * Block digests are checked against hashlib's SHA-256
  * (tests/ref/make_prefix_hash.py prints the expected values); the rest
