@@ -1,13 +1,15 @@
-/* libmicrohttpd front end of dsqd: routing, auth, body limits, CORS, the
- * OpenAI endpoints and SSE streaming. See http.h for the threading model.
+/* libmicrohttpd front end of dsqd: the daemon (listening socket, thread
+ * pool, TLS, connection limits), the ticker thread, dispatch of each
+ * request to its handler, the request-completed accounting (status,
+ * metrics, spans, access log) and, for now, the completions and chat
+ * endpoints. See http.h for the threading model and http_internal.h for
+ * how the front end is split.
  *
- * Every response goes through send_response() (CORS headers, status
- * bookkeeping) and every error body through server/error.c. One struct conn
- * per HTTP request holds all of that request's state; it is created on the
- * first access-handler call and freed in the request-completed callback,
- * which is also where engine requests are cancelled and the log line is
- * written. */
-#include "server/http.h"
+ * One conn_t per HTTP request holds all of that request's state; it is
+ * created on the first access-handler call and freed in the
+ * request-completed callback, which is also where engine requests are
+ * cancelled and the log line is written. */
+#include "server/http_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,10 +27,8 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
-#include <openssl/crypto.h>
 #include <openssl/sha.h>
 
-#include "dsq_config.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/common/hex.h"
@@ -43,39 +43,8 @@
 #include "engine/text/grammar.h"
 #include "engine/text/tool_calls.h"
 
-#define CANCEL_GRACE_S 5.0
 #define QUEUE_TIMEOUT_MSG "the request waited past --max-queue-wait without being " \
                           "scheduled (the server is overloaded); retry later"
-
-/* ------------------------------------------------------------ waiters */
-
-/* A wake-up target for the engine's notify callback, one per request being
- * answered. libmicrohttpd runs its connections on a small pool of polling
- * threads (http.h), so a request that has nothing to send parks: its
- * connection is suspended (MHD_suspend_connection, from its own handler or
- * stream reader) and `parked` set, both under `mu`; whoever wakes it (the
- * engine's notify, the ticker thread on a hang-up or deadline, the stop
- * path) bumps `seq` and, if parked, resumes the connection under the same
- * lock, so a wake-up between a handler's last look and its suspend is never
- * lost (the handler re-checks `seq` under `mu` before it suspends).
- *
- * Waiters are recycled through a free list and only freed with the daemon
- * (after the engine is gone), because the engine may call notify for a
- * request whose connection already ended: such a late call then only
- * causes a spurious wake-up of a recycled waiter (a parked one re-checks its
- * state and parks again), never a resume of a closed connection, because a
- * waiter is parked only while its current connection is suspended. */
-typedef struct waiter {
-    pthread_mutex_t mu;
-    uint64_t seq;                /* bumped by every wake-up                 */
-    bool parked;                 /* mc is suspended, waiting for seq        */
-    struct MHD_Connection *mc;   /* valid while parked                      */
-    int fd;                      /* mc's socket, for the ticker's hang-up poll */
-    double wake_at;              /* monotonic s: the ticker wakes it then
-                                    (request timeout, cancel grace); 0 = no */
-    struct waiter *next_free;
-    struct waiter *next_all;
-} waiter_t;
 
 /* hardening: one per open connection (MHD_OPTION_NOTIFY_CONNECTION), for
  * the request-head and body deadlines the ticker enforces. */
@@ -85,582 +54,13 @@ enum sock_phase {
     S_BODY,                      /* head in, reading the body                */
     S_BUSY,                      /* answering: no deadline but the request's */
 };
-typedef struct sock_rec {
+struct sock_rec {
     int fd;
     enum sock_phase phase;
     double t0;                   /* monotonic s the phase began             */
     bool cut;                    /* shut down by the ticker already         */
     struct sock_rec *prev, *next;
-} sock_rec_t;
-
-struct dsq_http {
-    struct MHD_Daemon *d;
-    dsq_http_config_t cfg;       /* strings owned (copied)                 */
-    char *cfg_strings[6];
-    dsq_metrics_t *metrics;
-    _Atomic(dsq_engine_t *) engine;
-    atomic_bool draining;
-    atomic_bool stopping;
-    atomic_bool no_park;         /* stop: handlers answer now, never park  */
-    atomic_int n_inflight;
-    int port;
-    unsigned char key_hash[SHA256_DIGEST_LENGTH];
-    bool have_key;
-    pthread_mutex_t pool_mu;
-    waiter_t *pool_free, *pool_all;
-    dsq_chat_t *chat;            /* set once before the engine, then read-only */
-    /* hardening: open connections and the ticker thread */
-    pthread_mutex_t sock_mu;
-    sock_rec_t *socks;
-    int n_socks;
-    pthread_t ticker;
-    bool ticker_started;
-    atomic_bool ticker_stop;
-    atomic_llong n_cut_head, n_cut_body;
 };
-
-static waiter_t *waiter_get(dsq_http_t *h)
-{
-    waiter_t *w;
-    pthread_mutex_lock(&h->pool_mu);
-    w = h->pool_free;
-    if (w) {
-        h->pool_free = w->next_free;
-    } else if ((w = calloc(1, sizeof(*w)))) {
-        pthread_mutex_init(&w->mu, NULL);
-        w->fd = -1;
-        w->next_all = h->pool_all;
-        h->pool_all = w;
-    }
-    pthread_mutex_unlock(&h->pool_mu);
-    return w;
-}
-
-static void waiter_put(dsq_http_t *h, waiter_t *w)
-{
-    if (!w)
-        return;
-    pthread_mutex_lock(&w->mu);
-    w->parked = false;           /* a completed connection is never parked */
-    w->mc = NULL;
-    w->fd = -1;
-    w->wake_at = 0;
-    pthread_mutex_unlock(&w->mu);
-    pthread_mutex_lock(&h->pool_mu);
-    w->next_free = h->pool_free;
-    h->pool_free = w;
-    pthread_mutex_unlock(&h->pool_mu);
-}
-
-/* Bump seq and resume the connection if it is parked. Never blocks for
- * long (one mutex, MHD_resume_connection's own short lock and a write to
- * libmicrohttpd's wake-up pipe): safe on the engine thread. */
-static void waiter_wake(waiter_t *w)
-{
-    pthread_mutex_lock(&w->mu);
-    w->seq++;
-    if (w->parked) {
-        w->parked = false;
-        MHD_resume_connection(w->mc);
-    }
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* Engine thread: must not block (waiter_wake). */
-static void on_notify(dsq_req_t *req, void *user)
-{
-    (void)req;
-    waiter_wake(user);
-}
-
-static uint64_t waiter_seq(waiter_t *w)
-{
-    uint64_t s;
-    pthread_mutex_lock(&w->mu);
-    s = w->seq;
-    pthread_mutex_unlock(&w->mu);
-    return s;
-}
-
-/* ------------------------------------------------------------ per request */
-
-enum route {
-    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_VERSION, R_COMPLETIONS,
-    R_TOKENIZE, R_DETOKENIZE, R_CHAT, R_TOKENIZER_INFO,
-};
-
-typedef struct choice_st {
-    char *text;                  /* non-streaming: accumulated text         */
-    size_t len, cap;
-    cJSON *lp;                   /* non-streaming logprobs accumulator      */
-    dsq_finish_t finish;
-    int64_t n_tokens;            /* counted from events                     */
-    int64_t final_tokens;        /* engine's completion_tokens, if given    */
-    double t_last;
-    dsq_reasoning_t rs;          /* chat with a reasoning parser, streaming */
-    /* issue 22, chat with tools, streaming: content held back from where a
-     * tool call may start (parsed at the finish), and whether any content
-     * went out before it */
-    char *th;
-    size_t th_len, th_cap;
-    bool th_any;
-} choice_st;
-
-typedef struct conn {
-    dsq_http_t *h;
-    struct MHD_Connection *mc;
-    enum route route;
-    char method[12];
-    char path[96];
-    char *model_id;              /* GET /v1/models/{id}: the id (owned) */
-    bool gone_logged;            /* users: event=disconnect logged */
-    const char *err_code;        /* users: the error sent (access log) */
-    char err_msg[224];
-    int status;
-    double t_start;
-    /* body */
-    char *body;
-    size_t body_len, body_cap;
-    bool too_large, responded;
-    bool ct_other;               /* users: Content-Type not JSON (curl -d):
-                                    accepted when the body parses as JSON */
-    bool close_after;            /* attack2: answer with Connection: close */
-    uint64_t discarded;          /* body bytes dropped after too_large   */
-    /* completion */
-    dsq_completion_req_t req;
-    bool have_req;
-    dsq_engine_t *e;
-    const dsq_tokenizer_t *tok;
-    int n_ereqs;
-    dsq_req_t **ereqs;
-    bool *ereq_done;
-    int64_t *prompt_tokens;
-    int64_t *cached_tokens;
-    size_t *echo_len;            /* api: per prompt, bytes of the echoed
-                                    prompt's token texts (logprobs offsets) */
-    bool *echo_done;             /* api: prompt logprobs handled, per prompt */
-    int64_t discarded_tokens;    /* api: best_of candidates not returned   */
-    int n_choices;
-    choice_st *choices;
-    waiter_t *w;
-    char id[48];
-    int64_t created;
-    bool inflight;
-    bool cancelled;
-    double t_cancel;
-    double t_first;
-    double queue_ms;             /* from the engine, -1 until reported      */
-    bool queue_timeout;          /* hardening: aborted after --max-queue-wait */
-    int retry_after_s;           /* admission: the policy's Retry-After, 0 = 1 */
-    /* streaming */
-    char *pend;
-    size_t pend_len, pend_off, pend_cap;
-    bool stream_finished;        /* usage + [DONE] queued                  */
-    bool stream_held;            /* admission: the 200 waits for admission  */
-    bool eof;
-    /* chat */
-    bool reasoning;              /* split output with the reasoning parser  */
-    bool prompt_in_think;        /* the rendered prompt opened <think>      */
-    dsq_tool_parser_t tools;     /* issue 22: parse calls out (NONE: off)   */
-    dsq_trace_ctx_t tr;          /* otel: this request's trace context      */
-    int64_t clk_off_ns;          /* otel: CLOCK_REALTIME - CLOCK_MONOTONIC  */
-} conn_t;
-
-static void cancel_all(conn_t *c)
-{
-    if (c->cancelled)
-        return;
-    c->cancelled = true;
-    c->t_cancel = dsq_clock_now_s();
-    for (int i = 0; i < c->n_ereqs; i++)
-        if (c->ereqs[i] && !c->ereq_done[i])
-            dsq_engine_cancel(c->e, c->ereqs[i]);
-}
-
-static bool client_gone(conn_t *c)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    struct pollfd p;
-    if (!ci)
-        return false;
-    p.fd = ci->connect_fd;
-    p.events = POLLRDHUP;
-    p.revents = 0;
-    if (poll(&p, 1, 0) <= 0)
-        return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-/* users: set on a connection's thread when it closes a request because the
- * client went away (event=disconnect logged), so that libmicrohttpd's own
- * "application error" / "internal error" line that follows on the same
- * thread (thread-per-connection) goes to debug, not warn (log_mhd). */
-static __thread bool tl_client_gone;
-
-static void log_disconnect(conn_t *c, const char *how)
-{
-    if (c->gone_logged)
-        return;
-    c->gone_logged = true;
-    dsq_log(DSQ_LOG_INFO, "event=disconnect req=%s path=%s reason=%s",
-            c->id[0] ? c->id : "-", c->path, how);
-}
-
-/* ------------------------------------------------------------ responses */
-
-static void add_cors(conn_t *c, struct MHD_Response *r)
-{
-    const char *origin, *list = c->h->cfg.allowed_origins;
-    if (!list || !*list)
-        return;
-    origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
-    if (!strcmp(list, "*")) {
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
-        return;
-    }
-    if (!origin)
-        return;
-    size_t n = strlen(origin);
-    for (const char *p = list; p && *p;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        while (len && *p == ' ') { p++; len--; }
-        while (len && p[len - 1] == ' ') len--;
-        if ((len == 1 && *p == '*') || (len == n && !strncmp(p, origin, n))) {
-            MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
-            MHD_add_response_header(r, "Vary", "Origin");
-            return;
-        }
-        p = comma ? comma + 1 : NULL;
-    }
-}
-
-/* Queue r with status; takes ownership of r. */
-static enum MHD_Result send_response(conn_t *c, int status,
-                                     struct MHD_Response *r)
-{
-    enum MHD_Result ret;
-    if (!r)
-        return MHD_NO;
-    add_cors(c, r);
-    {
-        /* otel: W3C Trace Context: the span that answered */
-        char tp[DSQ_TRACEPARENT_LEN + 1];
-        dsq_trace_format(&c->tr, tp);
-        MHD_add_response_header(r, "traceparent", tp);
-        if (c->tr.tracestate[0])
-            MHD_add_response_header(r, "tracestate", c->tr.tracestate);
-    }
-    c->status = status;
-    c->responded = true;
-    ret = MHD_queue_response(c->mc, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-/* Takes ownership of body (malloc'd). */
-static enum MHD_Result send_body(conn_t *c, int status, char *body,
-                                 const char *ctype)
-{
-    struct MHD_Response *r;
-    if (!body)
-        return MHD_NO;
-    r = MHD_create_response_from_buffer(strlen(body), body,
-                                        MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", ctype);
-    return send_response(c, status, r);
-}
-
-static enum MHD_Result send_json(conn_t *c, int status, cJSON *obj)
-{
-    char *s = cJSON_PrintUnformatted(obj);
-    cJSON_Delete(obj);
-    return send_body(c, status, s, "application/json");
-}
-
-static enum MHD_Result send_error(conn_t *c, dsq_apierr_t kind,
-                                  const char *param, const char *msg)
-{
-    int status = dsq_apierr_status(kind);
-    char *body = dsq_apierr_json(kind, msg, param);
-    /* users: the access log line of a 4xx/5xx names the error */
-    c->err_code = dsq_apierr_code(kind) ? dsq_apierr_code(kind) : dsq_apierr_type(kind);
-    snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg ? msg : "");
-    for (char *q = c->err_msg; *q; q++)
-        if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20)
-            *q = '\'';
-    struct MHD_Response *r;
-    if (!body)
-        return MHD_NO;
-    r = MHD_create_response_from_buffer(strlen(body), body,
-                                        MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    if (kind == DSQ_APIERR_RATE_LIMIT || kind == DSQ_APIERR_UNAVAILABLE ||
-        kind == DSQ_APIERR_OVERLOADED) {
-        char ra[16];
-        snprintf(ra, sizeof(ra), "%d", c->retry_after_s > 0 ? c->retry_after_s : 1);
-        MHD_add_response_header(r, "Retry-After", ra);
-    }
-    if (kind == DSQ_APIERR_AUTH)
-        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    if (kind == DSQ_APIERR_METHOD) {
-        const char *allow = "GET, HEAD";
-        if (c->route == R_COMPLETIONS || c->route == R_TOKENIZE ||
-            c->route == R_DETOKENIZE || c->route == R_CHAT)
-            allow = "POST";
-        if (c->h->cfg.allowed_origins)
-            allow = (!strcmp(allow, "POST")) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
-        MHD_add_response_header(r, "Allow", allow);
-    }
-    if (kind == DSQ_APIERR_TOO_LARGE || c->close_after)
-        MHD_add_response_header(r, "Connection", "close");
-    return send_response(c, status, r);
-}
-
-static enum MHD_Result send_api_error(conn_t *c, const dsq_api_error_t *e)
-{
-    return send_error(c, e->kind, e->param, e->message);
-}
-
-/* ------------------------------------------------------------ auth */
-
-static bool authorized(conn_t *c)
-{
-    const char *a;
-    unsigned char got[SHA256_DIGEST_LENGTH];
-    if (!c->h->have_key)
-        return true;
-    a = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
-        return false;
-    a += 7;
-    while (*a == ' ')
-        a++;
-    /* Hash both sides so the comparison is constant-time in the key's
-     * length too, then compare the digests with CRYPTO_memcmp. */
-    SHA256((const unsigned char *)a, strlen(a), got);
-    return CRYPTO_memcmp(got, c->h->key_hash, sizeof(got)) == 0;
-}
-
-/* ------------------------------------------------------------ simple routes */
-
-static dsq_openai_limits_t limits(conn_t *c)
-{
-    dsq_openai_limits_t lim = {c->h->cfg.served_model_name,
-                               c->tok ? dsq_tokenizer_n_vocab(c->tok) : 0,
-                               c->h->cfg.max_seqs_per_request};
-    return lim;
-}
-
-static enum MHD_Result do_health(conn_t *c)
-{
-    if (!atomic_load(&c->h->engine))
-        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
-    if (atomic_load(&c->h->draining))
-        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is draining");
-    return send_body(c, 200, strdup("{\"status\":\"ok\"}"), "application/json");
-}
-
-/* The model object of GET /v1/models and /v1/models/{id} (OpenAI's Model:
- * id, object, created, owned_by; vLLM adds root, parent, max_model_len). */
-static cJSON *model_object(conn_t *c)
-{
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", c->h->cfg.served_model_name);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)c->h->cfg.created);
-    cJSON_AddStringToObject(m, "owned_by", "dsq");
-    cJSON_AddStringToObject(m, "root", c->h->cfg.served_model_name);
-    cJSON_AddNullToObject(m, "parent");
-    cJSON_AddNumberToObject(m, "max_model_len",
-                            c->e ? dsq_engine_max_model_len(c->e) : 0);
-    return m;
-}
-
-static enum MHD_Result do_models(conn_t *c)
-{
-    cJSON *o = cJSON_CreateObject(), *data;
-    cJSON_AddStringToObject(o, "object", "list");
-    data = cJSON_AddArrayToObject(o, "data");
-    cJSON_AddItemToArray(data, model_object(c));
-    return send_json(c, 200, o);
-}
-
-/* users: GET /v1/models/{id} (the SDKs' models.retrieve): the model, or 404
- * model_not_found. The id is the rest of the path, percent-decoded by
- * libmicrohttpd; ids with '/' (e.g. "org/name") are kept whole. */
-static enum MHD_Result do_model(conn_t *c)
-{
-    if (strcmp(c->model_id, c->h->cfg.served_model_name)) {
-        /* the id as sent may be any bytes: at most 200 of them, invalid
-         * UTF-8 (or a cut character) replaced, so the body stays JSON */
-        size_t n = strlen(c->model_id), clean_len = 0;
-        char *clean = dsq_openai_utf8_clean(c->model_id, n > 200 ? 200 : n, &clean_len);
-        char msg[900];
-        snprintf(msg, sizeof(msg), "The model '%s%s' does not exist; this server serves "
-                 "'%s'", clean ? clean : "?", n > 200 ? "..." : "",
-                 c->h->cfg.served_model_name);
-        free(clean);
-        return send_error(c, DSQ_APIERR_MODEL_NOT_FOUND, "model", msg);
-    }
-    return send_json(c, 200, model_object(c));
-}
-
-/* users: GET /tokenizer_info as vLLM serves it (lm-evaluation-harness's
- * tokenizer_backend=remote reads eos_token / bos_token / pad_token and
- * chat_template, then tokenizes through /tokenize and /detokenize):
- * token texts (null when the vocabulary has none) and ids, the vocabulary
- * size, whether BOS is added, model_max_length (= max_model_len) and the
- * chat template the server renders with (null when there is none). */
-static cJSON *token_field(cJSON *o, const char *name, const dsq_tokenizer_t *t, int32_t id)
-{
-    char key[32];
-    size_t len = 0;
-    const char *s = id >= 0 ? dsq_tokenizer_token_str(t, id, &len) : NULL;
-    cJSON *v = s ? cJSON_CreateString(s) : cJSON_CreateNull();
-    cJSON_AddItemToObject(o, name, v);
-    snprintf(key, sizeof(key), "%s_id", name);
-    if (id >= 0)
-        cJSON_AddNumberToObject(o, key, id);
-    else
-        cJSON_AddNullToObject(o, key);
-    return v;
-}
-
-static enum MHD_Result do_tokenizer_info(conn_t *c)
-{
-    const dsq_tokenizer_t *t = c->tok;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "tokenizer_class",
-                            dsq_tokenizer_kind(t) == DSQ_TOKENIZER_BPE ? "bpe (byte-level)"
-                                                                       : "sentencepiece");
-    token_field(o, "bos_token", t, dsq_tokenizer_bos(t));
-    token_field(o, "eos_token", t, dsq_tokenizer_eos(t));
-    token_field(o, "pad_token", t, dsq_tokenizer_pad(t));
-    cJSON_AddBoolToObject(o, "add_bos_token", dsq_tokenizer_add_bos(t));
-    cJSON_AddNumberToObject(o, "vocab_size", dsq_tokenizer_n_vocab(t));
-    cJSON_AddNumberToObject(o, "model_max_length", dsq_engine_max_model_len(c->e));
-    const char *tmpl = dsq_chat_template_source(c->h->chat);
-    if (tmpl)
-        cJSON_AddStringToObject(o, "chat_template", tmpl);
-    else
-        cJSON_AddNullToObject(o, "chat_template");
-    return send_json(c, 200, o);
-}
-
-static enum MHD_Result do_version(conn_t *c)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "version", DSQ_VERSION);
-    return send_json(c, 200, o);
-}
-
-static enum MHD_Result do_metrics(conn_t *c)
-{
-    dsq_engine_stats_t st;
-    char *s;
-    if (c->e)
-        dsq_engine_stats(c->e, &st);
-    dsq_metrics_extra_t ext = {0};
-    if (c->h->cfg.otlp) {
-        dsq_otlp_stats_t os;
-        dsq_otlp_stats(c->h->cfg.otlp, &os);
-        ext.otlp_on = true;
-        ext.otlp_spans_exported = os.exported;
-        ext.otlp_spans_dropped_queue_full = os.dropped_queue_full;
-        ext.otlp_spans_dropped_export_failed = os.dropped_export_failed;
-        ext.otlp_spans_queued = os.queued;
-        ext.otlp_export_requests = os.export_requests;
-        ext.otlp_export_failures = os.export_failures;
-    }
-    s = dsq_metrics_render(c->h->metrics, c->e ? &st : NULL,
-                           c->h->cfg.served_model_name, &ext);
-    return send_body(c, 200, s, "text/plain; version=0.0.4; charset=utf-8");
-}
-
-static unsigned tok_flags(const dsq_tokenizer_t *t, bool add_special)
-{
-    return DSQ_TOK_PARSE_SPECIAL |
-           (add_special && dsq_tokenizer_add_bos(t) ? DSQ_TOK_ADD_BOS : 0u);
-}
-
-static enum MHD_Result do_tokenize(conn_t *c)
-{
-    dsq_api_error_t err;
-    dsq_openai_limits_t lim = limits(c);
-    dsq_tokenize_req_t q;
-    char *prompt = NULL;
-    size_t plen = 0, n_ids = 0;
-    int32_t *ids = NULL;
-    enum MHD_Result ret;
-    cJSON *o, *arr;
-    int rc;
-    if (dsq_openai_parse_tokenize_req(c->body, c->body_len, &lim, &q, &err))
-        return send_api_error(c, &err);
-    if (q.messages) {
-        /* chatapi: the prompt /v1/chat/completions would submit */
-        if (dsq_chat_render(c->h->chat, q.messages, q.tools,
-                            q.add_generation_prompt, &prompt, &plen, &err)) {
-            dsq_tokenize_req_deinit(&q);
-            return send_api_error(c, &err);
-        }
-        rc = dsq_chat_tokenize(c->h->chat, prompt, plen, q.add_special, &ids,
-                               &n_ids);
-    } else {
-        rc = dsq_tokenizer_encode(c->tok, q.prompt, q.prompt_len,
-                                  tok_flags(c->tok, q.add_special), &ids, &n_ids);
-    }
-    dsq_tokenize_req_deinit(&q);
-    if (rc) {
-        free(prompt);
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
-    }
-    o = cJSON_CreateObject();
-    arr = cJSON_AddArrayToObject(o, "tokens");
-    for (size_t i = 0; i < n_ids; i++)
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-    cJSON_AddNumberToObject(o, "count", (double)n_ids);
-    cJSON_AddNumberToObject(o, "max_model_len", dsq_engine_max_model_len(c->e));
-    ret = send_json(c, 200, o);
-    free(ids);
-    free(prompt);
-    return ret;
-}
-
-static enum MHD_Result do_detokenize(conn_t *c)
-{
-    dsq_api_error_t err;
-    dsq_openai_limits_t lim = limits(c);
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    char *text = NULL, *clean;
-    size_t len = 0;
-    cJSON *o;
-    if (dsq_openai_parse_detokenize(c->body, c->body_len, &lim, &ids, &n_ids,
-                                    &err))
-        return send_api_error(c, &err);
-    if (dsq_tokenizer_decode(c->tok, ids, (size_t)n_ids, false, &text, &len)) {
-        free(ids);
-        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "tokens",
-                          "'tokens' holds an id outside the vocabulary");
-    }
-    free(ids);
-    clean = dsq_openai_utf8_clean(text, len, NULL);
-    free(text);
-    o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "prompt", clean ? clean : "");
-    free(clean);
-    return send_json(c, 200, o);
-}
 
 /* ------------------------------------------------------------ completions */
 
@@ -669,29 +69,11 @@ static const char *token_text(void *u, int32_t id, size_t *len)
     return dsq_tokenizer_token_bytes(u, id, len);
 }
 
-static int append(char **p, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*cap ? *cap * 2 : 256);
-        while (nc < *len + n + 1)
-            nc *= 2;
-        char *q = realloc(*p, nc);
-        if (!q)
-            return DSQ_ENOMEM;
-        *p = q;
-        *cap = nc;
-    }
-    memcpy(*p + *len, s, n);
-    *len += n;
-    (*p)[*len] = '\0';
-    return DSQ_OK;
-}
-
 static int pend_add(conn_t *c, char *s)
 {
     int rc = DSQ_ENOMEM;
     if (s)
-        rc = append(&c->pend, &c->pend_len, &c->pend_cap, s, strlen(s));
+        rc = dsq__append(&c->pend, &c->pend_len, &c->pend_cap, s, strlen(s));
     free(s);
     return rc;
 }
@@ -786,7 +168,7 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     }
     if (!c->req.stream) {
         if (o->text_len)
-            append(&ch->text, &ch->len, &ch->cap, o->text, o->text_len);
+            dsq__append(&ch->text, &ch->len, &ch->cap, o->text, o->text_len);
         if (ch->lp && c->req.chat)
             dsq_openai_chat_logprobs_add(ch->lp, o, token_text, (void *)c->tok);
         else if (ch->lp)
@@ -983,7 +365,7 @@ static bool drain_events(conn_t *c)
     return all;
 }
 
-static void usage_of(conn_t *c, dsq_usage_t *u)
+void dsq__usage_of(conn_t *c, dsq_usage_t *u)
 {
     memset(u, 0, sizeof(*u));
     for (int p = 0; p < c->n_ereqs; p++) {
@@ -1034,56 +416,29 @@ static wait_result_t poll_progress(conn_t *c)
     if (c->req.stream && !c->stream_held && c->pend_len > c->pend_off)
         return W_DATA;
     if (atomic_load(&h->no_park)) {
-        cancel_all(c);
+        dsq__cancel_all(c);
         return W_STOPPING;
     }
     if (c->cancelled) {
         if (dsq_clock_now_s() - c->t_cancel > CANCEL_GRACE_S)
             return W_STOPPING;
     } else if (atomic_load(&h->stopping)) {
-        cancel_all(c);
-    } else if (client_gone(c)) {
+        dsq__cancel_all(c);
+    } else if (dsq__client_gone(c)) {
         /* users: a client hang-up is normal: info, with the request id
          * (libmicrohttpd's own "application error" line that follows
          * a stream's end is logged at debug, log_mhd) */
-        log_disconnect(c, "client closed the connection; its sequences are cancelled");
-        tl_client_gone = true;
-        cancel_all(c);
+        dsq__log_disconnect(c, "client closed the connection; its sequences are cancelled");
+        dsq__tl_client_gone = true;
+        dsq__cancel_all(c);
         return W_GONE;
     } else if (h->cfg.request_timeout_s > 0 &&
                dsq_clock_now_s() - c->t_start > h->cfg.request_timeout_s) {
-        cancel_all(c);
+        dsq__cancel_all(c);
         if (!c->req.stream)
             return W_TIMEOUT;
     }
     return W_PENDING;
-}
-
-/* Suspend c's connection until the next wake-up, unless one came since
- * `seen` (then false: look again). Only from c's access handler or stream
- * reader (libmicrohttpd's rule for MHD_suspend_connection). */
-static bool park(conn_t *c, uint64_t seen)
-{
-    waiter_t *w = c->w;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    double wake_at = 0;
-    if (c->cancelled)
-        wake_at = c->t_cancel + CANCEL_GRACE_S + 0.01;
-    else if (c->h->cfg.request_timeout_s > 0)
-        wake_at = c->t_start + c->h->cfg.request_timeout_s + 0.01;
-    pthread_mutex_lock(&w->mu);
-    if (w->seq != seen || atomic_load(&c->h->no_park)) {
-        pthread_mutex_unlock(&w->mu);
-        return false;
-    }
-    w->mc = c->mc;
-    w->fd = ci ? ci->connect_fd : -1;
-    w->wake_at = wake_at;
-    w->parked = true;
-    MHD_suspend_connection(c->mc);
-    pthread_mutex_unlock(&w->mu);
-    return true;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
@@ -1103,12 +458,12 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (c->stream_finished)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        uint64_t seen = waiter_seq(c->w);
+        uint64_t seen = dsq__waiter_seq(c->w);
         wait_result_t w = poll_progress(c);
         if (w == W_GONE)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (w == W_PENDING) {
-            if (park(c, seen))
+            if (dsq__park(c, seen))
                 return 0;    /* resumed by the next wake-up */
             continue;
         }
@@ -1130,7 +485,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             }
             if (c->req.include_usage) {
                 dsq_usage_t u;
-                usage_of(c, &u);
+                dsq__usage_of(c, &u);
                 pend_add(c, (c->req.chat ? dsq_openai_chat_usage_chunk
                                          : dsq_openai_usage_chunk)(
                                 c->id, c->created, c->h->cfg.served_model_name, &u));
@@ -1221,7 +576,7 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
         }
     }
     if (ok) {
-        usage_of(c, &u);
+        dsq__usage_of(c, &u);
         body = dsq_openai_chat_body(c->id, c->created,
                                     c->h->cfg.served_model_name, outs,
                                     c->n_choices, &u);
@@ -1239,8 +594,8 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
     free(ds);
     free(outs);
     if (!body)
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
-    return send_body(c, 200, body, "application/json");
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+    return dsq__send_body(c, 200, body, "application/json");
 }
 
 /* A non-streaming request after its submit, and again at each resume: the
@@ -1253,31 +608,32 @@ static enum MHD_Result finish_nonstream(conn_t *c)
     dsq_usage_t u;
     char *body;
     for (;;) {
-        uint64_t seen = waiter_seq(c->w);
+        uint64_t seen = dsq__waiter_seq(c->w);
         /* a refused prompt of a list ends the request at once */
         if ((w = poll_progress(c)) != W_PENDING || c->queue_timeout)
             break;
-        if (park(c, seen))
+        if (dsq__park(c, seen))
             return MHD_YES;      /* the access handler runs again on resume */
     }
     if (w == W_GONE)
         return MHD_NO;
     if (w == W_TIMEOUT)
-        return send_error(c, DSQ_APIERR_TIMEOUT, NULL,
-                          "request ran past --request-timeout");
+        return dsq__send_error(c, DSQ_APIERR_TIMEOUT, NULL,
+                               "request ran past --request-timeout");
     if (w == W_STOPPING)
-        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
-                          "server is shutting down");
+        return dsq__send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
+                               "server is shutting down");
     if (c->queue_timeout) {
         char rbuf[200];
-        cancel_all(c);
-        return send_error(c, DSQ_APIERR_OVERLOADED, NULL, refusal_msg(c, rbuf, sizeof(rbuf)));
+        dsq__cancel_all(c);
+        return dsq__send_error(c, DSQ_APIERR_OVERLOADED, NULL,
+                               refusal_msg(c, rbuf, sizeof(rbuf)));
     }
     if (c->req.chat)
         return finish_chat_nonstream(c);
     outs = calloc((size_t)c->n_choices, sizeof(*outs));
     if (!outs)
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     for (int i = 0; i < c->n_choices; i++) {
         outs[i].index = i;
         outs[i].text = c->choices[i].text ? c->choices[i].text : "";
@@ -1285,12 +641,12 @@ static enum MHD_Result finish_nonstream(conn_t *c)
         outs[i].logprobs = c->choices[i].lp;
         outs[i].finish = c->choices[i].finish;
     }
-    usage_of(c, &u);
+    dsq__usage_of(c, &u);
     body = dsq_openai_completion_body(c->id, c->created,
                                       c->h->cfg.served_model_name, outs,
                                       c->n_choices, &u);
     free(outs);
-    return send_body(c, 200, body, "application/json");
+    return dsq__send_body(c, 200, body, "application/json");
 }
 
 static enum MHD_Result start_requests(conn_t *c);
@@ -1298,12 +654,12 @@ static enum MHD_Result start_requests(conn_t *c);
 static enum MHD_Result do_completions(conn_t *c)
 {
     dsq_api_error_t err;
-    dsq_openai_limits_t lim = limits(c);
+    dsq_openai_limits_t lim = dsq__limits(c);
     dsq_completion_req_t *q = &c->req;
     int max_len = dsq_engine_max_model_len(c->e);
 
     if (dsq_openai_parse_completion(c->body, c->body_len, &lim, q, &err))
-        return send_api_error(c, &err);
+        return dsq__send_api_error(c, &err);
     if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
         q->sp.has_seed = true;
         q->sp.seed = (uint64_t)c->h->cfg.default_seed;
@@ -1316,16 +672,16 @@ static enum MHD_Result do_completions(conn_t *c)
         if (pr->text) {
             size_t n = 0;
             if (dsq_tokenizer_encode(c->tok, pr->text, pr->text_len,
-                                     tok_flags(c->tok, true), &pr->ids, &n))
-                return send_error(c, DSQ_APIERR_INTERNAL, NULL,
-                                  "tokenizer failed");
+                                     dsq__tok_flags(c->tok, true), &pr->ids, &n))
+                return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL,
+                                       "tokenizer failed");
             pr->n_ids = (int)n;
         }
         if (pr->n_ids == 0)
-            return send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt",
-                              "the prompt is empty after tokenization");
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt",
+                                   "the prompt is empty after tokenization");
         if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
-            return send_api_error(c, &err);
+            return dsq__send_api_error(c, &err);
     }
     if (q->sp.prompt_logprobs) {
         /* attack2: every choice repeats its prompt's logprobs: bound the
@@ -1339,7 +695,7 @@ static enum MHD_Result do_completions(conn_t *c)
                      "logprob entries (n x prompt tokens x (logprobs + 1)); the "
                      "limit is %d: lower n or logprobs, or split the prompts",
                      (long long)entries, DSQ_OPENAI_MAX_PROMPT_LOGPROB_ENTRIES);
-            return send_error(c, DSQ_APIERR_INVALID_REQUEST, "logprobs", msg);
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, "logprobs", msg);
         }
     }
     return start_requests(c);
@@ -1351,14 +707,14 @@ static enum MHD_Result do_completions(conn_t *c)
 static enum MHD_Result do_chat(conn_t *c)
 {
     dsq_api_error_t err;
-    dsq_openai_limits_t lim = limits(c);
+    dsq_openai_limits_t lim = dsq__limits(c);
     dsq_completion_req_t *q = &c->req;
     int max_len = dsq_engine_max_model_len(c->e);
     dsq_prompt_t *pr;
     size_t n = 0;
 
     if (dsq_openai_parse_chat(c->body, c->body_len, &lim, q, &err))
-        return send_api_error(c, &err);
+        return dsq__send_api_error(c, &err);
     if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
         q->sp.has_seed = true;
         q->sp.seed = (uint64_t)c->h->cfg.default_seed;
@@ -1386,32 +742,32 @@ static enum MHD_Result do_chat(conn_t *c)
                                        sizeof(why));
         free(gbnf);
         if (rc == DSQ_ENOMEM)
-            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof(msg), "'tools': %s", why);
-            return send_error(c, rc == DSQ_EUNSUPPORTED ? DSQ_APIERR_UNSUPPORTED
-                                                        : DSQ_APIERR_INVALID_REQUEST,
-                              "tools", msg);
+            return dsq__send_error(c, rc == DSQ_EUNSUPPORTED ? DSQ_APIERR_UNSUPPORTED
+                                                             : DSQ_APIERR_INVALID_REQUEST,
+                                   "tools", msg);
         }
     }
     if (!(q->prompts = calloc(1, sizeof(*q->prompts))))
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     q->n_prompts = 1;
     pr = &q->prompts[0];
     if (dsq_chat_render(c->h->chat, q->messages, q->tools, true, &pr->text,
                         &pr->text_len, &err))
-        return send_api_error(c, &err);
+        return dsq__send_api_error(c, &err);
     if (dsq_chat_tokenize(c->h->chat, pr->text, pr->text_len, true, &pr->ids, &n))
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
     pr->n_ids = (int)n;
     if (pr->n_ids == 0)
-        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "messages",
-                          "the rendered prompt is empty");
+        return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, "messages",
+                               "the rendered prompt is empty");
     if (q->sp.max_tokens < 0)   /* no limit given: up to the context's end */
         q->sp.max_tokens = max_len - pr->n_ids > 0 ? max_len - pr->n_ids : 1;
     if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
-        return send_api_error(c, &err);
+        return dsq__send_api_error(c, &err);
     c->reasoning = dsq_chat_has_reasoning(c->h->chat);
     c->prompt_in_think = c->reasoning &&
         dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
@@ -1436,17 +792,17 @@ static enum MHD_Result start_requests(conn_t *c)
     c->echo_len = calloc((size_t)c->n_ereqs, sizeof(*c->echo_len));
     c->echo_done = calloc((size_t)c->n_ereqs, sizeof(*c->echo_done));
     c->choices = calloc((size_t)c->n_choices, sizeof(*c->choices));
-    c->w = waiter_get(c->h);
+    c->w = dsq__waiter_get(c->h);
     if (!c->ereqs || !c->ereq_done || !c->prompt_tokens || !c->cached_tokens ||
         !c->echo_len || !c->echo_done || !c->choices || !c->w ||
         dsq_openai_new_id(c->id, sizeof(c->id), q->chat ? "chatcmpl-" : "cmpl-"))
-        return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     c->created = (int64_t)time(NULL);
     for (int i = 0; i < c->n_choices; i++) {
         if (q->sp.logprobs >= 0 && !q->stream &&
             !(c->choices[i].lp = q->chat ? dsq_openai_chat_logprobs_new()
                                          : dsq_openai_logprobs_new()))
-            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
         if (q->chat) {
             /* the first delta of each choice carries the role */
             dsq_reasoning_init(&c->choices[i].rs, c->prompt_in_think);
@@ -1468,8 +824,8 @@ static enum MHD_Result start_requests(conn_t *c)
                                              len, NULL, DSQ_FINISH_NONE,
                                              q->include_usage));
             else if (t)
-                append(&c->choices[i].text, &c->choices[i].len,
-                       &c->choices[i].cap, t, len);
+                dsq__append(&c->choices[i].text, &c->choices[i].len,
+                            &c->choices[i].cap, t, len);
             free(t);
         }
     }
@@ -1480,20 +836,20 @@ static enum MHD_Result start_requests(conn_t *c)
         snprintf(reason, sizeof(reason), "this request has %d prompts; the server queues at "
                  "most %d requests (--max-waiting-requests): send fewer prompts per request",
                  c->n_ereqs, dsq_engine_max_waiting(c->e));
-        return send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt", reason);
+        return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt", reason);
     }
     for (int p = 0; p < c->n_ereqs; p++) {
         dsq_prompt_t *pr = &q->prompts[p];
         reason[0] = '\0';
         c->prompt_tokens[p] = pr->n_ids;
-        c->ereqs[p] = dsq_req_create(pr->ids, pr->n_ids, &q->sp, on_notify,
+        c->ereqs[p] = dsq_req_create(pr->ids, pr->n_ids, &q->sp, dsq__on_notify,
                                      c->w, reason, sizeof(reason));
         if (!c->ereqs[p]) {
             /* nothing was submitted yet: nothing to cancel or wait for */
             for (int k = 0; k < c->n_ereqs; k++)
                 c->ereq_done[k] = true;
-            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
-                              reason[0] ? reason : "invalid request");
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                                   reason[0] ? reason : "invalid request");
         }
     }
     for (int p = 0; p < c->n_ereqs; p++) {
@@ -1502,21 +858,21 @@ static enum MHD_Result start_requests(conn_t *c)
             /* requests never submitted report nothing: treat them as done */
             for (int k = p; k < c->n_ereqs; k++)
                 c->ereq_done[k] = true;
-            cancel_all(c);
+            dsq__cancel_all(c);
             if (rc == DSQ_ERANGE) {
                 dsq_openai_check_context(q->prompts[p].n_ids, q->sp.max_tokens,
                                          0, &err);
-                return send_api_error(c, &err);
+                return dsq__send_api_error(c, &err);
             }
             if (rc == DSQ_EFULL) {
                 /* admission: the policy's own reason and Retry-After */
                 char why[200];
                 if ((c->retry_after_s = dsq_req_refusal(c->ereqs[p], why, sizeof(why))) > 0)
-                    return send_error(c, DSQ_APIERR_OVERLOADED, NULL, why);
-                return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
-                                  "the server's waiting queue is full; retry later");
+                    return dsq__send_error(c, DSQ_APIERR_OVERLOADED, NULL, why);
+                return dsq__send_error(c, DSQ_APIERR_OVERLOADED, NULL,
+                                       "the server's waiting queue is full; retry later");
             }
-            return send_error(c, dsq_apierr_from_code(rc), NULL, dsq_strerror(rc));
+            return dsq__send_error(c, dsq_apierr_from_code(rc), NULL, dsq_strerror(rc));
         }
     }
     c->inflight = true;
@@ -1545,7 +901,7 @@ static enum MHD_Result start_stream(conn_t *c)
         MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        return send_response(c, 200, r);
+        return dsq__send_response(c, 200, r);
     }
 }
 
@@ -1556,12 +912,12 @@ static enum MHD_Result start_stream(conn_t *c)
 static enum MHD_Result stream_when_admitted(conn_t *c)
 {
     for (;;) {
-        uint64_t seen = waiter_seq(c->w);
+        uint64_t seen = dsq__waiter_seq(c->w);
         if (c->h->cfg.request_timeout_s > 0 && !c->cancelled &&
             dsq_clock_now_s() - c->t_start > c->h->cfg.request_timeout_s) {
-            cancel_all(c);
-            return send_error(c, DSQ_APIERR_TIMEOUT, NULL,
-                              "request ran past --request-timeout");
+            dsq__cancel_all(c);
+            return dsq__send_error(c, DSQ_APIERR_TIMEOUT, NULL,
+                                   "request ran past --request-timeout");
         }
         wait_result_t w = poll_progress(c);
         bool held = false;
@@ -1570,18 +926,18 @@ static enum MHD_Result stream_when_admitted(conn_t *c)
         if (w == W_GONE)
             return MHD_NO;
         if (w == W_STOPPING)
-            return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is shutting down");
+            return dsq__send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "server is shutting down");
         if (c->queue_timeout) {
             /* one prompt refused refuses the request: the others (a
              * prompt list) are cancelled, not computed for nothing */
             char rbuf[200];
-            cancel_all(c);
-            return send_error(c, DSQ_APIERR_OVERLOADED, NULL,
-                              refusal_msg(c, rbuf, sizeof(rbuf)));
+            dsq__cancel_all(c);
+            return dsq__send_error(c, DSQ_APIERR_OVERLOADED, NULL,
+                                   refusal_msg(c, rbuf, sizeof(rbuf)));
         }
         if (w == W_DONE || !held)
             break;
-        if (park(c, seen))
+        if (dsq__park(c, seen))
             return MHD_YES;      /* the access handler runs again on resume */
     }
     c->stream_held = false;
@@ -1637,7 +993,7 @@ static enum MHD_Result preflight(conn_t *c)
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
                             "Authorization, Content-Type");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
-    return send_response(c, 204, r);
+    return dsq__send_response(c, 204, r);
 }
 
 /* How many header fields of one name a request has (case-insensitive,
@@ -1676,9 +1032,9 @@ static enum MHD_Result on_headers(conn_t *c)
     if (!strcmp(c->method, "OPTIONS") && h->cfg.allowed_origins)
         return preflight(c);
     if (c->route == R_NONE)
-        return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
+        return dsq__send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
-        return send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
+        return dsq__send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
     /* api: two Content-Length headers (MHD uses the first) let a proxy
      * that uses the other one smuggle a second request: refuse (attack2:
      * on every route, GET too) */
@@ -1690,20 +1046,20 @@ static enum MHD_Result on_headers(conn_t *c)
             (n_cl && MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND,
                                                  "Transfer-Encoding"));
         if (n_cl > 1)
-            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
-                              "more than one Content-Length header");
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                                   "more than one Content-Length header");
         /* attack2: Transfer-Encoding and Content-Length together (RFC 9112
          * 6.3: MHD reads the chunked body, a proxy may use the length):
          * the same smuggling risk; refuse, and close the connection */
         if (c->close_after)
-            return send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
-                              "both Transfer-Encoding and Content-Length");
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                                   "both Transfer-Encoding and Content-Length");
     }
     if (c->route == R_HEALTH)
         return MHD_YES;
-    if (!authorized(c))
-        return send_error(c, DSQ_APIERR_AUTH, NULL,
-                          "missing or invalid API key (Authorization: Bearer)");
+    if (!dsq__authorized(c))
+        return dsq__send_error(c, DSQ_APIERR_AUTH, NULL,
+                               "missing or invalid API key (Authorization: Bearer)");
     if (!post)
         return MHD_YES;
     /* users: curl -d without -H sends application/x-www-form-urlencoded;
@@ -1713,8 +1069,8 @@ static enum MHD_Result on_headers(conn_t *c)
     cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->cfg.max_request_bytes) {
         c->too_large = true;
-        return send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
-                          "request body is larger than --max-request-bytes");
+        return dsq__send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
+                               "request body is larger than --max-request-bytes");
     }
     return MHD_YES;
 }
@@ -1725,15 +1081,15 @@ static enum MHD_Result on_request(conn_t *c)
     c->e = atomic_load(&h->engine);
     c->tok = c->e ? dsq_engine_tokenizer(c->e) : NULL;
     if (c->route == R_HEALTH)
-        return do_health(c);
+        return dsq__do_health(c);
     if (atomic_load(&h->draining) && c->route != R_METRICS)
-        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
-                          "server is shutting down");
+        return dsq__send_error(c, DSQ_APIERR_UNAVAILABLE, NULL,
+                               "server is shutting down");
     switch (c->route) {
-    case R_MODELS: return do_models(c);
-    case R_MODEL: return do_model(c);
-    case R_VERSION: return do_version(c);
-    case R_METRICS: return do_metrics(c);
+    case R_MODELS: return dsq__do_models(c);
+    case R_MODEL: return dsq__do_model(c);
+    case R_VERSION: return dsq__do_version(c);
+    case R_METRICS: return dsq__do_metrics(c);
     default: break;
     }
     if (c->ct_other && is_post_route(c->route)) {
@@ -1743,21 +1099,21 @@ static enum MHD_Result on_request(conn_t *c)
         dsq_json_error_t je;
         int rc = dsq_json_check(c->body, c->body_len, &je);
         if (rc == DSQ_ENOMEM)
-            return send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
         if (rc != DSQ_OK && je.fault != DSQ_JSON_NUL)
-            return send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
-                              "Content-Type must be application/json (a body of another "
-                              "type is taken only when it is JSON)");
+            return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
+                                   "Content-Type must be application/json (a body of another "
+                                   "type is taken only when it is JSON)");
     }
     if (!c->e)
-        return send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
+        return dsq__send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");
     switch (c->route) {
     case R_COMPLETIONS: return do_completions(c);
     case R_CHAT: return do_chat(c);
-    case R_TOKENIZE: return do_tokenize(c);
-    case R_DETOKENIZE: return do_detokenize(c);
-    case R_TOKENIZER_INFO: return do_tokenizer_info(c);
-    default: return send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
+    case R_TOKENIZE: return dsq__do_tokenize(c);
+    case R_DETOKENIZE: return dsq__do_detokenize(c);
+    case R_TOKENIZER_INFO: return dsq__do_tokenizer_info(c);
+    default: return dsq__send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     }
 }
 
@@ -1878,13 +1234,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
             c->body_len = c->body_cap = 0;
             return MHD_YES;
         }
-        if (append(&c->body, &c->body_len, &c->body_cap, upload_data, n))
+        if (dsq__append(&c->body, &c->body_len, &c->body_cap, upload_data, n))
             return MHD_NO;
         return MHD_YES;
     }
     if (c->too_large)
-        return send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
-                          "request body is larger than --max-request-bytes");
+        return dsq__send_error(c, DSQ_APIERR_TOO_LARGE, NULL,
+                               "request body is larger than --max-request-bytes");
     if (!c->body && (c->body = strdup("")) == NULL)
         return MHD_NO;
     /* api: the whole request arrived; while it is answered the idle
@@ -1894,205 +1250,6 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
     sock_phase(h, mc, S_BUSY);
     return on_request(c);
 }
-
-/* otel: the route's template for span names and http.route (NULL for
- * unknown routes: the span is then named by the method alone, as the HTTP
- * semantic conventions say, so a scan of random URLs cannot make names). */
-static const char *route_template(enum route r)
-{
-    switch (r) {
-    case R_HEALTH: return "/health";
-    case R_MODELS: return "/v1/models";
-    case R_MODEL: return "/v1/models/{model}";
-    case R_METRICS: return "/metrics";
-    case R_VERSION: return "/version";
-    case R_COMPLETIONS: return "/v1/completions";
-    case R_TOKENIZE: return "/tokenize";
-    case R_DETOKENIZE: return "/detokenize";
-    case R_CHAT: return "/v1/chat/completions";
-    case R_TOKENIZER_INFO: return "/tokenizer_info";
-    default: return NULL;
-    }
-}
-
-/* otel: the request's input as JSON text for gen_ai.input.messages
- * (--otlp-export-prompt): chat messages as validated, completions' prompts
- * as an array of their texts (token-id prompts as id arrays). */
-static char *prompt_json(const conn_t *c)
-{
-    if (c->req.chat)
-        return c->req.messages ? cJSON_PrintUnformatted(c->req.messages) : NULL;
-    cJSON *a = cJSON_CreateArray();
-    for (int p = 0; a && p < c->req.n_prompts; p++) {
-        const dsq_prompt_t *pr = &c->req.prompts[p];
-        cJSON_AddItemToArray(a, pr->text ? cJSON_CreateString(pr->text)
-                                         : cJSON_CreateIntArray(pr->ids, pr->n_ids));
-    }
-    char *s = a ? cJSON_PrintUnformatted(a) : NULL;
-    cJSON_Delete(a);
-    return s;
-}
-
-/* otel: the spans of one finished request, queued to the exporter: the
- * HTTP server span, and under it, for each prompt the engine took, its
- * queue wait, each prefill chunk and the decode phase (engine.h
- * dsq_req_timeline). Attribute names from the OpenTelemetry semantic
- * conventions (HTTP server spans; GenAI: gen_ai.*), vLLM's
- * gen_ai.latency.* and dsq.* for what neither names. */
-static void trace_request(conn_t *c, struct MHD_Connection *mc, int st, double t_end)
-{
-    dsq_otlp_t *x = c->h->cfg.otlp;
-    if (!x || !(c->tr.flags & 1))
-        return;
-    int64_t off = c->clk_off_ns;
-#define NS(t) ((int64_t)((t) * 1e9) + off)
-    const char *route = route_template(c->route);
-    char name[64];
-    snprintf(name, sizeof(name), "%s%s%s", c->method, route ? " " : "", route ? route : "");
-    cJSON *sp = dsq_span_new(c->tr.trace_id, c->tr.span_id,
-                             c->tr.has_parent ? c->tr.parent_id : NULL, name, DSQ_SPAN_SERVER,
-                             NS(c->t_start), NS(t_end));
-    if (!sp)
-        return;
-    dsq_span_trace_state(sp, c->tr.tracestate);
-    dsq_span_attr_str(sp, "http.request.method", c->method);
-    dsq_span_attr_str(sp, "url.path", c->path);
-    dsq_span_attr_str(sp, "url.scheme", c->h->cfg.tls_cert_pem ? "https" : "http");
-    if (route)
-        dsq_span_attr_str(sp, "http.route", route);
-    dsq_span_attr_int(sp, "http.response.status_code", st);
-    {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-        char host[NI_MAXHOST], serv[NI_MAXSERV];
-        if (ci && ci->client_addr &&
-            !getnameinfo(ci->client_addr,
-                         ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                                : sizeof(struct sockaddr_in),
-                         host, sizeof(host), serv, sizeof(serv),
-                         NI_NUMERICHOST | NI_NUMERICSERV)) {
-            dsq_span_attr_str(sp, "client.address", host);
-            dsq_span_attr_int(sp, "client.port", atoi(serv));
-        }
-        const char *ua = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "User-Agent");
-        if (ua)
-            dsq_span_attr_strn(sp, "user_agent.original", ua, strnlen(ua, 256));
-    }
-    if (st >= 400) {
-        char code[16];
-        snprintf(code, sizeof(code), "%d", st);
-        dsq_span_attr_str(sp, "error.type", c->err_code ? c->err_code : code);
-        /* HTTP server spans: 5xx are errors, 4xx are the client's */
-        if (st >= 500)
-            dsq_span_status(sp, DSQ_STATUS_ERROR, c->err_msg[0] ? c->err_msg : NULL);
-    }
-    if ((c->route == R_COMPLETIONS || c->route == R_CHAT) && c->have_req) {
-        const dsq_completion_req_t *q = &c->req;
-        dsq_usage_t u;
-        usage_of(c, &u);
-        dsq_span_attr_str(sp, "gen_ai.operation.name", q->chat ? "chat" : "text_completion");
-        dsq_span_attr_str(sp, "gen_ai.request.model", q->model);
-        dsq_span_attr_str(sp, "gen_ai.response.model", c->h->cfg.served_model_name);
-        if (c->id[0]) {
-            dsq_span_attr_str(sp, "gen_ai.response.id", c->id);
-            dsq_span_attr_str(sp, "gen_ai.request.id", c->id);   /* vLLM's name */
-        }
-        dsq_span_attr_int(sp, "gen_ai.request.max_tokens", q->sp.max_tokens);
-        dsq_span_attr_double(sp, "gen_ai.request.temperature", q->sp.temperature);
-        dsq_span_attr_double(sp, "gen_ai.request.top_p", q->sp.top_p);
-        if (q->sp.top_k > 0)
-            dsq_span_attr_int(sp, "gen_ai.request.top_k", q->sp.top_k);
-        dsq_span_attr_double(sp, "gen_ai.request.frequency_penalty", q->sp.frequency_penalty);
-        dsq_span_attr_double(sp, "gen_ai.request.presence_penalty", q->sp.presence_penalty);
-        if (q->sp.has_seed)
-            dsq_span_attr_int(sp, "gen_ai.request.seed", (int64_t)q->sp.seed);
-        if (q->sp.n != 1)
-            dsq_span_attr_int(sp, "gen_ai.request.choice.count", q->sp.n);
-        if (q->sp.n_stop > 0)
-            dsq_span_attr_strs(sp, "gen_ai.request.stop_sequences", q->sp.stop, q->sp.n_stop);
-        dsq_span_attr_bool(sp, "dsq.request.stream", q->stream);
-        if (c->n_ereqs > 1)
-            dsq_span_attr_int(sp, "dsq.request.prompts", c->n_ereqs);
-        if (c->n_ereqs) {
-            dsq_span_attr_int(sp, "gen_ai.usage.input_tokens", u.prompt_tokens);
-            dsq_span_attr_int(sp, "gen_ai.usage.output_tokens", u.completion_tokens);
-            if (u.has_cached)
-                dsq_span_attr_int(sp, "gen_ai.usage.cache_read.input_tokens", u.cached_tokens);
-        }
-        if (c->n_choices) {
-            const char *fr[64];
-            int n = c->n_choices < 64 ? c->n_choices : 64;
-            for (int i = 0; i < n; i++)
-                fr[i] = c->choices[i].finish ? dsq_openai_finish_reason(c->choices[i].finish)
-                                             : "abort";
-            dsq_span_attr_strs(sp, "gen_ai.response.finish_reasons", fr, n);
-        }
-        if (c->queue_ms >= 0)
-            dsq_span_attr_double(sp, "gen_ai.latency.time_in_queue", c->queue_ms / 1e3);
-        if (c->t_first > 0)
-            dsq_span_attr_double(sp, "gen_ai.latency.time_to_first_token",
-                                 c->t_first - c->t_start);
-        dsq_span_attr_double(sp, "gen_ai.latency.e2e", t_end - c->t_start);
-        if (dsq_otlp_config(x)->export_prompt) {
-            char *pj = prompt_json(c);
-            dsq_span_attr_str(sp, "gen_ai.input.messages", pj);
-            free(pj);
-        }
-    }
-    dsq_otlp_submit(x, sp);
-
-    for (int p = 0; p < c->n_ereqs; p++) {
-        dsq_req_timeline_t tl;
-        uint8_t id[8];
-        if (!c->ereqs[p])
-            continue;
-        dsq_req_timeline(c->ereqs[p], &tl);
-        if (tl.t_submit <= 0)
-            continue;                /* never queued */
-        double end = tl.t_end > 0 ? tl.t_end : t_end;
-        double q_end = tl.t_sched > 0 ? tl.t_sched : end;
-        dsq_trace_new_span_id(id);
-        cJSON *s = dsq_span_new(c->tr.trace_id, id, c->tr.span_id, "queue", DSQ_SPAN_INTERNAL,
-                                NS(tl.t_submit), NS(q_end));
-        if (c->n_ereqs > 1)
-            dsq_span_attr_int(s, "dsq.prompt_index", p);
-        dsq_span_attr_int(s, "gen_ai.request.id", (int64_t)dsq_req_id(c->ereqs[p]));
-        dsq_span_attr_bool(s, "dsq.queue.scheduled", tl.t_sched > 0);
-        if (s)
-            dsq_otlp_submit(x, s);
-        for (int k = 0; k < tl.n_chunks; k++) {
-            const dsq_req_chunk_t *ch = &tl.chunks[k];
-            dsq_trace_new_span_id(id);
-            s = dsq_span_new(c->tr.trace_id, id, c->tr.span_id, "prefill", DSQ_SPAN_INTERNAL,
-                             NS(ch->t_start), NS(ch->t_end));
-            if (c->n_ereqs > 1)
-                dsq_span_attr_int(s, "dsq.prompt_index", p);
-            dsq_span_attr_int(s, "dsq.prefill.tokens", ch->n_tokens);
-            dsq_span_attr_int(s, "dsq.prefill.position", ch->pos);
-            dsq_span_attr_int(s, "dsq.prefill.chunk", k);
-            if (ch->index)
-                dsq_span_attr_int(s, "dsq.choice.index", ch->index);
-            if (k == tl.n_chunks - 1 && tl.n_chunks_merged)
-                dsq_span_attr_int(s, "dsq.prefill.chunks_merged", tl.n_chunks_merged);
-            if (s)
-                dsq_otlp_submit(x, s);
-        }
-        if (tl.t_first_token > 0) {
-            dsq_trace_new_span_id(id);
-            s = dsq_span_new(c->tr.trace_id, id, c->tr.span_id, "decode", DSQ_SPAN_INTERNAL,
-                             NS(tl.t_first_token), NS(end));
-            if (c->n_ereqs > 1)
-                dsq_span_attr_int(s, "dsq.prompt_index", p);
-            dsq_span_attr_int(s, "dsq.decode.tokens", tl.n_generated);
-            dsq_span_attr_int(s, "dsq.decode.steps", tl.n_decode_steps);
-            dsq_span_attr_int(s, "dsq.preemptions", tl.n_preemptions);
-            if (s)
-                dsq_otlp_submit(x, s);
-        }
-    }
-#undef NS
-}
-
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
@@ -2109,9 +1266,9 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         /* users: a reset seen by libmicrohttpd's write, not our poll */
         if (toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
-            log_disconnect(c, "the connection ended before the answer did (client reset or "
-                              "write error); its sequences are cancelled");
-        cancel_all(c);
+            dsq__log_disconnect(c, "the connection ended before the answer did (client reset or "
+                                   "write error); its sequences are cancelled");
+        dsq__cancel_all(c);
     }
     for (int p = 0; p < c->n_ereqs; p++)
         if (c->ereqs[p] && !c->ereq_done[p])
@@ -2129,7 +1286,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         if (cut)
             st = 408;
         dsq_metrics_count_request(h->metrics, st);
-        trace_request(c, mc, st, t);
+        dsq__trace_request(c, mc, st, t);
         char why[300] = "";
         if (cut)
             snprintf(why, sizeof(why), " error=request_timeout message=\"request body not in "
@@ -2138,7 +1295,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             snprintf(why, sizeof(why), " error=%s message=\"%s\"", c->err_code, c->err_msg);
         if (c->route == R_COMPLETIONS || c->route == R_CHAT) {
             dsq_usage_t u;
-            usage_of(c, &u);
+            dsq__usage_of(c, &u);
             dsq_metrics_add_prompt_tokens(h->metrics, u.prompt_tokens);
             char tp[DSQ_TRACEPARENT_LEN + 1];
             dsq_trace_format(&c->tr, tp);
@@ -2163,7 +1320,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         dsq_req_unref(c->ereqs[p]);
     if (c->inflight)
         atomic_fetch_sub(&h->n_inflight, 1);
-    waiter_put(h, c->w);
+    dsq__waiter_put(h, c->w);
     for (int i = 0; i < c->n_choices; i++) {
         free(c->choices[i].text);
         free(c->choices[i].th);
@@ -2284,7 +1441,7 @@ static void tick_waiters(dsq_http_t *h, double t)
             continue;
         if (due || fd < 0) {
             if (due)
-                waiter_wake(w);
+                dsq__waiter_wake(w);
             continue;
         }
         if (n == cap) {
@@ -2310,7 +1467,7 @@ static void tick_waiters(dsq_http_t *h, double t)
     if (n && poll(pf, (nfds_t)n, 0) > 0)
         for (size_t i = 0; i < n; i++)
             if (pf[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
-                waiter_wake(ws[i]);
+                dsq__waiter_wake(ws[i]);
     free(ws);
     free(pf);
 }
@@ -2356,8 +1513,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     /* users: our handlers end a request with an error (stream reader) or
      * MHD_NO (non-streaming) after a client hang-up, already logged as
      * event=disconnect at info: not a warning */
-    bool gone = tl_client_gone;
-    tl_client_gone = false;
+    bool gone = dsq__tl_client_gone;
+    dsq__tl_client_gone = false;
     /* hardening: a client that closes (or is cut at its head/body deadline,
      * logged once per tick as event=deadline_close) before its request is
      * in is the client's business: debug */
@@ -2647,7 +1804,7 @@ void dsq_http_stop(dsq_http_t *h)
     /* wake every waiter so it sees `stopping` now, not at the next tick */
     pthread_mutex_lock(&h->pool_mu);
     for (waiter_t *w = h->pool_all; w; w = w->next_all)
-        waiter_wake(w);
+        dsq__waiter_wake(w);
     pthread_mutex_unlock(&h->pool_mu);
     /* Let the cancelled requests end properly (final chunk with
      * finish_reason "abort", then [DONE]) before MHD_stop_daemon shuts
@@ -2663,7 +1820,7 @@ void dsq_http_stop(dsq_http_t *h)
     atomic_store(&h->no_park, true);
     pthread_mutex_lock(&h->pool_mu);
     for (waiter_t *w = h->pool_all; w; w = w->next_all)
-        waiter_wake(w);
+        dsq__waiter_wake(w);
     pthread_mutex_unlock(&h->pool_mu);
     for (int i = 0; i < 40 && atomic_load(&h->n_inflight) > 0; i++) {
         struct timespec ts = {0, 25 * 1000 * 1000};
