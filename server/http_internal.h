@@ -6,9 +6,10 @@
  * The front end is split by concern: http.c is the transport (daemon,
  * ticker, dispatch, request accounting), http_conn.c what every handler
  * does with its connection (park it, answer it, check its API key),
- * http_routes.c the routes that answer at once, http_trace.c the spans
- * of a finished request. One conn_t per HTTP request holds all of that
- * request's state, so a handler needs nothing but its conn_t. */
+ * http_routes.c the routes that answer at once, completions.c the
+ * completions and chat endpoints, http_trace.c the spans of a finished
+ * request. One conn_t per HTTP request holds all of that request's
+ * state, so a handler needs nothing but its conn_t. */
 #ifndef DSQ_SERVER_HTTP_INTERNAL_H
 #define DSQ_SERVER_HTTP_INTERNAL_H
 
@@ -224,8 +225,14 @@ enum MHD_Result dsq__do_detokenize(conn_t *c);
  * when add_special and the tokenizer adds one. */
 unsigned dsq__tok_flags(const dsq_tokenizer_t *t, bool add_special);
 
-/* ---- http.c: completions and chat */
+/* ---- completions.c: /v1/completions and /v1/chat/completions */
 
+enum MHD_Result dsq__do_completions(conn_t *c);
+enum MHD_Result dsq__do_chat(conn_t *c);
+/* Re-entered on every resume of a submitted request until it answers:
+ * the JSON body, or the 200 of a stream held back by admission. */
+enum MHD_Result dsq__finish_nonstream(conn_t *c);
+enum MHD_Result dsq__stream_when_admitted(conn_t *c);
 /* Token counts of c so far, for the usage object, the trace and the log. */
 void dsq__usage_of(conn_t *c, dsq_usage_t *u);
 
