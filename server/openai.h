@@ -1,8 +1,9 @@
 /* OpenAI request and response JSON for the HTTP edge.
  *
- * Parsing turns a request body into a validated C struct, or into a
- * dsq_api_error_t naming the field (OpenAI's `param`); building turns engine
- * output into completion bodies and SSE chunks. Pure functions over cJSON:
+ * Parsing (server/openai.c) turns a request body into a validated C struct,
+ * or into a dsq_api_error_t naming the field (OpenAI's `param`); building
+ * (server/openai_response.c) turns engine output into completion bodies
+ * and SSE chunks. Pure functions over cJSON:
  * no sockets, no engine state, so every rule is unit-tested on its own
  * (tests/unit/test_openai.c). Field meanings and bounds follow the OpenAI
  * Completions API reference; where OpenAI is silent (top_k, min_p,
@@ -161,6 +162,8 @@ int dsq_openai_parse_detokenize(const char *body, size_t len,
                                 const dsq_openai_limits_t *lim,
                                 int32_t **ids, int *n_ids,
                                 dsq_api_error_t *err);
+
+/* ---- responses (server/openai_response.c) */
 
 /* A fresh id "<prefix><32 hex digits>" from OpenSSL RAND_bytes into buf
  * (len >= strlen(prefix) + 33). Returns 0 or DSQ_EIO if the CSPRNG fails. */
