@@ -57,7 +57,7 @@ static char *echo_text(conn_t *c, int p, size_t *len)
 static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
                                dsq_output_t *o);
 
-/* api: echo + logprobs. The request's first event carries the prompt's
+/* Echo + logprobs. The request's first event carries the prompt's
  * logprobs: add the prompt's entries to every choice of prompt p (before
  * any completion entry: no choice of p had an event yet). Streaming, the
  * echo chunk was held back for this and is sent now, text and logprobs
@@ -154,7 +154,7 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
     }
 }
 
-/* issue 22: tool calls of a chat choice, streamed. The content delta *d
+/* Tool calls of a chat choice, streamed. The content delta *d
  * goes into the choice's hold buffer; what cannot be the start of a call
  * (dsq_tool_calls_safe_prefix, and not trailing whitespace, which the
  * non-streamed answer trims before a call) is given back in *d to send.
@@ -245,7 +245,7 @@ static void tool_stream_calls(conn_t *c, int idx, choice_st *ch)
     dsq_tool_parse_free(&r);
 }
 
-/* chatapi: one engine event of a streamed chat choice -> content /
+/* One engine event of a streamed chat choice -> content /
  * reasoning_content deltas, then a separate finish_reason chunk. */
 static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
                                dsq_output_t *o)
@@ -338,12 +338,12 @@ void dsq__usage_of(conn_t *c, dsq_usage_t *u)
         u->completion_tokens += c->choices[i].final_tokens > 0
                                     ? c->choices[i].final_tokens
                                     : c->choices[i].n_tokens;
-    /* api: best_of > n: OpenAI bills every generated candidate */
+    /* best_of > n: OpenAI bills every generated candidate */
     u->completion_tokens += c->discarded_tokens;
     u->has_cached = c->h->cfg.prefix_caching;
 }
 
-/* admission: the message of a request refused after it was queued: the
+/* The message of a request refused after it was queued: the
  * admission policy's reason (and its Retry-After into c), else the
  * --max-queue-wait one. Points into buf or at a constant. */
 static const char *refusal_msg(conn_t *c, char *buf, size_t len)
@@ -386,7 +386,7 @@ static wait_result_t poll_progress(conn_t *c)
     } else if (atomic_load(&h->stopping)) {
         dsq__cancel_all(c);
     } else if (dsq__client_gone(c)) {
-        /* users: a client hang-up is normal: info, with the request id
+        /* a client hang-up is normal: info, with the request id
          * (libmicrohttpd's own "application error" line that follows
          * a stream's end is logged at debug, log_mhd) */
         dsq__log_disconnect(c, "client closed the connection; its sequences are cancelled");
@@ -430,7 +430,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (w == W_DONE || w == W_STOPPING || w == W_TIMEOUT) {
             if (c->queue_timeout) {
-                /* hardening: the 200 and its headers are out: the refusal
+                /* the 200 and its headers are out: the refusal
                  * is an error event (as vLLM streams errors), then [DONE] */
                 char rbuf[200];
                 const char *msg = refusal_msg(c, rbuf, sizeof(rbuf));
@@ -457,13 +457,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
-/* chatapi: the chat.completion body; the whole text of each choice goes
+/* The chat.completion body; the whole text of each choice goes
  * through the reasoning parser at once. */
 static enum MHD_Result finish_chat_nonstream(conn_t *c)
 {
     dsq_chat_choice_out_t *outs = calloc((size_t)c->n_choices, sizeof(*outs));
     dsq_reasoning_delta_t *ds = calloc((size_t)c->n_choices, sizeof(*ds));
-    /* issue 22: per choice, the parsed calls, their output rows and ids */
+    /* with tools: per choice, the parsed calls, their output rows and ids */
     bool tools = c->tools != DSQ_TOOL_PARSER_NONE;
     dsq_tool_parse_t *tp = tools ? calloc((size_t)c->n_choices, sizeof(*tp)) : NULL;
     dsq_tool_call_out_t **tc = tools ? calloc((size_t)c->n_choices, sizeof(*tc)) : NULL;
@@ -511,7 +511,7 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
             outs[i].reasoning = ds[i].reasoning_len ? ds[i].reasoning : NULL;
             outs[i].reasoning_len = ds[i].reasoning_len;
         }
-        /* issue 22: tool calls parsed out of a choice that stopped */
+        /* tool calls parsed out of a choice that stopped */
         if (c->tools != DSQ_TOOL_PARSER_NONE && ch->finish == DSQ_FINISH_STOP && tp && tc) {
             if (dsq_tool_calls_parse(c->tools, outs[i].content, outs[i].content_len, &tp[i])) {
                 ok = false;
@@ -621,7 +621,7 @@ enum MHD_Result dsq__do_completions(conn_t *c)
 
     if (dsq_openai_parse_completion(c->body, c->body_len, &lim, q, &err))
         return dsq__send_api_error(c, &err);
-    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
+    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* --seed */
         q->sp.has_seed = true;
         q->sp.seed = (uint64_t)c->h->cfg.default_seed;
     }
@@ -645,7 +645,7 @@ enum MHD_Result dsq__do_completions(conn_t *c)
             return dsq__send_api_error(c, &err);
     }
     if (q->sp.prompt_logprobs) {
-        /* attack2: every choice repeats its prompt's logprobs: bound the
+        /* every choice repeats its prompt's logprobs: bound the
          * response before anything is computed */
         int64_t entries = 0;
         for (int p = 0; p < q->n_prompts; p++)
@@ -662,7 +662,7 @@ enum MHD_Result dsq__do_completions(conn_t *c)
     return start_requests(c);
 }
 
-/* chatapi: POST /v1/chat/completions. Renders the messages with the chat
+/* POST /v1/chat/completions. Renders the messages with the chat
  * template, tokenizes them into the request's single prompt, then shares
  * everything after tokenization with /v1/completions (start_requests). */
 enum MHD_Result dsq__do_chat(conn_t *c)
@@ -676,12 +676,12 @@ enum MHD_Result dsq__do_chat(conn_t *c)
 
     if (dsq_openai_parse_chat(c->body, c->body_len, &lim, q, &err))
         return dsq__send_api_error(c, &err);
-    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* users: --seed */
+    if (!q->sp.has_seed && c->h->cfg.default_seed >= 0) {   /* --seed */
         q->sp.has_seed = true;
         q->sp.seed = (uint64_t)c->h->cfg.default_seed;
     }
     c->have_req = true;
-    /* issue 22: tools. required / a named function: decoding is
+    /* tools. required / a named function: decoding is
      * constrained to calls in the model's syntax with valid arguments.
      * Before the template sees the tools, so a tool it cannot take is
      * refused naming 'tools' */
@@ -775,7 +775,7 @@ static enum MHD_Result start_requests(conn_t *c)
         }
         if (q->echo) {
             size_t len = 0;
-            /* api: with logprobs, the streamed echo waits for the prompt's
+            /* with logprobs, the streamed echo waits for the prompt's
              * logprobs (echo_prompt_logprobs) */
             char *t = q->stream && q->sp.prompt_logprobs ? NULL
                                                          : echo_text(c, i / q->sp.n, &len);
@@ -791,7 +791,7 @@ static enum MHD_Result start_requests(conn_t *c)
         }
     }
     if (c->n_ereqs > dsq_engine_max_waiting(c->e)) {
-        /* hardening: it could never be queued whole; retrying cannot help */
+        /* it could never be queued whole; retrying cannot help */
         for (int k = 0; k < c->n_ereqs; k++)
             c->ereq_done[k] = true;
         snprintf(reason, sizeof(reason), "this request has %d prompts; the server queues at "
@@ -826,7 +826,7 @@ static enum MHD_Result start_requests(conn_t *c)
                 return dsq__send_api_error(c, &err);
             }
             if (rc == DSQ_EFULL) {
-                /* admission: the policy's own reason and Retry-After */
+                /* the policy's own reason and Retry-After */
                 char why[200];
                 if ((c->retry_after_s = dsq_req_refusal(c->ereqs[p], why, sizeof(why))) > 0)
                     return dsq__send_error(c, DSQ_APIERR_OVERLOADED, NULL, why);
@@ -866,7 +866,7 @@ static enum MHD_Result start_stream(conn_t *c)
     }
 }
 
-/* admission: a streamed request the adaptive policy holds back gets its
+/* A streamed request the adaptive policy holds back gets its
  * 200 only once admitted (dsq_req_held), so a refusal while it waits is a
  * 503 with Retry-After like one at submit, not an error event inside a
  * 200. After the submit, and again at each resume. */

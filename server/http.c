@@ -39,7 +39,7 @@
 #include "server/json.h"
 #include "server/trace.h"
 
-/* hardening: one per open connection (MHD_OPTION_NOTIFY_CONNECTION), for
+/* One per open connection (MHD_OPTION_NOTIFY_CONNECTION), for
  * the request-head and body deadlines the ticker enforces. */
 enum sock_phase {
     S_HEAD = 0,                  /* connected, the request head not in yet  */
@@ -146,12 +146,12 @@ static enum MHD_Result on_headers(conn_t *c)
         return dsq__send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
         return dsq__send_error(c, DSQ_APIERR_METHOD, NULL, "method not allowed");
-    /* api: two Content-Length headers (MHD uses the first) let a proxy
-     * that uses the other one smuggle a second request: refuse (attack2:
-     * on every route, GET too) */
+    /* two Content-Length headers (MHD uses the first) let a proxy
+     * that uses the other one smuggle a second request: refuse (on every
+     * route, GET too) */
     {
         int n_cl = n_headers(c->mc, "Content-Length");
-        /* attack2: the body's framing is ambiguous: never keep reading
+        /* the body's framing is ambiguous: never keep reading
          * this connection (what follows could be a smuggled request) */
         c->close_after = n_cl > 1 ||
             (n_cl && MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND,
@@ -159,7 +159,7 @@ static enum MHD_Result on_headers(conn_t *c)
         if (n_cl > 1)
             return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
                                    "more than one Content-Length header");
-        /* attack2: Transfer-Encoding and Content-Length together (RFC 9112
+        /* Transfer-Encoding and Content-Length together (RFC 9112
          * 6.3: MHD reads the chunked body, a proxy may use the length):
          * the same smuggling risk; refuse, and close the connection */
         if (c->close_after)
@@ -173,7 +173,7 @@ static enum MHD_Result on_headers(conn_t *c)
                                "missing or invalid API key (Authorization: Bearer)");
     if (!post)
         return MHD_YES;
-    /* users: curl -d without -H sends application/x-www-form-urlencoded;
+    /* curl -d without -H sends application/x-www-form-urlencoded;
      * llama-server takes such a body when it is JSON, and so does dsqd
      * (checked once the body is in, on_request); anything else is 415 */
     c->ct_other = !json_content_type(c);
@@ -228,7 +228,7 @@ static enum MHD_Result on_request(conn_t *c)
     }
 }
 
-/* api: connection timeouts (docs/api.md, Operation). Idle: no request in
+/* Connection timeouts (docs/api.md, Operation). Idle: no request in
  * flight (--timeout-keep-alive, default 5 s). Busy: a request is being
  * answered; a long queue wait or a slow generation sends nothing for a
  * while, so this is max(300 s, --request-timeout + 5 s), the bound dsqd
@@ -244,7 +244,7 @@ static unsigned busy_timeout_s(const dsq_http_t *h)
     return t > 300 ? (unsigned)t : 300;
 }
 
-/* hardening: the deadline phase of mc's connection (sock_rec_t). */
+/* The deadline phase of mc's connection (sock_rec_t). */
 static void sock_phase(dsq_http_t *h, struct MHD_Connection *mc, enum sock_phase ph)
 {
     const union MHD_ConnectionInfo *ci =
@@ -258,7 +258,7 @@ static void sock_phase(dsq_http_t *h, struct MHD_Connection *mc, enum sock_phase
     pthread_mutex_unlock(&h->sock_mu);
 }
 
-/* hardening: whether the ticker cut mc at its head or body deadline */
+/* Whether the ticker cut mc at its head or body deadline */
 static bool sock_was_cut(dsq_http_t *h, struct MHD_Connection *mc)
 {
     const union MHD_ConnectionInfo *ci =
@@ -289,7 +289,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         c->t_start = dsq_clock_now_s();
         c->queue_ms = -1;
         {
-            /* otel: two traceparent headers make it invalid (W3C 3.2) */
+            /* two traceparent headers make it invalid (W3C 3.2) */
             int n_tp = n_headers(mc, "traceparent");
             dsq_trace_begin(h->cfg.sampler,
                             n_tp == 1 ? MHD_lookup_connection_value(mc, MHD_HEADER_KIND,
@@ -305,7 +305,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
         }
         snprintf(c->method, sizeof(c->method), "%s", method);
         snprintf(c->path, sizeof(c->path), "%s", url);
-        /* users: the path goes into log lines: printable ASCII only, no
+        /* the path goes into log lines: printable ASCII only, no
          * quotes (a %0A in the URL must not forge a line, a %FF must not
          * make the log invalid UTF-8) */
         for (char *q = c->path; *q; q++)
@@ -354,7 +354,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
                                "request body is larger than --max-request-bytes");
     if (!c->body && (c->body = strdup("")) == NULL)
         return MHD_NO;
-    /* api: the whole request arrived; while it is answered the idle
+    /* the whole request arrived; while it is answered the idle
      * timeout must not apply (MHD counts it from the last byte exchanged,
      * also while our handler or stream reader waits for the engine) */
     MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, busy_timeout_s(h));
@@ -369,13 +369,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c)
         return;
     *con_cls = NULL;
-    /* api: back to the idle timeout for a kept-alive connection */
+    /* back to the idle timeout for a kept-alive connection */
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, idle_timeout_s(h));
         sock_phase(h, mc, S_IDLE);
     }
     if (c->n_ereqs && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
-        /* users: a reset seen by libmicrohttpd's write, not our poll */
+        /* a reset seen by libmicrohttpd's write, not our poll */
         if (toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
             dsq__log_disconnect(c, "the connection ended before the answer did (client reset or "
                                    "write error); its sequences are cancelled");
@@ -391,7 +391,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         double t = dsq_clock_now_s();
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && c->n_ereqs)
             st = 499;
-        /* hardening: not the client's leaving but our deadline (the
+        /* not the client's leaving but our deadline (the
          * ticker shut the socket down): 408, said as such */
         bool cut = st == 499 && !c->status && sock_was_cut(h, mc);
         if (cut)
@@ -454,7 +454,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 
 /* ------------------------------------------------------------ daemon */
 
-/* hardening: MHD_OPTION_NOTIFY_CONNECTION: track every open connection for
+/* MHD_OPTION_NOTIFY_CONNECTION: track every open connection for
  * the head/body deadlines. libmicrohttpd calls CLOSED before it closes the
  * socket, and the ticker only shuts a socket down under sock_mu, so it never
  * touches a descriptor number that was closed and reused. */
@@ -471,7 +471,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         r->fd = ci->connect_fd;
         r->phase = S_HEAD;
         if (h->cfg.max_undelivered_bytes > 0) {
-            /* hardening: the kernel's send buffer is undelivered output
+            /* the kernel's send buffer is undelivered output
              * too (it autotunes up to MiBs per socket otherwise) */
             int64_t b = h->cfg.max_undelivered_bytes / 2;
             int sb = (int)(b < 4096 ? 4096 : b > (4 << 20) ? (4 << 20) : b);
@@ -606,7 +606,7 @@ static char *dupstr(dsq_http_t *h, int slot, const char *s)
     return h->cfg_strings[slot];
 }
 
-/* attack2: at most MHD_LOG_BURST libmicrohttpd lines per second (a flood
+/* At most MHD_LOG_BURST libmicrohttpd lines per second (a flood
  * of refused connections logs one line each); the count of dropped lines
  * is logged with the next line let through. */
 #define MHD_LOG_BURST 20
@@ -621,12 +621,12 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     (void)cls;
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    /* users: our handlers end a request with an error (stream reader) or
+    /* our handlers end a request with an error (stream reader) or
      * MHD_NO (non-streaming) after a client hang-up, already logged as
      * event=disconnect at info: not a warning */
     bool gone = dsq__tl_client_gone;
     dsq__tl_client_gone = false;
-    /* hardening: a client that closes (or is cut at its head/body deadline,
+    /* a client that closes (or is cut at its head/body deadline,
      * logged once per tick as event=deadline_close) before its request is
      * in is the client's business: debug */
     if (!strncmp(line, "Connection socket is closed when reading request", 48) ||
@@ -657,7 +657,7 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     dsq_log(level, "mhd: %s", line);
 }
 
-/* users: percent-decoding of URLs and query arguments as libmicrohttpd's
+/* Percent-decoding of URLs and query arguments as libmicrohttpd's
  * own, except that %00 stays "%00": a decoded NUL would end the C string
  * early, so "/v1/models/NAME%00junk" would compare equal to NAME. */
 static size_t unescape_keep_nul(void *cls, struct MHD_Connection *mc, char *s)
@@ -679,7 +679,7 @@ static size_t unescape_keep_nul(void *cls, struct MHD_Connection *mc, char *s)
     return (size_t)(w - s);
 }
 
-/* users: the listening socket, bound here rather than by libmicrohttpd so
+/* The listening socket, bound here rather than by libmicrohttpd so
  * that a busy port is a start-up error with its reason. SO_REUSEADDR only
  * (a restart may rebind over TIME_WAIT connections), never SO_REUSEPORT:
  * that let a second dsqd bind the same port and take half the requests.
@@ -708,7 +708,7 @@ static int listen_socket(const struct addrinfo *ai, const char *host, int port, 
     return fd;
 }
 
-/* hardening: the connection limit: --max-connections, or what the process
+/* The connection limit: --max-connections, or what the process
  * may open (RLIMIT_NOFILE, whose soft limit is first raised to the hard
  * one, as nginx's worker_rlimit_nofile would be set) less 256 descriptors
  * for model files, logs and the engine, at most 65536. */
@@ -731,7 +731,7 @@ static unsigned connection_limit(const dsq_http_t *h)
     return n > 65536 ? 65536u : (unsigned)n;
 }
 
-/* hardening: --http-threads, or 2 per online CPU, 4 to 32: the threads run
+/* --http-threads, or 2 per online CPU, 4 to 32: the threads run
  * parsing, tokenization and JSON rendering, never a wait. */
 static unsigned http_threads(const dsq_http_t *h)
 {
@@ -747,7 +747,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     dsq_http_t *h = calloc(1, sizeof(*h));
     struct addrinfo hints = {0}, *ai = NULL;
     char port[16];
-    /* hardening: a pool of polling threads (epoll on Linux, else poll;
+    /* a pool of polling threads (epoll on Linux, else poll;
      * never select(), which refused every socket numbered 1024 or more),
      * requests that wait park their connection (suspend/resume), so open
      * connections cost memory, not threads (http.h) */
@@ -810,7 +810,7 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     freeaddrinfo(ai);
     if (lfd < 0)
         goto fail;
-    /* api: the idle timeout; on_access switches a connection to the busy
+    /* the idle timeout; on_access switches a connection to the busy
      * one while it answers a request */
     unsigned idle_s = idle_timeout_s(h);
     unsigned max_conn = connection_limit(h), n_threads = http_threads(h);

@@ -143,7 +143,7 @@ bool dsq__client_gone(conn_t *c)
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* users: set on a connection's thread when it closes a request because the
+/* Set on a connection's thread when it closes a request because the
  * client went away (event=disconnect logged), so that libmicrohttpd's own
  * "application error" / "internal error" line that follows on the same
  * thread (thread-per-connection) goes to debug, not warn (log_mhd). */
@@ -196,7 +196,7 @@ enum MHD_Result dsq__send_response(conn_t *c, int status,
         return MHD_NO;
     add_cors(c, r);
     {
-        /* otel: W3C Trace Context: the span that answered */
+        /* W3C Trace Context: the span that answered */
         char tp[DSQ_TRACEPARENT_LEN + 1];
         dsq_trace_format(&c->tr, tp);
         MHD_add_response_header(r, "traceparent", tp);
@@ -239,7 +239,7 @@ enum MHD_Result dsq__send_error(conn_t *c, dsq_apierr_t kind,
 {
     int status = dsq_apierr_status(kind);
     char *body = dsq_apierr_json(kind, msg, param);
-    /* users: the access log line of a 4xx/5xx names the error */
+    /* the access log line of a 4xx/5xx names the error */
     c->err_code = dsq_apierr_code(kind) ? dsq_apierr_code(kind) : dsq_apierr_type(kind);
     snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg ? msg : "");
     for (char *q = c->err_msg; *q; q++)

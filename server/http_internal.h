@@ -86,7 +86,7 @@ struct dsq_http {
     pthread_mutex_t pool_mu;
     waiter_t *pool_free, *pool_all;
     dsq_chat_t *chat;            /* set once before the engine, then read-only */
-    /* hardening: open connections and the ticker thread */
+    /* open connections and the ticker thread */
     pthread_mutex_t sock_mu;
     sock_rec_t *socks;
     int n_socks;
@@ -110,7 +110,7 @@ typedef struct choice_st {
     int64_t final_tokens;        /* engine's completion_tokens, if given    */
     double t_last;
     dsq_reasoning_t rs;          /* chat with a reasoning parser, streaming */
-    /* issue 22, chat with tools, streaming: content held back from where a
+    /* chat with tools, streaming: content held back from where a
      * tool call may start (parsed at the finish), and whether any content
      * went out before it */
     char *th;
@@ -125,8 +125,8 @@ typedef struct conn {
     char method[12];
     char path[96];
     char *model_id;              /* GET /v1/models/{id}: the id (owned) */
-    bool gone_logged;            /* users: event=disconnect logged */
-    const char *err_code;        /* users: the error sent (access log) */
+    bool gone_logged;            /* event=disconnect logged */
+    const char *err_code;        /* the error sent (access log) */
     char err_msg[224];
     int status;
     double t_start;
@@ -134,9 +134,9 @@ typedef struct conn {
     char *body;
     size_t body_len, body_cap;
     bool too_large, responded;
-    bool ct_other;               /* users: Content-Type not JSON (curl -d):
+    bool ct_other;               /* Content-Type not JSON (curl -d):
                                     accepted when the body parses as JSON */
-    bool close_after;            /* attack2: answer with Connection: close */
+    bool close_after;            /* answer with Connection: close */
     uint64_t discarded;          /* body bytes dropped after too_large   */
     /* completion */
     dsq_completion_req_t req;
@@ -148,10 +148,10 @@ typedef struct conn {
     bool *ereq_done;
     int64_t *prompt_tokens;
     int64_t *cached_tokens;
-    size_t *echo_len;            /* api: per prompt, bytes of the echoed
+    size_t *echo_len;            /* per prompt, bytes of the echoed
                                     prompt's token texts (logprobs offsets) */
-    bool *echo_done;             /* api: prompt logprobs handled, per prompt */
-    int64_t discarded_tokens;    /* api: best_of candidates not returned   */
+    bool *echo_done;             /* prompt logprobs handled, per prompt */
+    int64_t discarded_tokens;    /* best_of candidates not returned        */
     int n_choices;
     choice_st *choices;
     waiter_t *w;
@@ -162,20 +162,20 @@ typedef struct conn {
     double t_cancel;
     double t_first;
     double queue_ms;             /* from the engine, -1 until reported      */
-    bool queue_timeout;          /* hardening: aborted after --max-queue-wait */
-    int retry_after_s;           /* admission: the policy's Retry-After, 0 = 1 */
+    bool queue_timeout;          /* aborted after --max-queue-wait */
+    int retry_after_s;           /* the policy's Retry-After, 0 = 1 */
     /* streaming */
     char *pend;
     size_t pend_len, pend_off, pend_cap;
     bool stream_finished;        /* usage + [DONE] queued                  */
-    bool stream_held;            /* admission: the 200 waits for admission  */
+    bool stream_held;            /* the 200 waits for admission             */
     bool eof;
     /* chat */
     bool reasoning;              /* split output with the reasoning parser  */
     bool prompt_in_think;        /* the rendered prompt opened <think>      */
-    dsq_tool_parser_t tools;     /* issue 22: parse calls out (NONE: off)   */
-    dsq_trace_ctx_t tr;          /* otel: this request's trace context      */
-    int64_t clk_off_ns;          /* otel: CLOCK_REALTIME - CLOCK_MONOTONIC  */
+    dsq_tool_parser_t tools;     /* call syntax parsed out (NONE: off)      */
+    dsq_trace_ctx_t tr;          /* this request's trace context            */
+    int64_t clk_off_ns;          /* CLOCK_REALTIME - CLOCK_MONOTONIC        */
 } conn_t;
 
 /* ---- http_conn.c: waiters (park, wake), the connection, responses */

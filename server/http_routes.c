@@ -47,7 +47,7 @@ enum MHD_Result dsq__do_models(conn_t *c)
     return dsq__send_json(c, 200, o);
 }
 
-/* users: GET /v1/models/{id} (the SDKs' models.retrieve): the model, or 404
+/* GET /v1/models/{id} (the SDKs' models.retrieve): the model, or 404
  * model_not_found. The id is the rest of the path, percent-decoded by
  * libmicrohttpd; ids with '/' (e.g. "org/name") are kept whole. */
 enum MHD_Result dsq__do_model(conn_t *c)
@@ -67,7 +67,7 @@ enum MHD_Result dsq__do_model(conn_t *c)
     return dsq__send_json(c, 200, model_object(c));
 }
 
-/* users: GET /tokenizer_info as vLLM serves it (lm-evaluation-harness's
+/* GET /tokenizer_info as vLLM serves it (lm-evaluation-harness's
  * tokenizer_backend=remote reads eos_token / bos_token / pad_token and
  * chat_template, then tokenizes through /tokenize and /detokenize):
  * token texts (null when the vocabulary has none) and ids, the vocabulary
@@ -159,7 +159,7 @@ enum MHD_Result dsq__do_tokenize(conn_t *c)
     if (dsq_openai_parse_tokenize_req(c->body, c->body_len, &lim, &q, &err))
         return dsq__send_api_error(c, &err);
     if (q.messages) {
-        /* chatapi: the prompt /v1/chat/completions would submit */
+        /* the prompt /v1/chat/completions would submit */
         if (dsq_chat_render(c->h->chat, q.messages, q.tools,
                             q.add_generation_prompt, &prompt, &plen, &err)) {
             dsq_tokenize_req_deinit(&q);

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-/* otel: the route's template for span names and http.route (NULL for
+/* The route's template for span names and http.route (NULL for
  * unknown routes: the span is then named by the method alone, as the HTTP
  * semantic conventions say, so a scan of random URLs cannot make names). */
 static const char *route_template(enum route r)
@@ -32,7 +32,7 @@ static const char *route_template(enum route r)
     }
 }
 
-/* otel: the request's input as JSON text for gen_ai.input.messages
+/* The request's input as JSON text for gen_ai.input.messages
  * (--otlp-export-prompt): chat messages as validated, completions' prompts
  * as an array of their texts (token-id prompts as id arrays). */
 static char *prompt_json(const conn_t *c)
@@ -50,7 +50,7 @@ static char *prompt_json(const conn_t *c)
     return s;
 }
 
-/* otel: the spans of one finished request, queued to the exporter: the
+/* The spans of one finished request, queued to the exporter: the
  * HTTP server span, and under it, for each prompt the engine took, its
  * queue wait, each prefill chunk and the decode phase (engine.h
  * dsq_req_timeline). Attribute names from the OpenTelemetry semantic

@@ -107,7 +107,7 @@ static int get_bool(const cJSON *obj, const char *name, bool *out,
     return DSQ_OK;
 }
 
-/* api: true when s is valid UTF-8 (RFC 3629). */
+/* True when s is valid UTF-8 (RFC 3629). */
 static bool utf8_valid(const char *s)
 {
     size_t n = strlen(s);
@@ -120,7 +120,7 @@ static bool utf8_valid(const char *s)
     return true;
 }
 
-/* api: does any string value or key in v hold invalid UTF-8? cJSON passes
+/* Does any string value or key in v hold invalid UTF-8? cJSON passes
  * raw bytes through (and decodes \u escapes to valid UTF-8, lone
  * surrogates aside, which it rejects), so this looks at every string once
  * after parsing. Depth is bounded by cJSON's nesting limit. */
@@ -137,7 +137,7 @@ static bool tree_has_bad_utf8(const cJSON *v)
     return false;
 }
 
-/* api: 400 naming the top-level field whose value (or key) holds invalid
+/* 400 naming the top-level field whose value (or key) holds invalid
  * UTF-8. Returns true when one does (err set). */
 static bool reject_bad_utf8(const cJSON *root, dsq_api_error_t *err)
 {
@@ -430,7 +430,7 @@ static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
 
 /* ------------------------------------------------------------ chat */
 
-/* users: "developer" is the OpenAI API's successor of "system" (o1 and
+/* "developer" is the OpenAI API's successor of "system" (o1 and
  * later); templates know only system, so it is renamed on the way in. */
 static const char *const ROLES[] = {"system", "user", "assistant", "tool", "developer"};
 
@@ -642,7 +642,7 @@ static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
     return DSQ_OK;
 }
 
-/* users: constrained decoding (issue 22): every field of the three APIs
+/* Constrained decoding: every field of the three APIs
  * that asks for it compiles into r->sp.grammar (engine/text/grammar.h):
  *  - GBNF text: llama.cpp's `grammar`, vLLM's `guided_grammar`,
  *    `structured_outputs.grammar`;
@@ -909,7 +909,7 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
     return DSQ_OK;
 }
 
-/* users: tools (issue 22). tools must have OpenAI's shape on either
+/* Tools: they must have OpenAI's shape on either
  * route; tool_choice ("none", "auto", "required" or {"type": "function",
  * "function": {"name": ...}} naming one of the tools) and
  * parallel_tool_calls go into r (chat only: a completions request that
@@ -1059,7 +1059,7 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
     return DSQ_OK;
 }
 
-/* chatapi: one parser for /v1/completions and /v1/chat/completions; the
+/* One parser for /v1/completions and /v1/chat/completions; the
  * chat request differs only in messages (for prompt), no echo/suffix/
  * best_of, max_completion_tokens, and boolean logprobs + top_logprobs. */
 static int parse_request(const char *body, size_t len,
@@ -1177,7 +1177,7 @@ seed:
     r->best_of = (int)iv;
     r->sp.best_of = (int)iv;
     {
-        /* api: cap on the sequences one request creates */
+        /* cap on the sequences one request creates */
         int max_seqs = lim->max_seqs > 0 ? lim->max_seqs : DSQ_OPENAI_MAX_SEQS;
         int64_t seqs = (int64_t)(r->n_prompts > 0 ? r->n_prompts : 1) * iv;
         if (seqs > max_seqs) {
@@ -1207,7 +1207,7 @@ seed:
         goto fail;
     if (!chat)
         r->sp.logprobs = (int)iv;
-    /* api: echo + logprobs scores the prompt too (OpenAI legacy format) */
+    /* echo + logprobs scores the prompt too (OpenAI legacy format) */
     r->sp.prompt_logprobs = r->echo && r->sp.logprobs >= 0;
     if ((rc = parse_stop(root, r, err)))
         goto fail;
@@ -1232,7 +1232,7 @@ seed:
     if ((rc = get_bool(root, "stream", &r->stream, err)))
         goto fail;
     if (r->stream && r->best_of > r->sp.n) {
-        /* api: as OpenAI: candidates are ranked after they all ended */
+        /* as OpenAI: candidates are ranked after they all ended */
         rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "best_of",
                                "'best_of' > 'n' cannot be streamed");
         goto fail;

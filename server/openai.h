@@ -25,10 +25,10 @@
 #define DSQ_OPENAI_MAX_LOGPROBS 20   /* vLLM's default max_logprobs          */
 #define DSQ_OPENAI_MAX_N 128         /* OpenAI's bound on n                  */
 #define DSQ_OPENAI_MAX_PROMPTS 1024  /* prompts in one request               */
-/* api: default cap on len(prompts) x max(n, best_of), the sequences one
+/* Default cap on len(prompts) x max(n, best_of), the sequences one
  * request creates (each holds KV blocks and a scheduler slot); above -> 400 */
 #define DSQ_OPENAI_MAX_SEQS 1024
-/* attack2: cap on the prompt-logprob entries one request returns (echo +
+/* Cap on the prompt-logprob entries one request returns (echo +
  * logprobs): sum over prompts of n x prompt tokens x (logprobs + 1). Each
  * choice repeats its prompt's entries, so without a cap a 1 MiB request
  * (8 prompts of 8k token ids, n 128, logprobs 20) asked for 176 M entries,
@@ -87,7 +87,7 @@ enum {
 typedef struct dsq_openai_limits {
     const char *served_model_name;   /* "model" must equal this             */
     int32_t n_vocab;                 /* token ids must be < n_vocab; 0: any */
-    int max_seqs;                    /* api: cap on prompts x max(n, best_of);
+    int max_seqs;                    /* cap on prompts x max(n, best_of);
                                         0 = DSQ_OPENAI_MAX_SEQS             */
 } dsq_openai_limits_t;
 
@@ -191,7 +191,7 @@ int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
                             size_t offset_base, dsq_token_text_fn fn,
                             void *u);
 
-/* api: echo + logprobs. Append the prompt's entries to lp: token i of
+/* Echo + logprobs. Append the prompt's entries to lp: token i of
  * ids[n_ids] with its text, its byte offset (sum of the display byte
  * lengths of the tokens before it), its logprob o->prompt_logprobs[i - 1]
  * and a dict of o->prompt_top's alternatives plus the token itself. Token
