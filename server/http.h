@@ -1,9 +1,9 @@
 /* The HTTP daemon: routes, auth, limits, CORS, TLS, streaming, drain.
  *
- * Threading: libmicrohttpd runs a small pool of
- * polling threads (MHD_OPTION_THREAD_POOL_SIZE, --http-threads; epoll on
- * Linux) that parse, authorize, tokenize and render, and never wait. A
- * request that has nothing to send parks: its connection is suspended
+ * Threading: libmicrohttpd runs a small pool of polling threads
+ * (MHD_OPTION_THREAD_POOL_SIZE, --http-threads; epoll on Linux) that parse,
+ * authorize, tokenize and render, and never wait. A request that has
+ * nothing to send parks: its connection is suspended
  * (MHD_suspend_connection) and resumed by the engine's notify callback
  * (never blocking the engine thread: a short mutex + MHD_resume_connection)
  * or by a ticker thread every 50 ms, which polls every parked socket for a
@@ -40,38 +40,38 @@ typedef struct dsq_http_config {
     const char *served_model_name;
     int64_t created;                 /* unix time for /v1/models             */
     bool prefix_caching;             /* report cached_tokens in usage        */
-    int timeout_keep_alive_s;        /* api: a connection with no request
+    int timeout_keep_alive_s;        /* a connection with no request
                                         bytes in flight for this long is
                                         closed (idle keep-alive, or a client
                                         that sends nothing / half a request);
                                         a running request is never cut by
                                         it. 0 = 5 (uvicorn's default)        */
-    double header_timeout_s;         /* hardening: the whole request head
+    double header_timeout_s;         /* the whole request head
                                         (request line + headers) must be in
                                         within this from connect (kept-alive:
                                         from the previous answer, plus
                                         timeout_keep_alive_s); <= 0 = none */
-    double body_timeout_s;           /* hardening: the whole body within this
+    double body_timeout_s;           /* the whole body within this
                                         from the end of its head; <= 0 = none */
-    int max_connections;             /* hardening: open connections at once;
+    int max_connections;             /* open connections at once;
                                         0 = from RLIMIT_NOFILE (raised to its
                                         hard limit) less 256, at most 65536 */
-    int max_connections_per_client;  /* hardening: per client IP address
+    int max_connections_per_client;  /* per client IP address
                                         (libmicrohttpd's per-IP limit); 0 = none */
-    int64_t max_undelivered_bytes;   /* hardening: the engine's bound on a
+    int64_t max_undelivered_bytes;   /* the engine's bound on a
                                         request's unread output; each socket's
                                         kernel send buffer is capped to half of
                                         it (SO_SNDBUF; Linux doubles it), so a
                                         client that stops reading holds at most
                                         about twice this; 0 = the kernel's  */
-    int http_threads;                /* hardening: polling threads; 0 = 2 per
+    int http_threads;                /* polling threads; 0 = 2 per
                                         online CPU, 4 to 32 */
-    int max_seqs_per_request;        /* api: prompts x max(n, best_of) cap;
+    int max_seqs_per_request;        /* prompts x max(n, best_of) cap;
                                         0 = DSQ_OPENAI_MAX_SEQS             */
-    int64_t default_seed;            /* users: --seed, the seed of requests
+    int64_t default_seed;            /* --seed, the seed of requests
                                         that send none; < 0 = none (each
                                         such request draws a random one)  */
-    /* tracing: every request gets a W3C trace context (from its
+    /* OpenTelemetry: every request gets a W3C trace context (from its
      * traceparent / tracestate, else a new trace) and answers with its
      * traceparent; with otlp (borrowed; must outlive the daemon) each
      * sampled request's spans are queued to it when the request ends
@@ -88,7 +88,7 @@ typedef struct dsq_http dsq_http_t;
  * supported by this libmicrohttpd, ...). */
 dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
                             char *err, size_t err_len);
-/* chatapi: set up /v1/chat/completions for engine e (call after the engine
+/* Set up /v1/chat/completions for engine e (call after the engine
  * is created, before dsq_http_set_engine): compiles the chat template from
  * template_path (--chat-template; NULL = the model's own, if any) and
  * selects the reasoning parser (NULL/"none" or "deepseek_r1") and the

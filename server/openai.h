@@ -1,8 +1,9 @@
 /* OpenAI request and response JSON for the HTTP edge.
  *
- * Parsing turns a request body into a validated C struct, or into a
- * dsq_api_error_t naming the field (OpenAI's `param`); building turns engine
- * output into completion bodies and SSE chunks. Pure functions over cJSON:
+ * Parsing (server/openai.c) turns a request body into a validated C struct,
+ * or into a dsq_api_error_t naming the field (OpenAI's `param`); building
+ * (server/openai_response.c) turns engine output into completion bodies
+ * and SSE chunks. Pure functions over cJSON:
  * no sockets, no engine state, so every rule is unit-tested on its own
  * (tests/unit/test_openai.c). Field meanings and bounds follow the OpenAI
  * Completions API reference; where OpenAI is silent (top_k, min_p,
@@ -24,10 +25,10 @@
 #define DSQ_OPENAI_MAX_LOGPROBS 20   /* vLLM's default max_logprobs          */
 #define DSQ_OPENAI_MAX_N 128         /* OpenAI's bound on n                  */
 #define DSQ_OPENAI_MAX_PROMPTS 1024  /* prompts in one request               */
-/* api: default cap on len(prompts) x max(n, best_of), the sequences one
+/* Default cap on len(prompts) x max(n, best_of), the sequences one
  * request creates (each holds KV blocks and a scheduler slot); above -> 400 */
 #define DSQ_OPENAI_MAX_SEQS 1024
-/* attack2: cap on the prompt-logprob entries one request returns (echo +
+/* Cap on the prompt-logprob entries one request returns (echo +
  * logprobs): sum over prompts of n x prompt tokens x (logprobs + 1). Each
  * choice repeats its prompt's entries, so without a cap a 1 MiB request
  * (8 prompts of 8k token ids, n 128, logprobs 20) asked for 176 M entries,
@@ -86,7 +87,7 @@ enum {
 typedef struct dsq_openai_limits {
     const char *served_model_name;   /* "model" must equal this             */
     int32_t n_vocab;                 /* token ids must be < n_vocab; 0: any */
-    int max_seqs;                    /* api: cap on prompts x max(n, best_of);
+    int max_seqs;                    /* cap on prompts x max(n, best_of);
                                         0 = DSQ_OPENAI_MAX_SEQS             */
 } dsq_openai_limits_t;
 
@@ -162,6 +163,8 @@ int dsq_openai_parse_detokenize(const char *body, size_t len,
                                 int32_t **ids, int *n_ids,
                                 dsq_api_error_t *err);
 
+/* ---- responses (server/openai_response.c) */
+
 /* A fresh id "<prefix><32 hex digits>" from OpenSSL RAND_bytes into buf
  * (len >= strlen(prefix) + 33). Returns 0 or DSQ_EIO if the CSPRNG fails. */
 int dsq_openai_new_id(char *buf, size_t len, const char *prefix);
@@ -188,7 +191,7 @@ int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
                             size_t offset_base, dsq_token_text_fn fn,
                             void *u);
 
-/* api: echo + logprobs. Append the prompt's entries to lp: token i of
+/* Echo + logprobs. Append the prompt's entries to lp: token i of
  * ids[n_ids] with its text, its byte offset (sum of the display byte
  * lengths of the tokens before it), its logprob o->prompt_logprobs[i - 1]
  * and a dict of o->prompt_top's alternatives plus the token itself. Token

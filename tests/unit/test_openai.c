@@ -1,8 +1,9 @@
-/* tests for server/openai.c and server/error.c: every completions field,
- * its bad types and ranges -> status, param and code as the OpenAI API
- * reference (and vLLM where OpenAI is silent) prescribe; the response and
- * SSE builders; the error object shape. Expected values are written out by
- * hand from the API reference, not produced by the code under test. */
+/* tests for server/openai.c, server/openai_response.c and server/error.c:
+ * every completions field, its bad types and ranges -> status, param and
+ * code as the OpenAI API reference (and vLLM where OpenAI is silent)
+ * prescribe; the response and SSE builders; the error object shape.
+ * Expected values are written out by hand from the API reference, not
+ * produced by the code under test. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
