@@ -1,7 +1,8 @@
-/* The model graph: weights in kernel layout and the forward pass of the
- * llama and qwen2 architectures over a ragged batch.
+/* The model graph: weights in kernel layout and the forward pass over a
+ * ragged batch, one graph per architecture behind the same calls:
+ * llama and qwen2 (engine/model/model_llama.c), deepseek2, MLA + MoE
+ * (engine/model/model_deepseek2.c).
  *
- * (deepseek2: MLA + MoE, engine/model/model_deepseek2.c, dispatched from here.)
  * Architecture sources: LLaMA (Touvron et al. 2023; pre-RMSNorm, SwiGLU,
  * RoPE, GQA), Qwen2 (Yang et al. 2024; biases on q/k/v), as implemented by
  * transformers' modeling_llama.py / modeling_qwen2.py and llama.cpp.

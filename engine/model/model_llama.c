@@ -1,4 +1,5 @@
-/* Model graph for the llama and qwen2 architectures (see model.h).
+/* Model graph for the llama and qwen2 architectures (see model.h): the
+ * architecture table's row for both (model_arch.c).
  *
  * Weights: every linear layer becomes a dsq_weight_t through engine/quant
  * (zero-copy views for formats the kernels read directly, exact repacking
@@ -36,7 +37,7 @@
 #include "kernels.h"
 #include "engine/common/log.h"
 #include "engine/common/clock.h"
-#include "model_internal.h"   /* ds2: DeepSeek-V2 graph dispatch */
+#include "model_internal.h"
 #include "quant.h"
 #include "engine/io/tensor.h"
 
@@ -47,36 +48,27 @@ typedef struct layer_weights {
     const int32_t *perm_q, *perm_k, *perm_v, *perm_o, *perm_gate, *perm_up, *perm_down;
 } layer_weights_t;
 
-struct dsq_model {
+/* The graph's state. The weights' host memory is recorded in the model
+ * (model_internal.h); what this struct allocates it frees. */
+typedef struct llama {
+    dsq_model_t *model;      /* the owner of the weights, and the tap */
     dsq_model_config_t cfg;
-    dsq_backend_t *be;       /* not owned: opts->backend or dsq_backend_cpu() */
+    dsq_backend_t *be;       /* not owned: the model's */
     dsq_weight_t tok_embd, output;
     const float *output_norm;
     layer_weights_t *layers;
     dsq_rope_t rope;
     float attn_scale;
 
-    void **owned;            /* malloc'd blocks the model frees */
-    int n_owned, cap_owned;
-    size_t owned_bytes, weight_bytes;
-
     /* workspace, sized for ws_tokens rows */
     int ws_tokens;
     float *x, *h, *q, *k, *v, *att, *g, *u, *lg;
 
-    /* GPTQ act-order: the last permutation loaded (shared when equal), and
-     * the permuted copy xp of input xp_src under xp_perm (NULL = stale) */
-    const int32_t *last_perm;
-    int64_t last_perm_k;
-    bool has_perm;
+    /* GPTQ act-order: the permuted copy xp of input xp_src under xp_perm
+     * (NULL = stale) */
     float *xp;
     const float *xp_src;
     const int32_t *xp_perm;
-
-    dsq_model_tap_fn tap;    /* == activation tap (quant): see model.h == */
-    void *tap_user;
-
-    dsq_ds2_t *ds2;          /* ds2: DeepSeek-V2/V3 graph, NULL for llama/qwen2 */
 
     /* device backends only: backend memory the model allocated (weights,
      * vectors, permutations; freed at destroy) and the step's uploaded
@@ -95,25 +87,15 @@ struct dsq_model {
     double up_t0;
     float *dlogits;
     size_t dlogits_bytes;
-};
+} llama_t;
 
-static int upload_weights(dsq_model_t *m);
+static int upload_weights(llama_t *m);
 
-void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
-{
-    m->tap = fn;
-    m->tap_user = user;
-}
-
-/* Hand one linear input site to the tap, if any (host memory only: a
- * device backend's activations are not visible to the tap). */
+/* Hand one linear input site to the model's tap, if any (host memory
+ * only: a device backend's activations are not visible to the tap). */
 #define TAP(site, ptr, kk) \
-    do { if (m->tap && dsq_backend_is_host(m->be)) \
-            m->tap(m->tap_user, (int)l, site, ptr, T, kk); } while (0)
-
-const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
-size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
-size_t dsq_model_weight_bytes(const dsq_model_t *m) { return m->weight_bytes; }
+    do { if (m->model->tap && dsq_backend_is_host(m->be)) \
+            m->model->tap(m->model->tap_user, (int)l, site, ptr, T, kk); } while (0)
 
 static int keep(dsq_model_t *m, void *p, size_t bytes)
 {
@@ -319,7 +301,7 @@ static int load_bias(dsq_model_t *m, const dsq_model_file_t *f, const char *base
     return load_vec(m, f, name, n, false, &w->bias, err, err_len);
 }
 
-static void setup_rope(dsq_model_t *m)
+static void setup_rope(llama_t *m)
 {
     const dsq_model_config_t *c = &m->cfg;
     dsq_rope_t *r = &m->rope;
@@ -333,62 +315,17 @@ static void setup_rope(dsq_model_t *m)
         r->freq_scale = (float)(1.0 / c->rope_factor);
 }
 
-/* Every block-quantised tensor of the file is of a type dsq reads
- * (dsq_quant_gguf_readable): checked before any weight is allocated, so a
- * file dsq cannot serve fails at once with the tensor's name and type.
- * Returns 0 or DSQ_EUNSUPPORTED with err set. */
-static int check_tensor_types(const dsq_model_file_t *f, char *err, size_t err_len)
-{
-    const int n = dsq_model_file_n_tensors(f);
-    for (int i = 0; i < n; i++) {
-        const dsq_tensor_t *t = dsq_model_file_tensor(f, i);
-        if (!t || dsq_type_block_elems(t->type) <= 1)
-            continue;
-        if (!dsq_quant_gguf_readable(t->type)) {
-            snprintf(err, err_len, "model: tensor %s has type %s, which dsq does not read "
-                     "(docs/quantization.md, GGUF types)", t->name,
-                     dsq_type_name(t->type));
-            return DSQ_EUNSUPPORTED;
-        }
-    }
-    return DSQ_OK;
-}
+static void llama_destroy(void *graph);
 
-dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
-                              const dsq_model_opts_t *opts, char *err,
-                              size_t err_len)
+/* dsq_model_arch_t.create: model has its config and backend set. */
+static void *llama_create(dsq_model_t *model, const dsq_model_file_t *f,
+                          const dsq_model_opts_t *opts, char *err, size_t err_len)
 {
     const dsq_model_config_t *c = dsq_model_file_config(f);
-    dsq_model_t *m = NULL;
+    llama_t *m = NULL;
     int rc = DSQ_OK;
     char base[128];
 
-    if (opts && opts->activation_dtype != DSQ_ACT_INT8 &&
-        opts->activation_dtype != DSQ_ACT_F32) {
-        snprintf(err, err_len, "model: unknown activation dtype %d",
-                 (int)opts->activation_dtype);
-        return NULL;
-    }
-
-    dsq_backend_t *be = opts && opts->backend ? opts->backend : dsq_backend_cpu();
-    if (check_tensor_types(f, err, err_len) != DSQ_OK)
-        return NULL;
-    /* ds2: DeepSeek-V2/V3 (MLA + MoE) lives in model_deepseek2.c. */
-    if (c->arch == DSQ_ARCH_DEEPSEEK2) {
-        m = calloc(1, sizeof(*m));
-        if (!m) {
-            snprintf(err, err_len, "model: out of memory");
-            return NULL;
-        }
-        m->cfg = *c;
-        m->be = be;
-        m->ds2 = dsq__ds2_create(m, f, opts, err, err_len);
-        if (!m->ds2) {
-            dsq_model_destroy(m);
-            m = NULL;
-        }
-        return m;
-    }
     if (c->arch != DSQ_ARCH_LLAMA && c->arch != DSQ_ARCH_QWEN2) {
         snprintf(err, err_len, "model: architecture %s is not supported by the "
                  "llama/qwen2 graph", dsq_arch_name(c->arch));
@@ -407,26 +344,27 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     m = calloc(1, sizeof(*m));
     if (!m)
         goto oom;
+    m->model = model;
     m->cfg = *c;
-    m->be = be;
+    m->be = model->be;
     m->layers = calloc((size_t)c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         goto oom;
     int64_t d = c->n_embd, hd = c->head_dim;
     int64_t q_dim = c->n_head * hd, kv_dim = c->n_head_kv * hd;
 
-    rc = load_linear(m, f, opts, "token_embd", c->n_vocab, d, false, &m->tok_embd,
+    rc = load_linear(model, f, opts, "token_embd", c->n_vocab, d, false, &m->tok_embd,
                      err, err_len);
     if (rc)
         goto fail;
     if (dsq_model_file_find(f, "output.weight") || dsq_model_file_find(f, "output.qweight"))
-        rc = load_linear(m, f, opts, "output", c->n_vocab, d, false, &m->output, err,
+        rc = load_linear(model, f, opts, "output", c->n_vocab, d, false, &m->output, err,
                          err_len);
     else
         m->output = m->tok_embd;          /* tied embeddings */
     if (rc)
         goto fail;
-    rc = load_vec(m, f, "output_norm.weight", d, true, &m->output_norm, err, err_len);
+    rc = load_vec(model, f, "output_norm.weight", d, true, &m->output_norm, err, err_len);
     if (rc)
         goto fail;
     for (int64_t l = 0; l < c->n_layer; l++) {
@@ -443,19 +381,19 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
         };
         for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
             snprintf(base, sizeof(base), "blk.%lld.%s", (long long)l, lin[i].nm);
-            rc = load_linear_p(m, f, opts, base, lin[i].n, lin[i].k, true, lin[i].w,
+            rc = load_linear_p(model, f, opts, base, lin[i].n, lin[i].k, true, lin[i].w,
                                lin[i].perm, err, err_len);
             if (!rc && lin[i].bias)
-                rc = load_bias(m, f, base, lin[i].n, lin[i].w, err, err_len);
+                rc = load_bias(model, f, base, lin[i].n, lin[i].w, err, err_len);
             if (rc)
                 goto fail;
         }
         snprintf(base, sizeof(base), "blk.%lld.attn_norm.weight", (long long)l);
-        rc = load_vec(m, f, base, d, true, &L->attn_norm, err, err_len);
+        rc = load_vec(model, f, base, d, true, &L->attn_norm, err, err_len);
         if (rc)
             goto fail;
         snprintf(base, sizeof(base), "blk.%lld.ffn_norm.weight", (long long)l);
-        rc = load_vec(m, f, base, d, true, &L->ffn_norm, err, err_len);
+        rc = load_vec(model, f, base, d, true, &L->ffn_norm, err, err_len);
         if (rc)
             goto fail;
     }
@@ -467,9 +405,9 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
             char desc[256];
             dsq_backend_describe(m->be, desc, sizeof(desc));
             snprintf(err, err_len, "model: copying %zu bytes of weights to the %s backend "
-                     "failed (%s; device: %s)", m->weight_bytes, dsq_backend_name(m->be),
-                     dsq_strerror(rc), desc);
-            dsq_model_destroy(m);
+                     "failed (%s; device: %s)", model->weight_bytes,
+                     dsq_backend_name(m->be), dsq_strerror(rc), desc);
+            llama_destroy(m);
             return NULL;
         }
     }
@@ -479,18 +417,15 @@ oom:
 fail:
     if (rc == DSQ_ENOMEM)
         snprintf(err, err_len, "model: out of memory while loading weights");
-    dsq_model_destroy(m);
+    llama_destroy(m);
     return NULL;
 }
 
-void dsq_model_destroy(dsq_model_t *m)
+static void llama_destroy(void *graph)
 {
+    llama_t *m = graph;
     if (!m)
         return;
-    dsq__ds2_destroy(m->ds2);   /* ds2 */
-    for (int i = 0; i < m->n_owned; i++)
-        free(m->owned[i]);
-    free(m->owned);
     free(m->layers);
     float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
@@ -505,7 +440,7 @@ void dsq_model_destroy(dsq_model_t *m)
     free(m);
 }
 
-static int ensure_ws(dsq_model_t *m, int n_tokens)
+static int ensure_ws(llama_t *m, int n_tokens)
 {
     if (n_tokens <= m->ws_tokens)
         return DSQ_OK;
@@ -518,7 +453,7 @@ static int ensure_ws(dsq_model_t *m, int n_tokens)
         {&m->k, t * kvd}, {&m->v, t * kvd}, {&m->att, t * qd}, {&m->g, t * ff},
         {&m->u, t * ff}, {&m->lg, t * d},
         /* act-order gathers: any linear input (d, q_dim or n_ff wide) */
-        {&m->xp, m->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0},
+        {&m->xp, m->model->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         if (bufs[i].n == 0)
@@ -539,7 +474,7 @@ static int ensure_ws(dsq_model_t *m, int n_tokens)
  * x's columns gathered through perm into m->xp, reused while (x, perm) is
  * unchanged; the forward pass sets m->xp_src = NULL whenever an input is
  * rewritten. */
-static int linear(dsq_model_t *m, float *y, const float *x, int T, int64_t k,
+static int linear(llama_t *m, float *y, const float *x, int T, int64_t k,
                   const int32_t *perm, const dsq_weight_t *w)
 {
     if (perm && (m->xp_src != x || m->xp_perm != perm)) {
@@ -557,7 +492,7 @@ static int linear(dsq_model_t *m, float *y, const float *x, int T, int64_t k,
 /* Room for n more entries in m->dev_owned, so that recording the parts
  * of one allocation cannot fail half-way (a half-recorded weight would be
  * freed twice: once by its own undo, once at destroy). */
-static int dev_reserve(dsq_model_t *m, int n)
+static int dev_reserve(llama_t *m, int n)
 {
     if (m->n_dev_owned + n <= m->cap_dev_owned)
         return DSQ_OK;
@@ -573,14 +508,14 @@ static int dev_reserve(dsq_model_t *m, int n)
 }
 
 /* Record p (after dev_reserve). */
-static void dev_keep(dsq_model_t *m, const void *p)
+static void dev_keep(llama_t *m, const void *p)
 {
     if (p)
         m->dev_owned[m->n_dev_owned++] = (void *)p;
 }
 
 /* bytes more are on the device: one log line per 10 % (and the last) */
-static void up_progress(dsq_model_t *m, size_t bytes)
+static void up_progress(llama_t *m, size_t bytes)
 {
     m->up_done += bytes;
     int pct = m->up_total ? (int)(100.0 * (double)m->up_done / (double)m->up_total) : 100;
@@ -594,7 +529,7 @@ static void up_progress(dsq_model_t *m, size_t bytes)
     m->up_next_pct = pct / 10 * 10 + 10;
 }
 
-static int up_weight(dsq_model_t *m, dsq_weight_t *w)
+static int up_weight(llama_t *m, dsq_weight_t *w)
 {
     dsq_weight_t d;
     size_t bytes = 0;
@@ -615,7 +550,7 @@ static int up_weight(dsq_model_t *m, dsq_weight_t *w)
     return DSQ_OK;
 }
 
-static int up_array(dsq_model_t *m, const void **p, size_t bytes)
+static int up_array(llama_t *m, const void **p, size_t bytes)
 {
     if (!*p)
         return DSQ_OK;
@@ -637,7 +572,7 @@ static int up_array(dsq_model_t *m, const void **p, size_t bytes)
 /* Permutations are shared between the weights of a layer (keep_perm):
  * upload each once; seen_* (at most one entry per linear weight of the
  * layer) map host copies to device ones. */
-static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t **seen_host,
+static int up_perm(llama_t *m, const int32_t **p, int64_t k, const int32_t **seen_host,
                    const int32_t **seen_dev, int *n_seen)
 {
     if (!*p)
@@ -658,10 +593,10 @@ static int up_perm(dsq_model_t *m, const int32_t **p, int64_t k, const int32_t *
 
 /* Copy every weight, norm vector and permutation into backend memory and
  * point the model at the copies (the host ones stay owned by m). */
-static int upload_weights(dsq_model_t *m)
+static int upload_weights(llama_t *m)
 {
     const dsq_model_config_t *c = &m->cfg;
-    m->up_total = m->weight_bytes;
+    m->up_total = m->model->weight_bytes;
     m->up_done = 0;
     m->up_next_pct = 10;
     m->up_t0 = dsq_clock_now_s();
@@ -708,7 +643,7 @@ typedef struct dev_batch {
  * the vocabulary, slots in the cache, and each sequence's attended blocks
  * (the first need[s] = max over its rows of pos / block_size + 1) in the
  * cache, once per sequence. Returns the widest need in *width. */
-static int check_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
+static int check_batch(llama_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
                        int *width)
 {
     const int64_t n_slots = kl->n_blocks * kl->block_size;
@@ -746,7 +681,7 @@ static int check_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch
 /* On a device backend: check the batch, pack its arrays on the host (block
  * tables cut to the widest row the step attends, not max_blocks) and send
  * them in one upload. */
-static int upload_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
+static int upload_batch(llama_t *m, const dsq_kv_layer_t *kl, const dsq_batch_t *b,
                         dev_batch_t *d)
 {
     *d = (dev_batch_t){b->tokens, b->pos, b->row_seq, b->slot, b->logit_rows,
@@ -791,7 +726,7 @@ static int upload_batch(dsq_model_t *m, const dsq_kv_layer_t *kl, const dsq_batc
 
 /* Output head on a device backend: logits into backend memory, then to
  * the caller's host buffer. */
-static int device_logits(dsq_model_t *m, float *logits, int n_logits)
+static int device_logits(llama_t *m, float *logits, int n_logits)
 {
     const size_t bytes = (size_t)n_logits * (size_t)m->cfg.n_vocab * sizeof(float);
     if (bytes > m->dlogits_bytes) {
@@ -807,14 +742,13 @@ static int device_logits(dsq_model_t *m, float *logits, int n_logits)
     return rc;
 }
 
-int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
-                      float *logits)
+static int llama_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                         float *logits)
 {
+    llama_t *m = graph;
     const dsq_model_config_t *c = &m->cfg;
     int T = b->n_tokens;
     int rc;
-    if (m->ds2)                 /* ds2 */
-        return dsq__ds2_forward(m->ds2, kv, b, logits);
     if (T <= 0 || b->n_logits < 0 || b->n_logits > T)
         return DSQ_EINVAL;
     for (int i = 0; i < b->n_logits; i++)
@@ -884,7 +818,7 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     return rc;
 }
 
-/* ---- ds2: helpers shared with engine/model/model_deepseek2.c (model_internal.h) */
+/* ---- weight loading shared with engine/model/model_deepseek2.c (model_internal.h) */
 
 int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
                            const dsq_model_opts_t *opts, const char *base,
@@ -910,17 +844,20 @@ int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes)
     return keep(m, p, bytes);
 }
 
-void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
-                        bool *has_v)
+/* n_head_kv keys and values of head_dim per token and layer. */
+static void llama_kv_shape(const dsq_model_config_t *c, int *n_kv_heads, int *head_dim,
+                           bool *has_v)
 {
-    const dsq_model_config_t *c = &m->cfg;
-    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
-        *n_kv_heads = 1;
-        *head_dim = (int)(c->kv_lora_rank + c->qk_rope_head_dim);
-        *has_v = false;
-    } else {
-        *n_kv_heads = (int)c->n_head_kv;
-        *head_dim = (int)c->head_dim;
-        *has_v = true;
-    }
+    *n_kv_heads = (int)c->n_head_kv;
+    *head_dim = (int)c->head_dim;
+    *has_v = true;
 }
+
+const dsq_model_arch_t dsq__model_arch_llama = {
+    .name = "llama/qwen2",
+    .host_only = false,
+    .create = llama_create,
+    .destroy = llama_destroy,
+    .forward = llama_forward,
+    .kv_shape = llama_kv_shape,
+};

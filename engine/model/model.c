@@ -1,0 +1,111 @@
+/* The public model calls (model.h): what every architecture shares (the
+ * load options, the checks on the file made before any weight is
+ * allocated, the backend, the record of owned weight memory, the tap),
+ * and dispatch of everything else through the architecture's row of the
+ * table (model_arch.c). Nothing here depends on one architecture, so a
+ * new graph needs no change in this file. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/backend/backend.h"
+#include "engine/common/error.h"
+#include "kernels.h"
+#include "model_internal.h"
+#include "quant.h"
+#include "engine/io/tensor.h"
+
+void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
+{
+    m->tap = fn;
+    m->tap_user = user;
+}
+
+const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
+size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
+size_t dsq_model_weight_bytes(const dsq_model_t *m) { return m->weight_bytes; }
+
+/* Every block-quantised tensor of the file is of a type dsq reads
+ * (dsq_quant_gguf_readable): checked before any weight is allocated, so a
+ * file dsq cannot serve fails at once with the tensor's name and type.
+ * Returns 0 or DSQ_EUNSUPPORTED with err set. */
+static int check_tensor_types(const dsq_model_file_t *f, char *err, size_t err_len)
+{
+    const int n = dsq_model_file_n_tensors(f);
+    for (int i = 0; i < n; i++) {
+        const dsq_tensor_t *t = dsq_model_file_tensor(f, i);
+        if (!t || dsq_type_block_elems(t->type) <= 1)
+            continue;
+        if (!dsq_quant_gguf_readable(t->type)) {
+            snprintf(err, err_len, "model: tensor %s has type %s, which dsq does not read "
+                     "(docs/quantization.md, GGUF types)", t->name,
+                     dsq_type_name(t->type));
+            return DSQ_EUNSUPPORTED;
+        }
+    }
+    return DSQ_OK;
+}
+
+dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
+                              const dsq_model_opts_t *opts, char *err,
+                              size_t err_len)
+{
+    const dsq_model_config_t *c = dsq_model_file_config(f);
+    const dsq_model_arch_t *arch = dsq__model_arch_find(c->arch);
+    dsq_model_t *m = NULL;
+
+    if (opts && opts->activation_dtype != DSQ_ACT_INT8 &&
+        opts->activation_dtype != DSQ_ACT_F32) {
+        snprintf(err, err_len, "model: unknown activation dtype %d",
+                 (int)opts->activation_dtype);
+        return NULL;
+    }
+
+    dsq_backend_t *be = opts && opts->backend ? opts->backend : dsq_backend_cpu();
+    if (check_tensor_types(f, err, err_len) != DSQ_OK)
+        return NULL;
+    if (arch->host_only && !dsq_backend_is_host(be)) {
+        snprintf(err, err_len, "model: the %s graph runs on the CPU backend only "
+                 "(not yet on %s)", arch->name, dsq_backend_name(be));
+        return NULL;
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        snprintf(err, err_len, "model: out of memory");
+        return NULL;
+    }
+    m->cfg = *c;
+    m->be = be;
+    m->arch = arch;
+    m->graph = arch->create(m, f, opts, err, err_len);
+    if (!m->graph) {
+        dsq_model_destroy(m);
+        m = NULL;
+    }
+    return m;
+}
+
+void dsq_model_destroy(dsq_model_t *m)
+{
+    if (!m)
+        return;
+    if (m->graph)
+        m->arch->destroy(m->graph);
+    for (int i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
+    free(m);
+}
+
+int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                      float *logits)
+{
+    return m->arch->forward(m->graph, kv, b, logits);
+}
+
+void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
+                        bool *has_v)
+{
+    m->arch->kv_shape(&m->cfg, n_kv_heads, head_dim, has_v);
+}
