@@ -71,6 +71,8 @@ struct dsq_model {
     void *tap_user;
 };
 
+/* ---- weight loading (model_weights.c) */
+
 /* Load the linear weight base + ".weight" (or AWQ/GPTQ parts) of shape
  * [n, k] (n outputs) into *w; RTN INT4 when quantize is true and opts ask
  * for int4. Storage is owned by m. Returns 0 or a DSQ_E* with err set. */
@@ -78,6 +80,14 @@ int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
                            const dsq_model_opts_t *opts, const char *base,
                            int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
                            char *err, size_t err_len);
+/* As dsq__model_load_linear, for a graph that applies GPTQ act-order
+ * permutations: *perm_out is the weight's permutation of its k inputs
+ * (NULL for none; owned by m, shared between consecutive weights with
+ * the same one). dsq__model_load_linear refuses such weights. */
+int dsq__model_load_linear_perm(dsq_model_t *m, const dsq_model_file_t *f,
+                                const dsq_model_opts_t *opts, const char *base,
+                                int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                                const int32_t **perm_out, char *err, size_t err_len);
 /* fp32 view or copy of a 1-D tensor of n elements (NULL + 0 if absent and
  * not required). Storage is owned by m. */
 int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
