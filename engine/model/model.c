@@ -109,3 +109,27 @@ void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
 {
     m->arch->kv_shape(&m->cfg, n_kv_heads, head_dim, has_v);
 }
+
+void dsq_model_arch_kv_shape(const dsq_model_config_t *c, int *n_kv_heads,
+                             int *head_dim, bool *has_v)
+{
+    dsq__model_arch_find(c->arch)->kv_shape(c, n_kv_heads, head_dim, has_v);
+}
+
+void dsq_model_arch_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn,
+                            void *user)
+{
+    dsq__model_arch_find(c->arch)->tensors(c, fn, user);
+}
+
+int64_t dsq_model_arch_built_weights(const dsq_model_config_t *c, const char *name,
+                                     int64_t *n, int64_t *k)
+{
+    const dsq_model_arch_t *arch = dsq__model_arch_find(c->arch);
+    return arch->built_weights ? arch->built_weights(c, name, n, k) : 0;
+}
+
+bool dsq_model_arch_host_only(dsq_arch_t arch)
+{
+    return dsq__model_arch_find(arch)->host_only;
+}

@@ -3,7 +3,8 @@
  * (model_internal.h) and a row here. The config readers (engine/io)
  * refuse architectures without a graph, so only a hand-made config can
  * miss every row; it gets the first row, whose create refuses it by
- * name. */
+ * name and whose config queries (KV shape, tensors for the planner)
+ * treat it as llama, the plain transformer. */
 #include "model_internal.h"
 
 static const struct {

@@ -826,6 +826,83 @@ static void ds2_kv_shape(const dsq_model_config_t *c, int *n_kv_heads, int *head
     }
 }
 
+/* blk.<l>.<nm> of [n, k], for ds2_tensors. */
+static void tensor(dsq_model_tensor_fn fn, void *user, int64_t l, const char *nm,
+                   int64_t n, int64_t k)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "blk.%lld.%s", (long long)l, nm);
+    fn(user, name, n, k);
+}
+
+/* What ds2_create loads from a Hugging Face checkpoint (a whole kv_b_proj
+ * per layer, as config.json directories hold), for a plan without a
+ * file; MoE layers as load_layer picks them. */
+static void ds2_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn, void *user)
+{
+    const int64_t d = c->n_embd, nh = c->n_head,
+                  qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    char nm[64];
+    fn(user, "token_embd.weight", c->n_vocab, d);
+    if (!c->tie_word_embeddings)
+        fn(user, "output.weight", c->n_vocab, d);
+    fn(user, "output_norm.weight", d, 1);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        tensor(fn, user, l, "attn_norm.weight", d, 1);
+        tensor(fn, user, l, "ffn_norm.weight", d, 1);
+        if (c->q_lora_rank > 0) {
+            tensor(fn, user, l, "attn_q_a.weight", c->q_lora_rank, d);
+            tensor(fn, user, l, "attn_q_a_norm.weight", c->q_lora_rank, 1);
+            tensor(fn, user, l, "attn_q_b.weight", nh * qk, c->q_lora_rank);
+        } else {
+            tensor(fn, user, l, "attn_q.weight", nh * qk, d);
+        }
+        tensor(fn, user, l, "attn_kv_a_mqa.weight", c->kv_lora_rank + c->qk_rope_head_dim,
+               d);
+        tensor(fn, user, l, "attn_kv_a_norm.weight", c->kv_lora_rank, 1);
+        tensor(fn, user, l, "attn_kv_b.weight", nh * (c->qk_nope_head_dim + c->v_head_dim),
+               c->kv_lora_rank);
+        tensor(fn, user, l, "attn_output.weight", d, nh * c->v_head_dim);
+        const bool is_moe = c->n_routed_experts > 0 && l >= c->first_k_dense_replace &&
+                            l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+        if (!is_moe) {
+            tensor(fn, user, l, "ffn_gate.weight", c->n_ff, d);
+            tensor(fn, user, l, "ffn_up.weight", c->n_ff, d);
+            tensor(fn, user, l, "ffn_down.weight", d, c->n_ff);
+            continue;
+        }
+        const int64_t mi = c->moe_intermediate_size, fs = mi * c->n_shared_experts;
+        tensor(fn, user, l, "ffn_gate_inp.weight", c->n_routed_experts, d);
+        for (int64_t e = 0; e < c->n_routed_experts; e++) {
+            snprintf(nm, sizeof(nm), "ffn_gate.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, mi, d);
+            snprintf(nm, sizeof(nm), "ffn_up.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, mi, d);
+            snprintf(nm, sizeof(nm), "ffn_down.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, d, mi);
+        }
+        if (c->n_shared_experts > 0) {
+            tensor(fn, user, l, "ffn_gate_shexp.weight", fs, d);
+            tensor(fn, user, l, "ffn_up_shexp.weight", fs, d);
+            tensor(fn, user, l, "ffn_down_shexp.weight", d, fs);
+        }
+    }
+}
+
+/* load_absorbed's copies: n_head W_UK_h^T [kv_lora_rank, qk_nope] from a
+ * whole kv_b_proj (.weight, or AWQ/GPTQ .qweight); the split attn_k_b /
+ * attn_v_b slices of newer GGUFs are used in place. */
+static int64_t ds2_built_weights(const dsq_model_config_t *c, const char *name,
+                                 int64_t *n, int64_t *k)
+{
+    const char *p = strstr(name, ".attn_kv_b.");
+    if (!p || (strcmp(p, ".attn_kv_b.weight") && strcmp(p, ".attn_kv_b.qweight")))
+        return 0;
+    *n = c->kv_lora_rank;
+    *k = c->qk_nope_head_dim;
+    return c->n_head;
+}
+
 const dsq_model_arch_t dsq__model_arch_deepseek2 = {
     .name = "deepseek2",
     .host_only = true,
@@ -833,4 +910,6 @@ const dsq_model_arch_t dsq__model_arch_deepseek2 = {
     .destroy = ds2_destroy,
     .forward = ds2_forward,
     .kv_shape = ds2_kv_shape,
+    .tensors = ds2_tensors,
+    .built_weights = ds2_built_weights,
 };

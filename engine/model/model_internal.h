@@ -39,6 +39,11 @@ typedef struct dsq_model_arch {
     /* dsq_model_kv_shape, from the config alone. */
     void (*kv_shape)(const dsq_model_config_t *c, int *n_kv_heads, int *head_dim,
                      bool *has_v);
+    /* dsq_model_arch_tensors: the tensors create loads. */
+    void (*tensors)(const dsq_model_config_t *c, dsq_model_tensor_fn fn, void *user);
+    /* dsq_model_arch_built_weights; NULL when the graph builds none. */
+    int64_t (*built_weights)(const dsq_model_config_t *c, const char *name, int64_t *n,
+                             int64_t *k);
 } dsq_model_arch_t;
 
 /* The rows (model_llama.c, model_deepseek2.c). */
@@ -46,7 +51,8 @@ extern const dsq_model_arch_t dsq__model_arch_llama;
 extern const dsq_model_arch_t dsq__model_arch_deepseek2;
 
 /* The row serving arch (model_arch.c). An architecture without a row
- * gets the first one, whose create refuses it by name. */
+ * gets the first one (llama): its create refuses it by name, and its
+ * config queries answer as they would for llama. */
 const dsq_model_arch_t *dsq__model_arch_find(dsq_arch_t arch);
 
 /* Written by dsq_model_create (cfg, be, arch, graph), by the weight

@@ -631,6 +631,41 @@ static void llama_kv_shape(const dsq_model_config_t *c, int *n_kv_heads, int *he
     *has_v = true;
 }
 
+/* What llama_create loads, for a plan without a file; the q/k/v biases
+ * when the config declares them (qwen2). */
+static void llama_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn, void *user)
+{
+    const int64_t d = c->n_embd, qd = c->n_head * c->head_dim,
+                  kvd = c->n_head_kv * c->head_dim, ff = c->n_ff;
+    char name[96];
+    fn(user, "token_embd.weight", c->n_vocab, d);
+    if (!c->tie_word_embeddings)
+        fn(user, "output.weight", c->n_vocab, d);
+    fn(user, "output_norm.weight", d, 1);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        const struct { const char *nm; int64_t n, k; bool on; } t[] = {
+            {"attn_norm.weight", d, 1, true},
+            {"ffn_norm.weight", d, 1, true},
+            {"attn_q.weight", qd, d, true},
+            {"attn_k.weight", kvd, d, true},
+            {"attn_v.weight", kvd, d, true},
+            {"attn_output.weight", d, qd, true},
+            {"attn_q.bias", qd, 1, c->attn_qkv_bias},
+            {"attn_k.bias", kvd, 1, c->attn_qkv_bias},
+            {"attn_v.bias", kvd, 1, c->attn_qkv_bias},
+            {"ffn_gate.weight", ff, d, true},
+            {"ffn_up.weight", ff, d, true},
+            {"ffn_down.weight", d, ff, true},
+        };
+        for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+            if (!t[i].on)
+                continue;
+            snprintf(name, sizeof(name), "blk.%lld.%s", (long long)l, t[i].nm);
+            fn(user, name, t[i].n, t[i].k);
+        }
+    }
+}
+
 const dsq_model_arch_t dsq__model_arch_llama = {
     .name = "llama/qwen2",
     .host_only = false,
@@ -638,4 +673,6 @@ const dsq_model_arch_t dsq__model_arch_llama = {
     .destroy = llama_destroy,
     .forward = llama_forward,
     .kv_shape = llama_kv_shape,
+    .tensors = llama_tensors,
+    .built_weights = NULL,       /* every weight is the file's own */
 };
