@@ -1,7 +1,8 @@
-/* The model graph: weights in kernel layout and the forward pass of the
- * llama and qwen2 architectures over a ragged batch.
+/* The model graph: weights in kernel layout and the forward pass over a
+ * ragged batch, one graph per architecture behind the same calls:
+ * llama and qwen2 (engine/model/model_llama.c), deepseek2, MLA + MoE
+ * (engine/model/model_deepseek2.c).
  *
- * (deepseek2: MLA + MoE, engine/model/model_deepseek2.c, dispatched from here.)
  * Architecture sources: LLaMA (Touvron et al. 2023; pre-RMSNorm, SwiGLU,
  * RoPE, GQA), Qwen2 (Yang et al. 2024; biases on q/k/v), as implemented by
  * transformers' modeling_llama.py / modeling_qwen2.py and llama.cpp.
@@ -68,6 +69,35 @@ size_t dsq_model_weight_bytes(const dsq_model_t *m);
  * what dsq_plan_kv_bytes_per_token counts. */
 void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
                         bool *has_v);
+
+/* == per architecture, from a config alone: what the memory planner
+ * (engine/serve/planner.c) asks before any weight is loaded. An
+ * architecture without a graph is answered as llama. == */
+
+/* dsq_model_kv_shape of a model with config c. */
+void dsq_model_arch_kv_shape(const dsq_model_config_t *c, int *n_kv_heads,
+                             int *head_dim, bool *has_v);
+
+/* One weight tensor: its name as the loader spells it
+ * ("blk.3.attn_q.weight"), n outputs x k inputs (k = 1 for a vector). */
+typedef void (*dsq_model_tensor_fn)(void *user, const char *name, int64_t n,
+                                    int64_t k);
+/* Call fn once per weight tensor the graph of c loads, in no particular
+ * order: the tensor table of a Hugging Face checkpoint with this
+ * config.json, for a plan made without one. */
+void dsq_model_arch_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn,
+                            void *user);
+
+/* Weights the graph of c builds at load from the file tensor `name`, on
+ * top of the file's own: returns how many, each [*n, *k], F32 (RTN INT4
+ * with quantize "int4"); 0 for none. deepseek2 builds n_head W_UK_h^T
+ * [kv_lora_rank, qk_nope_head_dim] from each whole kv_b_proj. */
+int64_t dsq_model_arch_built_weights(const dsq_model_config_t *c, const char *name,
+                                     int64_t *n, int64_t *k);
+
+/* True when the architecture's graph runs on host backends only (then
+ * dsq_model_create refuses a device backend). */
+bool dsq_model_arch_host_only(dsq_arch_t arch);
 
 /* One forward step.
  *   tokens/pos/row_seq/slot: [n_tokens]; token ids, positions, the block

@@ -35,6 +35,10 @@
  * (token, expert) pairs are grouped by expert (dsq_backend_moe_group), and each
  * expert with tokens runs once over its gathered rows, so its weights are
  * read once per step. Shared experts are one SwiGLU MLP over every token.
+ *
+ * The graph is the deepseek2 row of the architecture table (model_arch.c);
+ * it moves activations with host loops between ops, so the row marks it
+ * host-only and dsq_model_create refuses a device backend for it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -70,9 +74,9 @@ typedef enum ds2_prefill {
     DS2_PREFILL_EXPANDED,
 } ds2_prefill_t;
 
-struct dsq_ds2 {
+typedef struct dsq_ds2 {
     dsq_model_t *m;
-    dsq_backend_t *be;       /* the model's; a host backend (see create) */
+    dsq_backend_t *be;       /* the model's; a host backend (the row is host_only) */
     ds2_prefill_t prefill_mode;
     bool split_kv_b;               /* GGUF attn_k_b/attn_v_b: no kv_b, absorbed only */
     dsq_model_config_t c;
@@ -88,7 +92,7 @@ struct dsq_ds2 {
     float *x, *h, *o, *qa, *q, *ckv, *qpe, *kpe, *qabs, *olat, *att, *tin, *tout,
           *g, *u, *y, *xe, *ye, *rlog, *wts, *roww, *lg;
     int32_t *ids, *rows, *offsets;
-};
+} dsq_ds2_t;
 
 /* fp32 [n][k] buffer -> weight: a plain F32 view (buf kept by the model) or,
  * with quantize, RTN INT4 (buf freed). Ownership of buf always moves. */
@@ -350,8 +354,11 @@ static int setup_route(dsq_ds2_t *g, char *err, size_t err_len)
     return DSQ_OK;
 }
 
-dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
-                           const dsq_model_opts_t *opts, char *err, size_t err_len)
+static void ds2_destroy(void *graph);
+
+/* dsq_model_arch_t.create: m has its config and a host backend. */
+static void *ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
+                        const dsq_model_opts_t *opts, char *err, size_t err_len)
 {
     const dsq_model_config_t *c = dsq_model_file_config(f);
     dsq_ds2_t *g = calloc(1, sizeof(*g));
@@ -363,13 +370,6 @@ dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
     g->m = m;
     g->be = dsq__model_backend(m);
     g->c = *c;
-    if (!dsq_backend_is_host(g->be)) {
-        /* the graph moves activations with host loops between ops */
-        snprintf(err, err_len, "model: the deepseek2 graph runs on the CPU backend only "
-                 "(not yet on %s)", dsq_backend_name(g->be));
-        free(g);
-        return NULL;
-    }
     const char *pm = getenv("DSQ_MLA_PREFILL");
     g->prefill_mode = !pm ? DS2_PREFILL_AUTO :
                       strcmp(pm, "absorbed") == 0 ? DS2_PREFILL_ABSORBED :
@@ -449,12 +449,13 @@ dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
 fail:
     if (rc == DSQ_ENOMEM)
         snprintf(err, err_len, "model: out of memory while loading deepseek2 weights");
-    dsq__ds2_destroy(g);
+    ds2_destroy(g);
     return NULL;
 }
 
-void dsq__ds2_destroy(dsq_ds2_t *g)
+static void ds2_destroy(void *graph)
 {
+    dsq_ds2_t *g = graph;
     if (!g)
         return;
     for (int64_t l = 0; g->layers && l < g->c.n_layer; l++) {
@@ -760,9 +761,10 @@ static int moe(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
     return rc;
 }
 
-int dsq__ds2_forward(dsq_ds2_t *g, dsq_kv_cache_t *kv, const dsq_batch_t *b,
-                     float *logits)
+static int ds2_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                       float *logits)
 {
+    dsq_ds2_t *g = graph;
     const dsq_model_config_t *c = &g->c;
     const int T = b->n_tokens;
     int rc;
@@ -807,3 +809,107 @@ int dsq__ds2_forward(dsq_ds2_t *g, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         rc = dsq_backend_matmul(g->be, logits, g->lg, b->n_logits, &g->output);
     return rc;
 }
+
+/* MLA: one vector per token and layer, the latent and the rope key, and
+ * no V; without kv_lora_rank, n_head_kv keys and values of head_dim. */
+static void ds2_kv_shape(const dsq_model_config_t *c, int *n_kv_heads, int *head_dim,
+                         bool *has_v)
+{
+    if (c->kv_lora_rank > 0) {
+        *n_kv_heads = 1;
+        *head_dim = (int)(c->kv_lora_rank + c->qk_rope_head_dim);
+        *has_v = false;
+    } else {
+        *n_kv_heads = (int)c->n_head_kv;
+        *head_dim = (int)c->head_dim;
+        *has_v = true;
+    }
+}
+
+/* blk.<l>.<nm> of [n, k], for ds2_tensors. */
+static void tensor(dsq_model_tensor_fn fn, void *user, int64_t l, const char *nm,
+                   int64_t n, int64_t k)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "blk.%lld.%s", (long long)l, nm);
+    fn(user, name, n, k);
+}
+
+/* What ds2_create loads from a Hugging Face checkpoint (a whole kv_b_proj
+ * per layer, as config.json directories hold), for a plan without a
+ * file; MoE layers as load_layer picks them. */
+static void ds2_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn, void *user)
+{
+    const int64_t d = c->n_embd, nh = c->n_head,
+                  qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    char nm[64];
+    fn(user, "token_embd.weight", c->n_vocab, d);
+    if (!c->tie_word_embeddings)
+        fn(user, "output.weight", c->n_vocab, d);
+    fn(user, "output_norm.weight", d, 1);
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        tensor(fn, user, l, "attn_norm.weight", d, 1);
+        tensor(fn, user, l, "ffn_norm.weight", d, 1);
+        if (c->q_lora_rank > 0) {
+            tensor(fn, user, l, "attn_q_a.weight", c->q_lora_rank, d);
+            tensor(fn, user, l, "attn_q_a_norm.weight", c->q_lora_rank, 1);
+            tensor(fn, user, l, "attn_q_b.weight", nh * qk, c->q_lora_rank);
+        } else {
+            tensor(fn, user, l, "attn_q.weight", nh * qk, d);
+        }
+        tensor(fn, user, l, "attn_kv_a_mqa.weight", c->kv_lora_rank + c->qk_rope_head_dim,
+               d);
+        tensor(fn, user, l, "attn_kv_a_norm.weight", c->kv_lora_rank, 1);
+        tensor(fn, user, l, "attn_kv_b.weight", nh * (c->qk_nope_head_dim + c->v_head_dim),
+               c->kv_lora_rank);
+        tensor(fn, user, l, "attn_output.weight", d, nh * c->v_head_dim);
+        const bool is_moe = c->n_routed_experts > 0 && l >= c->first_k_dense_replace &&
+                            l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+        if (!is_moe) {
+            tensor(fn, user, l, "ffn_gate.weight", c->n_ff, d);
+            tensor(fn, user, l, "ffn_up.weight", c->n_ff, d);
+            tensor(fn, user, l, "ffn_down.weight", d, c->n_ff);
+            continue;
+        }
+        const int64_t mi = c->moe_intermediate_size, fs = mi * c->n_shared_experts;
+        tensor(fn, user, l, "ffn_gate_inp.weight", c->n_routed_experts, d);
+        for (int64_t e = 0; e < c->n_routed_experts; e++) {
+            snprintf(nm, sizeof(nm), "ffn_gate.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, mi, d);
+            snprintf(nm, sizeof(nm), "ffn_up.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, mi, d);
+            snprintf(nm, sizeof(nm), "ffn_down.%lld.weight", (long long)e);
+            tensor(fn, user, l, nm, d, mi);
+        }
+        if (c->n_shared_experts > 0) {
+            tensor(fn, user, l, "ffn_gate_shexp.weight", fs, d);
+            tensor(fn, user, l, "ffn_up_shexp.weight", fs, d);
+            tensor(fn, user, l, "ffn_down_shexp.weight", d, fs);
+        }
+    }
+}
+
+/* load_absorbed's copies: n_head W_UK_h^T [kv_lora_rank, qk_nope] from a
+ * whole kv_b_proj (.weight, or AWQ/GPTQ .qweight); the split attn_k_b /
+ * attn_v_b slices of newer GGUFs are used in place. */
+static int64_t ds2_built_weights(const dsq_model_config_t *c, const char *name,
+                                 int64_t *n, int64_t *k)
+{
+    const char *p = strstr(name, ".attn_kv_b.");
+    if (!p || (strcmp(p, ".attn_kv_b.weight") && strcmp(p, ".attn_kv_b.qweight")))
+        return 0;
+    *n = c->kv_lora_rank;
+    *k = c->qk_nope_head_dim;
+    return c->n_head;
+}
+
+const dsq_model_arch_t dsq__model_arch_deepseek2 = {
+    .name = "deepseek2",
+    .host_only = true,
+    .create = ds2_create,
+    .destroy = ds2_destroy,
+    .forward = ds2_forward,
+    .kv_shape = ds2_kv_shape,
+    .tensors = ds2_tensors,
+    .built_weights = ds2_built_weights,
+};

@@ -1,11 +1,13 @@
-/* Internals shared by the model graph files (engine/model/model.c, the llama/qwen2
- * graph and the owner of dsq_model_t, and engine/model/model_deepseek2.c, the
- * DeepSeek-V2/V3 MLA + MoE graph). Not an API.
+/* Internals shared by the files of engine/model/. Not an API.
  *
- * dsq_model_t stays opaque to the DeepSeek graph: it borrows model.c's
- * weight loaders (which record every allocation and byte count in the
- * model) and model.c dispatches create/forward/destroy to it when the
- * architecture is deepseek2. */
+ * A model is the part every architecture shares (struct dsq_model below:
+ * config, backend, the record of the weight memory it owns, the
+ * activation tap) plus the state of its architecture's graph, which only
+ * that graph's file knows. model.c runs every public call through the
+ * graph's row of the architecture table (model_arch.c), so adding an
+ * architecture is one file defining a dsq_model_arch_t and one row there;
+ * model.c names no architecture. The graphs load their weights with the
+ * shared helpers below, never through each other. */
 #ifndef DSQ_MODEL_INTERNAL_H
 #define DSQ_MODEL_INTERNAL_H
 
@@ -17,7 +19,65 @@
 #include "kernels.h"
 #include "model.h"
 
-typedef struct dsq_ds2 dsq_ds2_t;
+/* One architecture's graph. The functions run on the engine thread, like
+ * the public calls that reach them. */
+typedef struct dsq_model_arch {
+    const char *name;        /* the graph, in messages ("deepseek2")         */
+    bool host_only;          /* runs on host backends only: dsq_model_create
+                                refuses a device backend before loading     */
+    /* Check m->cfg, load every weight through the helpers below (they
+     * record the memory in m) and build the graph's state. Returns the
+     * state, or NULL + err; the state frees itself on failure. */
+    void *(*create)(dsq_model_t *m, const dsq_model_file_t *f,
+                    const dsq_model_opts_t *opts, char *err, size_t err_len);
+    /* Free the state (not the weights recorded in the model, which
+     * dsq_model_destroy frees after). */
+    void (*destroy)(void *graph);
+    /* dsq_model_forward, with the same contract. */
+    int (*forward)(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                   float *logits);
+    /* dsq_model_kv_shape, from the config alone. */
+    void (*kv_shape)(const dsq_model_config_t *c, int *n_kv_heads, int *head_dim,
+                     bool *has_v);
+    /* dsq_model_arch_tensors: the tensors create loads. */
+    void (*tensors)(const dsq_model_config_t *c, dsq_model_tensor_fn fn, void *user);
+    /* dsq_model_arch_built_weights; NULL when the graph builds none. */
+    int64_t (*built_weights)(const dsq_model_config_t *c, const char *name, int64_t *n,
+                             int64_t *k);
+} dsq_model_arch_t;
+
+/* The rows (model_llama.c, model_deepseek2.c). */
+extern const dsq_model_arch_t dsq__model_arch_llama;
+extern const dsq_model_arch_t dsq__model_arch_deepseek2;
+
+/* The row serving arch (model_arch.c). An architecture without a row
+ * gets the first one (llama): its create refuses it by name, and its
+ * config queries answer as they would for llama. */
+const dsq_model_arch_t *dsq__model_arch_find(dsq_arch_t arch);
+
+/* Written by dsq_model_create (cfg, be, arch, graph), by the weight
+ * helpers (owned .. has_perm) and by dsq_model_set_tap; the graphs read
+ * cfg, be, has_perm and the tap. */
+struct dsq_model {
+    dsq_model_config_t cfg;
+    dsq_backend_t *be;       /* not owned: opts->backend or dsq_backend_cpu() */
+    const dsq_model_arch_t *arch;
+    void *graph;             /* arch's state, freed by arch->destroy */
+
+    void **owned;            /* malloc'd blocks the model frees */
+    int n_owned, cap_owned;
+    size_t owned_bytes, weight_bytes;
+
+    /* GPTQ act-order: the last permutation loaded (shared when equal) */
+    const int32_t *last_perm;
+    int64_t last_perm_k;
+    bool has_perm;           /* some weight carries a permutation */
+
+    dsq_model_tap_fn tap;    /* == activation tap (quant): see model.h == */
+    void *tap_user;
+};
+
+/* ---- weight loading (model_weights.c) */
 
 /* Load the linear weight base + ".weight" (or AWQ/GPTQ parts) of shape
  * [n, k] (n outputs) into *w; RTN INT4 when quantize is true and opts ask
@@ -26,6 +86,14 @@ int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
                            const dsq_model_opts_t *opts, const char *base,
                            int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
                            char *err, size_t err_len);
+/* As dsq__model_load_linear, for a graph that applies GPTQ act-order
+ * permutations: *perm_out is the weight's permutation of its k inputs
+ * (NULL for none; owned by m, shared between consecutive weights with
+ * the same one). dsq__model_load_linear refuses such weights. */
+int dsq__model_load_linear_perm(dsq_model_t *m, const dsq_model_file_t *f,
+                                const dsq_model_opts_t *opts, const char *base,
+                                int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                                const int32_t **perm_out, char *err, size_t err_len);
 /* fp32 view or copy of a 1-D tensor of n elements (NULL + 0 if absent and
  * not required). Storage is owned by m. */
 int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,
@@ -46,13 +114,5 @@ int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes);
 
 /* The backend m runs on (opts->backend, else dsq_backend_cpu()). */
 dsq_backend_t *dsq__model_backend(const dsq_model_t *m);
-
-/* The DeepSeek-V2/V3 graph (engine/model/model_deepseek2.c). create loads every
- * weight through the helpers above; NULL + err on failure. */
-dsq_ds2_t *dsq__ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
-                           const dsq_model_opts_t *opts, char *err, size_t err_len);
-void dsq__ds2_destroy(dsq_ds2_t *g);
-int dsq__ds2_forward(dsq_ds2_t *g, dsq_kv_cache_t *kv, const dsq_batch_t *b,
-                     float *logits);
 
 #endif

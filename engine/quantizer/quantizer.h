@@ -306,7 +306,7 @@ typedef struct dsq_qrun_opts {
  * tokenizer_config.json...; llama2.c: its tok*.bin). llama2.c / GGUF llama
  * q/k rows are permuted from adjacent-pair to HF (neox) RoPE order.
  * Activations come from running the calibration text through the fp model
- * (engine/model/model.c tap), all layers at once from fp inputs (not from the
+ * (engine/model/model_llama.c tap), all layers at once from fp inputs (not from the
  * already-quantised previous layers). One progress line per layer on
  * stderr, a summary on stdout.
  * Returns 0, DSQ_EINVAL (options incl. --format; too few calibration samples without

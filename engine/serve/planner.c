@@ -3,10 +3,13 @@
  * Weight bytes are computed with the same byte-size functions the repackers
  * use (dsq_weight_data_bytes / dsq_weight_scale_bytes), from the tensor
  * table alone, so the prediction can be checked against what the model
- * actually allocates. Without a tensor table the architecture's shapes are
- * enumerated from the config. */
+ * actually allocates. Without a tensor table the architecture's graph lists
+ * the tensors its config implies (engine/model/model.h,
+ * dsq_model_arch_tensors); what differs between architectures is asked of
+ * the model the same way, never branched on here. */
 #include "planner.h"
 
+#include "engine/model/model.h"
 #include "engine/model/quant.h"
 
 #include <cJSON.h>
@@ -27,14 +30,17 @@ int64_t dsq_plan_default_budget(void)
 
 int64_t dsq_plan_kv_bytes_per_token(const dsq_model_config_t *c, dsq_kv_dtype_t dt)
 {
-    if (c->arch == DSQ_ARCH_DEEPSEEK2 && c->kv_lora_rank > 0) {
-        int64_t vals = c->kv_lora_rank + c->qk_rope_head_dim;
+    int n_kv_heads, head_dim;
+    bool has_v;
+    dsq_model_arch_kv_shape(c, &n_kv_heads, &head_dim, &has_v);
+    if (!has_v) {       /* MLA: the latent + rope key vector alone */
+        int64_t vals = (int64_t)n_kv_heads * head_dim;
         int64_t per = dt == DSQ_KV_INT8 ? vals + (vals / 64 > 0 ? vals / 64 : 1) * 4
                       : dt == DSQ_KV_F32 ? vals * 4 : vals * 2;
         return c->n_layer * per;
     }
     return c->n_layer *
-           (int64_t)dsq_kv_bytes_per_token_layer((int)c->n_head_kv, (int)c->head_dim, dt);
+           (int64_t)dsq_kv_bytes_per_token_layer(n_kv_heads, head_dim, dt);
 }
 
 /* blk.N.ffn_{gate,up,down}.E.<suffix>: one routed expert (HF checkpoints,
@@ -165,24 +171,21 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
     p->class_bytes[cls] += bytes;
 }
 
-/* blk.N.attn_kv_b.weight or .qweight: one layer's whole kv_b_proj. */
-static bool is_kv_b(const char *name)
+/* The weights the graph builds at load from tensor `name`
+ * (dsq_model_arch_built_weights: deepseek2's absorbed MLA copies, per
+ * head W_UK_h^T [kv_lora_rank, qk_nope], a transpose of kv_b_proj rows,
+ * model_deepseek2.c load_absorbed), F32, or RTN INT4 (group_size, with
+ * zeros) with quantize. */
+static void add_built(dsq_plan_t *p, const dsq_model_config_t *c, const char *name,
+                      const dsq_plan_opts_t *o)
 {
-    const char *p = strstr(name, ".attn_kv_b.");
-    return p && (!strcmp(p, ".attn_kv_b.weight") || !strcmp(p, ".attn_kv_b.qweight"));
-}
-
-/* One layer's absorbed MLA copies (model_deepseek2.c load_absorbed): per
- * head W_UK_h^T [kv_lora_rank, qk_nope] (a transpose of kv_b_proj rows;
- * W_UV_h is a view), F32, or RTN INT4 (group_size, with zeros) with
- * quantize. */
-static void add_mla_absorbed(dsq_plan_t *p, const dsq_model_config_t *c,
-                             const dsq_plan_opts_t *o)
-{
+    int64_t n = 0, k = 0;
+    const int64_t count = dsq_model_arch_built_weights(c, name, &n, &k);
+    if (count <= 0)
+        return;
     int g = o->group_size > 0 ? o->group_size : 32;
     dsq_wformat_t f = want_int4(o) ? DSQ_WFMT_INT4 : DSQ_WFMT_F32;
-    p->class_bytes[DSQ_PLAN_MLA_ABSORBED] +=
-        c->n_head * lin_bytes(f, c->kv_lora_rank, c->qk_nope_head_dim, g, want_int4(o));
+    p->class_bytes[DSQ_PLAN_MLA_ABSORBED] += count * lin_bytes(f, n, k, g, want_int4(o));
 }
 
 /* Config-only: one linear weight [n, k] of class cls. */
@@ -199,67 +202,32 @@ static void add_shape(dsq_plan_t *p, int cls, int64_t n, int64_t k, const dsq_pl
                                                   : lin_bytes(DSQ_WFMT_F16, n, k, 0, false);
 }
 
+/* Config-only: the tensors the architecture's graph loads, FP16 linear
+ * weights (INT4 with quantize), fp32 vectors and the MoE router in fp32,
+ * plus what the graph builds from them. */
+typedef struct config_plan {
+    dsq_plan_t *p;
+    const dsq_model_config_t *c;
+    const dsq_plan_opts_t *o;
+} config_plan_t;
+
+static void add_config_tensor(void *user, const char *name, int64_t n, int64_t k)
+{
+    config_plan_t *cp = user;
+    if (strstr(name, "ffn_gate_inp")) {         /* the MoE router */
+        cp->p->n_params += n * k;
+        cp->p->class_bytes[classify(name)] += n * k * 4;
+    } else {
+        add_shape(cp->p, classify(name), n, k, cp->o);
+    }
+    add_built(cp->p, cp->c, name, cp->o);
+}
+
 static void shapes_from_config(dsq_plan_t *p, const dsq_model_config_t *c,
                                const dsq_plan_opts_t *o)
 {
-    int64_t d = c->n_embd, V = c->n_vocab, L = c->n_layer;
-    add_shape(p, DSQ_PLAN_EMBED, V, d, o);
-    if (!c->tie_word_embeddings)
-        add_shape(p, DSQ_PLAN_OUTPUT, V, d, o);
-    add_shape(p, DSQ_PLAN_NORM, d, 1, o);
-    for (int64_t l = 0; l < L; l++) {
-        add_shape(p, DSQ_PLAN_NORM, d, 1, o);
-        add_shape(p, DSQ_PLAN_NORM, d, 1, o);
-        if (c->arch == DSQ_ARCH_DEEPSEEK2) {
-            int64_t nh = c->n_head, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-            if (c->q_lora_rank > 0) {
-                add_shape(p, DSQ_PLAN_ATTN, c->q_lora_rank, d, o);
-                add_shape(p, DSQ_PLAN_NORM, c->q_lora_rank, 1, o);
-                add_shape(p, DSQ_PLAN_ATTN, nh * qk, c->q_lora_rank, o);
-            } else {
-                add_shape(p, DSQ_PLAN_ATTN, nh * qk, d, o);
-            }
-            add_shape(p, DSQ_PLAN_ATTN, c->kv_lora_rank + c->qk_rope_head_dim, d, o);
-            add_shape(p, DSQ_PLAN_NORM, c->kv_lora_rank, 1, o);
-            add_shape(p, DSQ_PLAN_ATTN, nh * (c->qk_nope_head_dim + c->v_head_dim),
-                      c->kv_lora_rank, o);
-            add_mla_absorbed(p, c, o);     /* a config.json dir holds kv_b_proj */
-            add_shape(p, DSQ_PLAN_ATTN, d, nh * c->v_head_dim, o);
-            bool moe = c->n_routed_experts > 0 && l >= c->first_k_dense_replace &&
-                       (c->moe_layer_freq <= 1 || l % c->moe_layer_freq == 0);
-            if (moe) {
-                int64_t f = c->moe_intermediate_size, E = c->n_routed_experts;
-                p->n_params += E * d;          /* router, kept in fp32 */
-                p->class_bytes[DSQ_PLAN_EXPERTS] += E * d * 4;
-                for (int64_t e = 0; e < E; e++) {
-                    add_shape(p, DSQ_PLAN_EXPERTS, f, d, o);
-                    add_shape(p, DSQ_PLAN_EXPERTS, f, d, o);
-                    add_shape(p, DSQ_PLAN_EXPERTS, d, f, o);
-                }
-                if (c->n_shared_experts > 0) {
-                    int64_t fs = f * c->n_shared_experts;
-                    add_shape(p, DSQ_PLAN_FFN, fs, d, o);
-                    add_shape(p, DSQ_PLAN_FFN, fs, d, o);
-                    add_shape(p, DSQ_PLAN_FFN, d, fs, o);
-                }
-                continue;
-            }
-        } else {
-            int64_t qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
-            add_shape(p, DSQ_PLAN_ATTN, qd, d, o);
-            add_shape(p, DSQ_PLAN_ATTN, kvd, d, o);
-            add_shape(p, DSQ_PLAN_ATTN, kvd, d, o);
-            add_shape(p, DSQ_PLAN_ATTN, d, qd, o);
-            if (c->attn_qkv_bias) {
-                add_shape(p, DSQ_PLAN_NORM, qd, 1, o);
-                add_shape(p, DSQ_PLAN_NORM, kvd, 1, o);
-                add_shape(p, DSQ_PLAN_NORM, kvd, 1, o);
-            }
-        }
-        add_shape(p, DSQ_PLAN_FFN, c->n_ff, d, o);
-        add_shape(p, DSQ_PLAN_FFN, c->n_ff, d, o);
-        add_shape(p, DSQ_PLAN_FFN, d, c->n_ff, o);
-    }
+    config_plan_t cp = {p, c, o};
+    dsq_model_arch_tensors(c, add_config_tensor, &cp);
 }
 
 int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *tensors,
@@ -284,8 +252,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
             int64_t gk = c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ && dot &&
                          !strcmp(dot, ".qweight") ? gptq_k(tensors, n_tensors, i) : 0;
             add_tensor(out, tensors[i], o, c, gk);
-            if (c->arch == DSQ_ARCH_DEEPSEEK2 && is_kv_b(tensors[i]->name))
-                add_mla_absorbed(out, c, o);
+            add_built(out, c, tensors[i]->name, o);
         }
     } else {
         out->weights_from_config = true;
@@ -306,7 +273,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
                            4 * rows * c->n_vocab + 17 * c->n_vocab;
     out->overhead_bytes = 0;   /* CPU backend: no runtime pools */
     if (o->device) {
-        /* device buffers besides the workspace (engine/model/model.c): a
+        /* device buffers besides the workspace (engine/model/model_llama.c): a
          * step's index arrays (tokens, positions, rows, slots, logit rows,
          * block tables cut to the attended width <= max_model_len / bs) and,
          * for GPTQ (act-order possible), one permutation per linear input
