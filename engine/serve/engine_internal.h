@@ -1,0 +1,200 @@
+/* What the engine's files share: engine/serve/engine.c.
+ * The request, choice and engine structs, and the dsq__ helpers one of
+ * these files calls in another. Not an API (engine.h is); included only
+ * from engine/serve/.
+ *
+ * Threads: the engine thread owns every field not marked otherwise. A
+ * field another thread reads or writes is atomic or names the mutex that
+ * guards it; a request is reference-counted; a submitted request reaches
+ * the engine thread once, through the submit queue.
+ */
+#ifndef DSQ_ENGINE_INTERNAL_H
+#define DSQ_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "engine/backend/backend.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/loader/loader.h"
+#include "engine/model/model.h"
+#include "engine/text/detok.h"
+#include "engine/text/grammar.h"
+#include "engine/text/tokenizer.h"
+#include "admission.h"
+#include "engine.h"
+#include "padding.h"
+#include "sampler.h"
+#include "scheduler.h"
+#include "step_cost.h"
+
+#define MAX_TOP_LOGPROBS 20
+
+/* Engine-side state of one choice. Engine thread only. */
+typedef struct eseq {
+    dsq_seq_t seq;                 /* scheduler view (must be first)          */
+    dsq_req_t *req;
+    dsq_detok_t *detok;
+    dsq_grammar_matcher_t *gm;     /* api: sp.grammar's matcher, or NULL      */
+    uint32_t *gmask;               /* api: the next mask, made by the mask
+                                      worker during the forward pass         */
+    int gmask_n;                   /* its fill_mask result (count or error)   */
+    bool gmask_ready;              /* gmask holds the current state's mask    */
+    dsq_rng_t rng;
+    char *hold;                    /* decoded text not yet emitted            */
+    size_t hold_len, hold_cap;
+    size_t text_bytes;             /* bytes of text decoded so far            */
+    int n_generated;
+    double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
+    bool finished;
+    int step_prefill;              /* otel: prompt tokens of the current step */
+    int step_pos;                  /* otel: their first position              */
+    bool step_decode;              /* otel: a decode row in the current step  */
+    /* pending output event */
+    dsq_output_t ev;
+    int ev_cap;
+    char *ev_text;
+    size_t ev_text_len, ev_text_cap;
+} eseq_t;
+
+struct dsq_req {
+    atomic_int refs;
+    uint64_t id;
+    int32_t *prompt;
+    int n_prompt;
+    dsq_sampling_t sp;             /* arrays point at owned copies below      */
+    int32_t *bias_ids, *stop_ids;
+    float *bias;
+    char **stop;
+    size_t max_stop_len;
+    dsq_req_notify_fn notify;
+    void *user;
+    atomic_bool cancelled;
+    atomic_bool submitted;
+
+    pthread_mutex_t mu;            /* guards the output queue below           */
+    dsq_output_t *q;
+    int q_head, q_n, q_cap;
+    int64_t q_bytes;               /* hardening: memory the queued events hold */
+    atomic_bool held;              /* hardening: not scheduled: output unread  */
+    struct dsq_engine *eng;        /* hardening: set at submit, for wake-ups   */
+    int n_final_pushed;            /* choices whose final event was queued    */
+    int n_final_popped;
+
+    /* api: prompt logprobs (sp.prompt_logprobs), engine thread only:
+     * entry i = prompt token i + 1; plp_n entries computed so far */
+    float *plp;
+    dsq_top_logprob_t *plp_top;
+    int plp_n;
+    bool plp_sent;
+    bool scored;                   /* api: max_tokens 0 ended every choice
+                                      after the prompt (finish "length") */
+
+    /* engine thread only */
+    eseq_t **seqs;
+    int n_seqs;                    /* created so far (1 until the fork)       */
+    int n_live;
+    bool forked;
+    bool counted_waiting;
+    bool queue_reported;           /* queue_us sent on the first event        */
+    bool queue_timeout;            /* hardening: expired in the queue          */
+    double t_held;                 /* hardening: when it was last held back    */
+    double t_sched;                /* first time any choice was scheduled     */
+    struct dsq_req *next_active, *prev_active;
+    double t_arrival, t_first_token;
+    /* admission */
+    bool admitted;                 /* engine thread: entered the scheduler    */
+    atomic_bool adm_held;          /* adaptive: submitted and not yet admitted
+                                      (stays set when it ends unadmitted: its
+                                      final events tell that)               */
+    int64_t need_tokens;           /* the most KV it can take, whole blocks
+                                      (kv_need_tokens, at submit)          */
+    char refusal[200];             /* under mu: the policy's reason, or ""    */
+    int retry_after_s;             /* under mu: > 0 with refusal              */
+    /* otel: under mu (dsq_req_timeline reads it from any thread) */
+    dsq_req_timeline_t tl;
+    uint64_t tl_step;              /* engine thread: last step counted        */
+};
+
+struct dsq_engine {
+    dsq_engine_opts_t o;
+    dsq_backend_t *be;             /* where the model runs                    */
+    bool be_owned;                 /* created here (CUDA), destroyed last     */
+    int max_model_len;
+    dsq_model_file_t *file;
+    dsq_model_t *model;
+    dsq_kv_cache_t *kv;
+    dsq_sched_t *sched;
+    dsq_sampler_t *sampler;
+    const dsq_tokenizer_t *tok;
+    int n_vocab;
+    dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
+    uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
+    /* api: the mask worker. While the engine thread runs a step's forward
+     * pass, this thread fills the masks of the step's constrained
+     * sequences (their matchers are not touched by the engine thread
+     * until the pass returns and the worker is done). Started at the
+     * first constrained step. */
+    struct {
+        pthread_t thread;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        eseq_t **jobs;
+        int n_jobs, cap;
+        bool pending;              /* under mu: jobs posted, not all done     */
+        bool quit;                 /* under mu                                */
+        bool started;              /* engine thread                           */
+    } mw;
+    float *logits;
+    int logits_cap;
+    float *logits_fork;
+    /* api: prompt-logprob rows appended to the scheduler's logit rows */
+    int32_t *lrows, *xpos;
+    eseq_t **xseq;
+    int lrows_cap;
+
+    pthread_t thread;
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_idle_t idle;
+    bool idle_on;
+    uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
+    int n_held;                    /* hardening: requests held (hold_unread)   */
+    dsq_step_cost_fit_t step_fit;  /* hardening: measured step cost model      */
+    bool held_idle;                /* hardening: the last step had only those  */
+    /* itl: admission window (engine.h admission_window_ms) */
+    uv_timer_t burst;
+    double t_last_submit;          /* under mu                                */
+    double t_last_step;            /* engine thread: end of the last step     */
+    double t_burst;                /* engine thread: first wait of this burst */
+    int window_ms;                 /* quiet time; <= 0: off                   */
+    int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
+    int fail_choice;               /* DSQ_TEST_FAIL_SAMPLE_CHOICE + 1, debug:
+                                    * that choice's first sample fails once   */
+
+    pthread_mutex_t mu;            /* guards submit queue and stats           */
+    dsq_req_t **subq;
+    int subq_n, subq_cap;
+    bool stopping;
+    atomic_int n_waiting;          /* submitted, not yet admitted             */
+    dsq_engine_stats_t stats;
+
+    dsq_req_t *active;             /* engine thread: list of live requests    */
+    uint64_t next_order;
+    uint64_t n_steps;              /* otel: engine steps run (timeline)       */
+    /* admission (admission.h) */
+    dsq_admission_t *adm;
+    dsq_req_t **pend;              /* engine thread: held back, oldest first  */
+    int pend_n, pend_cap;
+    atomic_int n_inflight;         /* admitted to the scheduler, not ended    */
+    atomic_int n_pending;          /* adaptive: submitted, not yet admitted   */
+    atomic_llong reserved_tokens;  /* need_tokens of the in-flight ones       */
+    int64_t kv_tokens;             /* KV capacity in tokens                   */
+    dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
+};
+
+#endif
