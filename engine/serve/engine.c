@@ -40,229 +40,6 @@
 #include "sampler.h"
 #include "scheduler.h"
 
-#define MAX_BEST_OF 1024            /* api: sequences one request may fork   */
-
-static atomic_uint_fast64_t next_req_id = 1;
-
-/* ------------------------------------------------------------ requests */
-
-void dsq_output_free(dsq_output_t *o)
-{
-    if (!o)
-        return;
-    free(o->text);
-    free(o->tokens);
-    free(o->logprobs);
-    free(o->top);
-    free(o->token_text_offset);
-    free(o->prompt_logprobs);
-    free(o->prompt_top);
-    memset(o, 0, sizeof(*o));
-}
-
-static void req_free(dsq_req_t *r)
-{
-    dsq_grammar_free(r->sp.grammar);
-    free(r->prompt);
-    free(r->bias_ids);
-    free(r->bias);
-    free(r->stop_ids);
-    for (int i = 0; r->stop && i < r->sp.n_stop; i++)
-        free(r->stop[i]);
-    free(r->stop);
-    for (int i = 0; i < r->q_n; i++)
-        dsq_output_free(&r->q[(r->q_head + i) % r->q_cap]);
-    free(r->q);
-    free(r->seqs);
-    free(r->plp);
-    free(r->plp_top);
-    pthread_mutex_destroy(&r->mu);
-    free(r);
-}
-
-/* api: sequences the request generates: n, or best_of when larger. */
-static int req_n_total(const dsq_req_t *r)
-{
-    return r->sp.best_of > r->sp.n ? r->sp.best_of : r->sp.n;
-}
-
-dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
-                          const dsq_sampling_t *sp, dsq_req_notify_fn notify,
-                          void *user, char *err, size_t err_len)
-{
-    dsq_req_t *r = NULL;
-    if (!prompt || n_prompt <= 0 || !sp) {
-        snprintf(err, err_len, "prompt must contain at least one token");
-        return NULL;
-    }
-    if (sp->max_tokens < 0 || sp->n < 1 || sp->temperature < 0 ||
-        !(sp->top_p > 0 && sp->top_p <= 1) || sp->min_p < 0 || sp->min_p > 1 ||
-        sp->logprobs > MAX_TOP_LOGPROBS || sp->n_logit_bias < 0 || sp->n_stop < 0 ||
-        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 ||
-        sp->best_of < 0 || sp->best_of > MAX_BEST_OF) {
-        snprintf(err, err_len, "invalid sampling parameters");
-        return NULL;
-    }
-    r = calloc(1, sizeof(*r));
-    if (!r)
-        goto oom;
-    atomic_init(&r->refs, 1);
-    atomic_init(&r->cancelled, false);
-    atomic_init(&r->submitted, false);
-    pthread_mutex_init(&r->mu, NULL);
-    r->id = atomic_fetch_add(&next_req_id, 1);
-    r->sp = *sp;
-    dsq_grammar_retain(r->sp.grammar);
-    r->notify = notify;
-    r->user = user;
-    r->prompt = malloc((size_t)n_prompt * sizeof(*r->prompt));
-    if (!r->prompt)
-        goto oom;
-    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(*prompt));
-    r->n_prompt = n_prompt;
-    if (sp->n_logit_bias > 0) {
-        r->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias_ids));
-        r->bias = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias));
-        if (!r->bias_ids || !r->bias)
-            goto oom;
-        memcpy(r->bias_ids, sp->logit_bias_ids, (size_t)sp->n_logit_bias * sizeof(int32_t));
-        memcpy(r->bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof(float));
-    }
-    r->sp.logit_bias_ids = r->bias_ids;
-    r->sp.logit_bias = r->bias;
-    if (sp->n_stop_token_ids > 0) {
-        r->stop_ids = malloc((size_t)sp->n_stop_token_ids * sizeof(*r->stop_ids));
-        if (!r->stop_ids)
-            goto oom;
-        memcpy(r->stop_ids, sp->stop_token_ids, (size_t)sp->n_stop_token_ids * sizeof(int32_t));
-    }
-    r->sp.stop_token_ids = r->stop_ids;
-    if (sp->n_stop > 0) {
-        r->stop = calloc((size_t)sp->n_stop, sizeof(*r->stop));
-        if (!r->stop)
-            goto oom;
-        for (int i = 0; i < sp->n_stop; i++) {
-            r->stop[i] = strdup(sp->stop[i] ? sp->stop[i] : "");
-            if (!r->stop[i])
-                goto oom;
-            size_t l = strlen(r->stop[i]);
-            if (l > r->max_stop_len)
-                r->max_stop_len = l;
-        }
-    }
-    r->sp.stop = (const char *const *)r->stop;
-    r->seqs = calloc((size_t)req_n_total(r), sizeof(*r->seqs));
-    if (!r->seqs)
-        goto oom;
-    if (sp->prompt_logprobs && n_prompt > 1) {
-        int k = sp->logprobs > 0 ? sp->logprobs : 0;
-        r->plp = malloc((size_t)(n_prompt - 1) * sizeof(*r->plp));
-        if (!r->plp)
-            goto oom;
-        if (k > 0 && !(r->plp_top = malloc((size_t)(n_prompt - 1) * (size_t)k *
-                                           sizeof(*r->plp_top))))
-            goto oom;
-    }
-    return r;
-oom:
-    snprintf(err, err_len, "out of memory");
-    if (r)
-        req_free(r);
-    return NULL;
-}
-
-void dsq_req_ref(dsq_req_t *r)
-{
-    atomic_fetch_add(&r->refs, 1);
-}
-
-void dsq_req_unref(dsq_req_t *r)
-{
-    if (r && atomic_fetch_sub(&r->refs, 1) == 1)
-        req_free(r);
-}
-
-uint64_t dsq_req_id(const dsq_req_t *r) { return r->id; }
-
-void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out)
-{
-    pthread_mutex_lock(&r->mu);
-    *out = r->tl;
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* hardening: bytes an event holds (its struct, text and per-token arrays),
- * the measure of a request's undelivered output. */
-static int64_t event_bytes(const dsq_output_t *o)
-{
-    int64_t n = (int64_t)sizeof(*o) + (int64_t)o->text_len;
-    n += (int64_t)o->n_tokens * (int64_t)(sizeof(int32_t) + sizeof(size_t) +
-                                          (o->logprobs ? sizeof(float) : 0) +
-                                          (o->top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
-    n += (int64_t)o->n_prompt_logprobs * (int64_t)(sizeof(float) +
-         (o->prompt_top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
-    return n;
-}
-
-static void wake_engine(struct dsq_engine *e);
-
-int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
-{
-    int rc;
-    bool wake = false;
-    pthread_mutex_lock(&r->mu);
-    if (r->q_n > 0) {
-        *out = r->q[r->q_head];
-        r->q_bytes -= event_bytes(out);
-        /* hardening: the reader caught up: let the engine schedule it */
-        wake = atomic_load(&r->held) && r->eng;
-        memset(&r->q[r->q_head], 0, sizeof(r->q[0]));
-        r->q_head = (r->q_head + 1) % r->q_cap;
-        r->q_n--;
-        if (out->finish != DSQ_FINISH_NONE)
-            r->n_final_popped++;
-        rc = 1;
-    } else if (r->n_final_popped >= r->sp.n) {
-        rc = -1;
-    } else {
-        rc = 0;
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (wake)
-        wake_engine(r->eng);
-    return rc;
-}
-
-/* Queue an event (takes ownership of ev's arrays). */
-static int req_push(dsq_req_t *r, dsq_output_t *ev)
-{
-    int rc = DSQ_OK;
-    pthread_mutex_lock(&r->mu);
-    if (r->q_n == r->q_cap) {
-        int cap = r->q_cap ? r->q_cap * 2 : 8;
-        dsq_output_t *q = malloc((size_t)cap * sizeof(*q));
-        if (!q) {
-            rc = DSQ_ENOMEM;
-            goto out;
-        }
-        for (int i = 0; i < r->q_n; i++)
-            q[i] = r->q[(r->q_head + i) % r->q_cap];
-        free(r->q);
-        r->q = q;
-        r->q_head = 0;
-        r->q_cap = cap;
-    }
-    r->q[(r->q_head + r->q_n) % r->q_cap] = *ev;
-    r->q_n++;
-    r->q_bytes += event_bytes(ev);
-    if (ev->finish != DSQ_FINISH_NONE)
-        r->n_final_pushed++;
-    memset(ev, 0, sizeof(*ev));
-out:
-    pthread_mutex_unlock(&r->mu);
-    return rc;
-}
-
 /* ------------------------------------------------------------ sequences */
 
 static eseq_t *eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
@@ -433,7 +210,7 @@ static void flush_event(eseq_t *s)
     s->ev_text = NULL;
     s->ev_text_len = s->ev_text_cap = 0;
     s->ev_cap = 0;
-    req_push(s->req, ev);
+    dsq__req_push(s->req, ev);
 }
 
 /* End a choice. Text still held back (for stop strings) or inside the
@@ -528,9 +305,9 @@ static void publish(dsq_engine_t *e)
     while (r) {
         dsq_req_t *next = r->next_active;
         bool any = false;
-        if (req_n_total(r) > r->sp.n)
+        if (dsq__req_n_total(r) > r->sp.n)
             any = publish_best_of(r);
-        for (int i = 0; i < r->n_seqs && req_n_total(r) <= r->sp.n; i++) {
+        for (int i = 0; i < r->n_seqs && dsq__req_n_total(r) <= r->sp.n; i++) {
             eseq_t *s = r->seqs[i];
             if (s->ev.n_tokens || s->ev_text_len || s->ev.finish) {
                 flush_event(s);
@@ -548,7 +325,7 @@ static void publish(dsq_engine_t *e)
                 ev.finish = r->scored ? DSQ_FINISH_LENGTH : DSQ_FINISH_ABORT;
                 ev.queue_timeout = r->queue_timeout;
                 ev.prompt_tokens = r->n_prompt;
-                req_push(r, &ev);
+                dsq__req_push(r, &ev);
                 any = true;
             }
         }
@@ -926,7 +703,7 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
 static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
 {
     eseq_t *parent = r->seqs[0];
-    for (int i = 1; i < req_n_total(r); i++) {
+    for (int i = 1; i < dsq__req_n_total(r); i++) {
         eseq_t *c = eseq_create(e, r, i);
         if (!c)
             return DSQ_ENOMEM;
@@ -1117,7 +894,7 @@ static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         hist.allowed = mask;
     }
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
-                              r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
+                              r->sp.logprobs >= 0 || dsq__req_n_total(r) > r->sp.n ? &lp : NULL,
                               n_top ? top : NULL, n_top);
     if (rc == DSQ_ERANGE && s->gm) {
         /* the grammar allows no token the model can give (every allowed
@@ -1364,7 +1141,7 @@ static bool engine_step(dsq_engine_t *e)
                     finish_seq(e, s, DSQ_FINISH_LENGTH, false);
                     continue;
                 }
-                if (req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
+                if (dsq__req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
                     break;
                 if (s->seq.index == 0 && r->forked && r->n_seqs > 1 &&
                     s->n_generated == 0) {
@@ -1447,7 +1224,7 @@ static bool engine_step(dsq_engine_t *e)
     bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) + e->pend_n > 0;
     if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {
         /* hardening: only held requests are left: sleep until a reader
-         * pops (wake_engine), a submit or cancel, or the next check */
+         * pops (dsq__wake_engine), a submit or cancel, or the next check */
         e->held_idle = true;
         return false;
     }
@@ -1457,7 +1234,7 @@ static bool engine_step(dsq_engine_t *e)
 static void on_idle(uv_idle_t *h);
 
 /* hardening: any thread: a held request's reader popped output. */
-static void wake_engine(dsq_engine_t *e)
+void dsq__wake_engine(dsq_engine_t *e)
 {
     uv_async_send(&e->async);
 }
@@ -2071,21 +1848,6 @@ void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
     out->n_admission_held = atomic_load(&e->n_pending);
 }
 
-bool dsq_req_held(dsq_req_t *r)
-{
-    return atomic_load(&r->adm_held);
-}
-
-int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len)
-{
-    pthread_mutex_lock(&r->mu);
-    int retry = r->retry_after_s;
-    if (buf && len)
-        snprintf(buf, len, "%s", r->refusal);
-    pthread_mutex_unlock(&r->mu);
-    return retry;
-}
-
 /* admission: the most KV cache a request can take, in tokens of whole
  * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full
  * blocks, which its choices share after the fork (dsq_kv_seq_fork), plus for each
@@ -2097,7 +1859,7 @@ static int64_t kv_need_tokens(const dsq_engine_t *e, const dsq_req_t *r)
     int64_t total = (int64_t)r->n_prompt + (r->sp.max_tokens > 0 ? r->sp.max_tokens : 0);
     int64_t shared = r->n_prompt / bs;
     int64_t own = (total + bs - 1) / bs - shared;
-    return (shared + (int64_t)req_n_total(r) * own) * bs;
+    return (shared + (int64_t)dsq__req_n_total(r) * own) * bs;
 }
 
 int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)

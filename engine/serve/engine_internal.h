@@ -1,4 +1,5 @@
-/* What the engine's files share: engine/serve/engine.c.
+/* What the engine's files share: engine/serve/engine.c and the files
+ * split from it (request.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -196,5 +197,20 @@ struct dsq_engine {
     int64_t kv_tokens;             /* KV capacity in tokens                   */
     dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
 };
+
+/* ------------------------------------------------------------ request.c */
+
+/* Sequences r generates: sp.n, or sp.best_of when larger. */
+int dsq__req_n_total(const dsq_req_t *r);
+
+/* Queue ev on r's output queue under r->mu, taking ownership of its
+ * arrays (*ev is zeroed). Returns 0, or DSQ_ENOMEM with nothing queued and
+ * *ev as it was. Engine thread. */
+int dsq__req_push(dsq_req_t *r, dsq_output_t *ev);
+
+/* ------------------------------------------------------------ engine.c */
+
+/* Wake the engine loop (uv_async_send). Any thread. */
+void dsq__wake_engine(dsq_engine_t *e);
 
 #endif
