@@ -40,210 +40,6 @@
 #include "sampler.h"
 #include "scheduler.h"
 
-/* ------------------------------------------------------------ sequences */
-
-static eseq_t *eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
-{
-    eseq_t *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->req = r;
-    s->seq.owner = s;
-    s->seq.index = index;
-    dsq_block_table_init(&s->seq.bt);
-    s->detok = dsq_detok_create(e->tok, true, false);
-    if (r->sp.grammar)
-        s->gm = dsq_grammar_matcher_create(r->sp.grammar);
-    if (!s->detok || (r->sp.grammar && !s->gm)) {
-        dsq_detok_destroy(s->detok);
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
-static void eseq_destroy(eseq_t *s)
-{
-    if (!s)
-        return;
-    dsq_detok_destroy(s->detok);
-    dsq_grammar_matcher_free(s->gm);
-    free(s->gmask);
-    dsq_block_table_deinit(&s->seq.bt);
-    free(s->seq.tokens);
-    free(s->hold);
-    dsq_output_free(&s->ev);
-    free(s->ev_text);
-    free(s);
-}
-
-static int seq_append(dsq_seq_t *q, int32_t t)
-{
-    if (q->n_tokens == q->cap_tokens) {
-        int cap = q->cap_tokens ? q->cap_tokens * 2 : 64;
-        int32_t *p = realloc(q->tokens, (size_t)cap * sizeof(*p));
-        if (!p)
-            return DSQ_ENOMEM;
-        q->tokens = p;
-        q->cap_tokens = cap;
-    }
-    q->tokens[q->n_tokens++] = t;
-    return DSQ_OK;
-}
-
-static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 64;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p)
-            return DSQ_ENOMEM;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return DSQ_OK;
-}
-
-/* Grow the pending event's per-token arrays to hold one more token. */
-static int ev_reserve(eseq_t *s, int n_top)
-{
-    dsq_output_t *ev = &s->ev;
-    if (ev->n_tokens < s->ev_cap)
-        return DSQ_OK;
-    int cap = s->ev_cap ? s->ev_cap * 2 : 8;
-    int32_t *t = realloc(ev->tokens, (size_t)cap * sizeof(*t));
-    if (!t)
-        return DSQ_ENOMEM;
-    ev->tokens = t;
-    size_t *off = realloc(ev->token_text_offset, (size_t)cap * sizeof(*off));
-    if (!off)
-        return DSQ_ENOMEM;
-    ev->token_text_offset = off;
-    if (n_top >= 0) {
-        float *lp = realloc(ev->logprobs, (size_t)cap * sizeof(*lp));
-        if (!lp)
-            return DSQ_ENOMEM;
-        ev->logprobs = lp;
-        if (n_top > 0) {
-            dsq_top_logprob_t *tp = realloc(ev->top, (size_t)cap * (size_t)n_top * sizeof(*tp));
-            if (!tp)
-                return DSQ_ENOMEM;
-            ev->top = tp;
-        }
-    }
-    s->ev_cap = cap;
-    return DSQ_OK;
-}
-
-/* Move text that can no longer become part of a stop string from hold to
- * the pending event. final: flush everything. Returns true if a stop string
- * was found (the text before it is emitted, the rest dropped). */
-static bool release_text(eseq_t *s, bool final)
-{
-    dsq_req_t *r = s->req;
-    size_t cut = s->hold_len;
-    bool stopped = false;
-    for (int i = 0; i < r->sp.n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        if (sl == 0)
-            continue;
-        char *p = memmem(s->hold, s->hold_len, r->stop[i], sl);
-        if (p && (size_t)(p - s->hold) < cut) {
-            cut = (size_t)(p - s->hold);
-            stopped = true;
-        }
-    }
-    if (!stopped && !final && r->max_stop_len > 0) {
-        size_t keep = r->max_stop_len - 1;
-        cut = s->hold_len > keep ? s->hold_len - keep : 0;
-        /* Never split a UTF-8 character: back up to a lead byte. */
-        while (cut > 0 && cut < s->hold_len && ((unsigned char)s->hold[cut] & 0xC0) == 0x80)
-            cut--;
-    }
-    if (cut > 0) {
-        buf_append(&s->ev_text, &s->ev_text_len, &s->ev_text_cap, s->hold, cut);
-        memmove(s->hold, s->hold + cut, s->hold_len - cut);
-        s->hold_len -= cut;
-    }
-    if (stopped || final)
-        s->hold_len = 0;
-    return stopped;
-}
-
-/* Hand the pending event to the request queue. */
-static void flush_event(eseq_t *s)
-{
-    dsq_output_t *ev = &s->ev;
-    if (ev->n_tokens == 0 && s->ev_text_len == 0 && ev->finish == DSQ_FINISH_NONE)
-        return;
-    ev->index = s->seq.index;
-    ev->text = s->ev_text ? s->ev_text : strdup("");
-    ev->text_len = s->ev_text_len;
-    ev->n_top = s->req->sp.logprobs > 0 ? s->req->sp.logprobs : 0;
-    if (!s->req->queue_reported && s->req->t_sched > 0) {
-        ev->queue_us = (int64_t)((s->req->t_sched - s->req->t_arrival) * 1e6);
-        if (ev->queue_us <= 0)
-            ev->queue_us = 1;
-        s->req->queue_reported = true;
-    }
-    if (s->req->plp && !s->req->plp_sent) {
-        /* api: prompt logprobs ride on the request's first event */
-        dsq_req_t *r = s->req;
-        r->plp_sent = true;
-        ev->n_prompt_logprobs = r->plp_n;
-        ev->prompt_logprobs = r->plp;
-        ev->prompt_top = r->plp_top;
-        r->plp = NULL;
-        r->plp_top = NULL;
-    }
-    if (ev->finish != DSQ_FINISH_NONE) {
-        ev->queue_timeout = s->req->queue_timeout;
-        ev->prompt_tokens = s->req->n_prompt;
-        ev->completion_tokens = s->n_generated;
-        ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
-    }
-    s->ev_text = NULL;
-    s->ev_text_len = s->ev_text_cap = 0;
-    s->ev_cap = 0;
-    dsq__req_push(s->req, ev);
-}
-
-/* End a choice. Text still held back (for stop strings) or inside the
- * detokenizer is emitted, except after a stop string, where everything from
- * the stop string on is dropped, and on abort. */
-static void finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tail)
-{
-    if (s->finished)
-        return;
-    if (why != DSQ_FINISH_ABORT && !drop_tail) {
-        char *tail = NULL;
-        size_t tail_len = 0;
-        if (dsq_detok_flush(s->detok, &tail, &tail_len) == 0 && tail_len > 0)
-            buf_append(&s->hold, &s->hold_len, &s->hold_cap, tail, tail_len);
-        free(tail);
-        release_text(s, true);
-    }
-    s->finished = true;
-    s->ev.finish = why;
-    if (s->seq.state != DSQ_SEQ_DETACHED)
-        dsq_sched_remove(e->sched, &s->seq);
-    s->req->n_live--;
-    pthread_mutex_lock(&s->req->mu);
-    s->req->tl.n_generated += s->n_generated;
-    s->req->tl.n_preemptions += s->seq.n_preempted;
-    if (s->req->n_live == 0)
-        s->req->tl.t_end = dsq_clock_now_s();
-    pthread_mutex_unlock(&s->req->mu);
-    pthread_mutex_lock(&e->mu);
-    e->stats.requests_finished_total += s->req->n_live == 0;
-    pthread_mutex_unlock(&e->mu);
-}
-
 /* ------------------------------------------------------------ engine */
 
 static void active_add(dsq_engine_t *e, dsq_req_t *r)
@@ -293,7 +89,7 @@ static bool publish_best_of(dsq_req_t *r)
         s->seq.index = k;
         if (k == 0)
             s->ev.discarded_tokens = discarded;
-        flush_event(s);
+        dsq__flush_event(s);
     }
     return true;
 }
@@ -310,7 +106,7 @@ static void publish(dsq_engine_t *e)
         for (int i = 0; i < r->n_seqs && dsq__req_n_total(r) <= r->sp.n; i++) {
             eseq_t *s = r->seqs[i];
             if (s->ev.n_tokens || s->ev_text_len || s->ev.finish) {
-                flush_event(s);
+                dsq__flush_event(s);
                 any = true;
             }
         }
@@ -342,7 +138,7 @@ static void publish(dsq_engine_t *e)
             }
             active_remove(e, r);
             for (int i = 0; i < r->n_seqs; i++)
-                eseq_destroy(r->seqs[i]);
+                dsq__eseq_destroy(r->seqs[i]);
             r->n_seqs = 0;
             dsq_req_unref(r);
         }
@@ -389,12 +185,12 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
         r->admitted = true;
         atomic_fetch_add(&e->n_inflight, 1);
         atomic_fetch_add(&e->reserved_tokens, r->need_tokens);
-        eseq_t *s = eseq_create(e, r, 0);
+        eseq_t *s = dsq__eseq_create(e, r, 0);
         int rc = s ? DSQ_OK : DSQ_ENOMEM;
         if (s) {
             s->seq.order = e->next_order++;
             for (int j = 0; j < r->n_prompt && !rc; j++)
-                rc = seq_append(&s->seq, r->prompt[j]);
+                rc = dsq__seq_append(&s->seq, r->prompt[j]);
             s->seq.n_prompt = r->n_prompt;
             s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
             /* prefix: cached positions produce no logits */
@@ -419,7 +215,7 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
                     (unsigned long long)r->id, dsq_strerror(rc));
             if (s) {
                 s->seq.state = DSQ_SEQ_DETACHED;
-                finish_seq(e, s, DSQ_FINISH_ABORT, true);
+                dsq__finish_seq(e, s, DSQ_FINISH_ABORT, true);
             }
         }
     }
@@ -632,112 +428,15 @@ static void reap_cancelled(dsq_engine_t *e)
         if (!atomic_load(&r->cancelled))
             continue;
         for (int i = 0; i < r->n_seqs; i++)
-            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+            dsq__finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
     }
-}
-
-static bool is_stop_token(const dsq_req_t *r, int32_t t)
-{
-    for (int i = 0; i < r->sp.n_stop_token_ids; i++)
-        if (r->sp.stop_token_ids[i] == t)
-            return true;
-    return false;
-}
-
-/* Record a sampled token on s and decide whether the sequence ends. */
-static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
-                        const dsq_top_logprob_t *top)
-{
-    dsq_req_t *r = s->req;
-    int n_top = r->sp.logprobs;
-    int rc = seq_append(&s->seq, tok);
-    if (!rc)
-        rc = ev_reserve(s, n_top);
-    if (rc)
-        return rc;
-    dsq_output_t *ev = &s->ev;
-    int k = ev->n_tokens++;
-    ev->tokens[k] = tok;
-    ev->token_text_offset[k] = s->text_bytes;
-    if (n_top >= 0) {
-        ev->logprobs[k] = lp;
-        if (n_top > 0)
-            memcpy(ev->top + (size_t)k * (size_t)n_top, top, (size_t)n_top * sizeof(*top));
-    }
-    s->n_generated++;
-    s->cum_logprob += lp;
-    if (r->t_first_token == 0) {
-        r->t_first_token = dsq_clock_now_s();
-        dsq_admission_observe_ttft(e->adm, (r->t_first_token - r->t_arrival) * 1e3);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stats.generation_tokens_total++;
-    pthread_mutex_unlock(&e->mu);
-
-    bool eos = !r->sp.ignore_eos && dsq_tokenizer_is_eog(e->tok, tok);
-    if (eos || is_stop_token(r, tok)) {
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-        return DSQ_OK;
-    }
-    char *piece = NULL;
-    size_t piece_len = 0;
-    rc = dsq_detok_push(s->detok, tok, &piece, &piece_len);
-    if (!rc && piece_len > 0) {
-        s->text_bytes += piece_len;
-        rc = buf_append(&s->hold, &s->hold_len, &s->hold_cap, piece, piece_len);
-    }
-    free(piece);
-    if (rc)
-        return rc;
-    if (release_text(s, false)) {
-        finish_seq(e, s, DSQ_FINISH_STOP, true);
-        return DSQ_OK;
-    }
-    if (s->n_generated >= r->sp.max_tokens || s->seq.n_tokens >= e->max_model_len)
-        finish_seq(e, s, DSQ_FINISH_LENGTH, false);
-    return DSQ_OK;
-}
-
-/* n > 1: after the prompt is computed, fork the first sequence so the
- * choices share the prompt's KV blocks (copy on write). */
-static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
-{
-    eseq_t *parent = r->seqs[0];
-    for (int i = 1; i < dsq__req_n_total(r); i++) {
-        eseq_t *c = eseq_create(e, r, i);
-        if (!c)
-            return DSQ_ENOMEM;
-        r->seqs[r->n_seqs++] = c;
-        r->n_live++;
-        c->seq.order = parent->seq.order;
-        c->seq.n_prompt = parent->seq.n_prompt;
-        c->seq.n_max_tokens = parent->seq.n_max_tokens;   /* itl */
-        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;   /* prefix */
-        c->seq.no_prefix_cache = parent->seq.no_prefix_cache;
-        for (int j = 0; j < parent->seq.n_tokens; j++)
-            if (seq_append(&c->seq, parent->seq.tokens[j]))
-                return DSQ_ENOMEM;
-        c->seq.n_computed = parent->seq.n_computed;
-        int rc = dsq_kv_seq_fork(e->kv, &c->seq.bt, &parent->seq.bt);
-        if (rc)
-            return rc;
-        uint64_t seed = r->sp.seed + (uint64_t)i;
-        if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
-            seed = (uint64_t)dsq_clock_now_s() ^ (r->id + (uint64_t)i);
-        dsq_rng_seed(&c->rng, seed);
-        rc = dsq_sched_add_running(e->sched, &c->seq);
-        if (rc)
-            return rc;
-    }
-    r->forked = true;
-    return DSQ_OK;
 }
 
 /* Words of a grammar mask: it covers the model's rows and the
  * tokenizer's vocabulary, whichever is larger (padded embedding rows, or
  * a tokenizer larger than the model); rows the tokenizer does not know
  * stay disallowed. e->gvocab must exist. */
-static size_t mask_words(const dsq_engine_t *e)
+size_t dsq__mask_words(const dsq_engine_t *e)
 {
     int32_t nv = dsq_grammar_vocab_size(e->gvocab);
     return ((size_t)(nv > e->n_vocab ? nv : e->n_vocab) + 31) / 32;
@@ -746,7 +445,7 @@ static size_t mask_words(const dsq_engine_t *e)
 static void *mask_worker_main(void *arg)
 {
     dsq_engine_t *e = arg;
-    size_t words = mask_words(e);
+    size_t words = dsq__mask_words(e);
     pthread_mutex_lock(&e->mw.mu);
     for (;;) {
         while (!e->mw.pending && !e->mw.quit)
@@ -771,7 +470,7 @@ static void *mask_worker_main(void *arg)
 
 /* Hand the masks of this step's constrained sequences to the mask worker
  * before the forward pass (the sampler then finds them made). Nothing on
- * any failure: sample_seq makes a mask itself when none is ready. Returns
+ * any failure: dsq__sample_seq makes a mask itself when none is ready. Returns
  * true when jobs were posted (mask_worker_wait must follow). */
 static bool mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
 {
@@ -801,7 +500,7 @@ static bool mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
         e->mw.jobs = j;
         e->mw.cap = n;
     }
-    size_t words = mask_words(e);
+    size_t words = dsq__mask_words(e);
     e->mw.n_jobs = 0;
     for (int i = 0; i < out->n_logits; i++) {
         eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
@@ -841,93 +540,6 @@ static void mask_worker_stop(dsq_engine_t *e)
     pthread_cond_destroy(&e->mw.cv);
     pthread_mutex_destroy(&e->mw.mu);
     e->mw.started = false;
-}
-
-static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
-{
-    dsq_req_t *r = s->req;
-    dsq_top_logprob_t top[MAX_TOP_LOGPROBS];
-    int32_t tok = 0;
-    float lp = 0;
-    int n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
-#ifndef NDEBUG
-    if (e->fail_choice > 0 && s->seq.index == e->fail_choice - 1) {
-        e->fail_choice = 0;   /* tests: a failed step, once (engine_main's path) */
-        return DSQ_EIO;
-    }
-#endif
-    memcpy(e->logits_fork, row, (size_t)e->n_vocab * sizeof(float));
-    dsq_sampler_hist_t hist = {
-        .prompt = s->seq.tokens, .n_prompt = s->seq.n_prompt,
-        .output = s->seq.tokens + s->seq.n_prompt,
-        .n_output = s->seq.n_tokens - s->seq.n_prompt,
-    };
-    if (s->gm) {
-        /* api: the grammar's allowed tokens (cached per matcher state) */
-        if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
-            return DSQ_ENOMEM;
-        uint32_t *mask;
-        int n_ok;
-        if (s->gmask_ready) {
-            /* made by the mask worker during this step's forward pass */
-            mask = s->gmask;
-            n_ok = s->gmask_n;
-            s->gmask_ready = false;
-        } else {
-            size_t gwords = mask_words(e);
-            if (!e->gmask && !(e->gmask = malloc(gwords * sizeof(uint32_t))))
-                return DSQ_ENOMEM;
-            mask = e->gmask;
-            memset(mask, 0, gwords * sizeof(uint32_t));
-            n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, mask, NULL);
-        }
-        if (n_ok == DSQ_ERANGE) {
-            /* the grammar's state costs more than a mask may (grammar.h):
-             * end this choice, not the batch */
-            dsq_log(DSQ_LOG_WARN, "event=grammar_too_costly req=%llu (the grammar's state is "
-                    "beyond the matcher's limits)", (unsigned long long)r->id);
-            finish_seq(e, s, DSQ_FINISH_ABORT, true);
-            return DSQ_OK;
-        }
-        if (n_ok < 0)
-            return n_ok;
-        hist.allowed = mask;
-    }
-    int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
-                              r->sp.logprobs >= 0 || dsq__req_n_total(r) > r->sp.n ? &lp : NULL,
-                              n_top ? top : NULL, n_top);
-    if (rc == DSQ_ERANGE && s->gm) {
-        /* the grammar allows no token the model can give (every allowed
-         * logit -inf or NaN): end the choice here */
-        dsq_log(DSQ_LOG_WARN, "event=grammar_dead_end req=%llu (no allowed token has a "
-                "finite logit)", (unsigned long long)r->id);
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-        return DSQ_OK;
-    }
-    if (!rc && s->gm && (rc = dsq_grammar_matcher_accept_token(s->gm, e->gvocab, tok)) != 0) {
-        if (rc == DSQ_ENOMEM)
-            return rc;
-        /* the mask allowed tok, so the matcher must take it: a refusal is
-         * a bug in the grammar engine; end this choice, not the batch */
-        dsq_log(DSQ_LOG_ERROR, "event=grammar_rejected_token req=%llu token=%d (the mask "
-                "allowed a token the matcher refuses)", (unsigned long long)r->id, (int)tok);
-        finish_seq(e, s, DSQ_FINISH_ABORT, true);
-        return DSQ_OK;
-    }
-    if (rc == DSQ_ERANGE) {
-        /* every logit NaN: this sequence cannot go on, the others can */
-        dsq_log(DSQ_LOG_ERROR, "event=nonfinite_logits req=%llu (the model's weights or "
-                "activations are not finite)", (unsigned long long)r->id);
-        finish_seq(e, s, DSQ_FINISH_ABORT, true);
-        return DSQ_OK;
-    }
-    if (!rc)
-        rc = accept_token(e, s, tok, lp, top);
-    /* api: a grammar that admits nothing more (its sentence is complete, or
-     * it took an end token even under ignore_eos) ends the choice */
-    if (!rc && s->gm && !s->finished && dsq_grammar_matcher_done(s->gm))
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-    return rc;
 }
 
 /* api: add to e->lrows (after the scheduler's n_logits rows) the rows of
@@ -1138,18 +750,19 @@ static bool engine_step(dsq_engine_t *e)
                     continue;
                 if (r->sp.max_tokens == 0) {
                     r->scored = true;
-                    finish_seq(e, s, DSQ_FINISH_LENGTH, false);
+                    dsq__finish_seq(e, s, DSQ_FINISH_LENGTH, false);
                     continue;
                 }
-                if (dsq__req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
+                if (dsq__req_n_total(r) > 1 && !r->forked &&
+                    (rc = dsq__fork_choices(e, r)) != DSQ_OK)
                     break;
                 if (s->seq.index == 0 && r->forked && r->n_seqs > 1 &&
                     s->n_generated == 0) {
                     /* first token of every choice comes from the same logits */
                     for (int c = 0; c < r->n_seqs && !rc; c++)
-                        rc = sample_seq(e, r->seqs[c], row);
+                        rc = dsq__sample_seq(e, r->seqs[c], row);
                 } else {
-                    rc = sample_seq(e, s, row);
+                    rc = dsq__sample_seq(e, s, row);
                 }
                 if (rc)
                     break;
@@ -1173,10 +786,10 @@ static bool engine_step(dsq_engine_t *e)
              * one choice left unfinished would never complete */
             for (int i = 0; i < out.n_seqs; i++) {
                 dsq_req_t *fr = ((eseq_t *)out.seqs[i]->owner)->req;
-                finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
+                dsq__finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
                 for (int c = 0; c < fr->n_seqs; c++)
                     if (fr->seqs[c])
-                        finish_seq(e, fr->seqs[c], DSQ_FINISH_ABORT, true);
+                        dsq__finish_seq(e, fr->seqs[c], DSQ_FINISH_ABORT, true);
             }
         }
     }
@@ -1333,7 +946,7 @@ static void abort_all(dsq_engine_t *e)
     e->pend_n = 0;
     for (dsq_req_t *r = e->active; r; r = r->next_active)
         for (int i = 0; i < r->n_seqs; i++)
-            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+            dsq__finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
     publish(e);
     update_stats(e);
 }

@@ -1,5 +1,5 @@
 /* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c).
+ * split from it (request.c, choice.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -208,7 +208,41 @@ int dsq__req_n_total(const dsq_req_t *r);
  * *ev as it was. Engine thread. */
 int dsq__req_push(dsq_req_t *r, dsq_output_t *ev);
 
+/* ------------------------------------------------------------ choice.c */
+
+/* Choice `index` of r (0: made at admission; 1..: forked after the
+ * prompt) with its detokenizer and, when r has a grammar, its matcher.
+ * NULL when out of memory. Engine thread. */
+eseq_t *dsq__eseq_create(dsq_engine_t *e, dsq_req_t *r, int index);
+void dsq__eseq_destroy(eseq_t *s);   /* NULL is a no-op */
+
+/* Append token t to q's tokens, growing the array. 0 or DSQ_ENOMEM. */
+int dsq__seq_append(dsq_seq_t *q, int32_t t);
+
+/* Hand s's pending event (if it holds anything) to its request's queue,
+ * with what only the first or the final event carries. Engine thread. */
+void dsq__flush_event(eseq_t *s);
+
+/* End choice s with finish reason `why` (a no-op when it has ended):
+ * flush its held-back text unless why is ABORT or drop_tail (a stop
+ * string was found), take it out of the scheduler, count it on the
+ * request. Its final event goes out with the next publish. */
+void dsq__finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tail);
+
+/* n > 1 or best_of: fork r's first choice into the others once its
+ * prompt is computed (they share its KV blocks). 0 or a DSQ_E*. */
+int dsq__fork_choices(dsq_engine_t *e, dsq_req_t *r);
+
+/* Sample choice s's next token from one logits row ([n_vocab] fp32, read,
+ * not changed) and accept it. A choice that cannot go on (grammar dead
+ * end, non-finite logits) is finished and 0 returned; a DSQ_E* fails the
+ * step. */
+int dsq__sample_seq(dsq_engine_t *e, eseq_t *s, const float *row);
+
 /* ------------------------------------------------------------ engine.c */
+
+/* uint32 words of one grammar mask; e->gvocab must exist. */
+size_t dsq__mask_words(const dsq_engine_t *e);
 
 /* Wake the engine loop (uv_async_send). Any thread. */
 void dsq__wake_engine(dsq_engine_t *e);
