@@ -1,5 +1,5 @@
 /* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c, choice.c).
+ * split from it (request.c, choice.c, mask_worker.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -239,10 +239,21 @@ int dsq__fork_choices(dsq_engine_t *e, dsq_req_t *r);
  * step. */
 int dsq__sample_seq(dsq_engine_t *e, eseq_t *s, const float *row);
 
-/* ------------------------------------------------------------ engine.c */
+/* ------------------------------------------------------------ mask_worker.c */
 
 /* uint32 words of one grammar mask; e->gvocab must exist. */
 size_t dsq__mask_words(const dsq_engine_t *e);
+
+/* Before the forward pass: post the masks of out's constrained choices
+ * to the mask worker (started at the first use). Returns true when jobs
+ * were posted; dsq__mask_worker_wait must then follow the pass. */
+bool dsq__mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out);
+void dsq__mask_worker_wait(dsq_engine_t *e);
+/* Join the worker (if it was started). dsq_engine_destroy, after the
+ * engine thread ended. */
+void dsq__mask_worker_stop(dsq_engine_t *e);
+
+/* ------------------------------------------------------------ engine.c */
 
 /* Wake the engine loop (uv_async_send). Any thread. */
 void dsq__wake_engine(dsq_engine_t *e);
