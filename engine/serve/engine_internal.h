@@ -1,5 +1,5 @@
 /* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c, choice.c, mask_worker.c).
+ * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -252,6 +252,16 @@ void dsq__mask_worker_wait(dsq_engine_t *e);
 /* Join the worker (if it was started). dsq_engine_destroy, after the
  * engine thread ended. */
 void dsq__mask_worker_stop(dsq_engine_t *e);
+
+/* ------------------------------------------------------------ prompt_logprobs.c */
+
+/* Append to e->lrows, after out's n_logits rows, the rows of this step
+ * that score prompt tokens (*n_x of them; e->xpos and e->xseq say whose).
+ * 0 or DSQ_ENOMEM. */
+int dsq__plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x);
+/* Score prompt token pos + 1 of s's request from the logits row at pos
+ * ([n_vocab] fp32). */
+void dsq__plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row);
 
 /* ------------------------------------------------------------ engine.c */
 
