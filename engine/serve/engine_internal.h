@@ -1,5 +1,5 @@
 /* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c).
+ * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c, submit.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -263,7 +263,21 @@ int dsq__plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x);
  * ([n_vocab] fp32). */
 void dsq__plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row);
 
+/* ------------------------------------------------------------ submit.c */
+
+/* End r, which never entered the scheduler (refused by the policy, or
+ * cancelled or shut down while held back): the next publish sends its
+ * final events. */
+void dsq__end_unadmitted(dsq_engine_t *e, dsq_req_t *r, bool refused);
+
+/* Take the submit queue and admit (or, adaptive policy, hold back) each
+ * request in it. Engine thread. */
+void dsq__admit_new(dsq_engine_t *e);
+
 /* ------------------------------------------------------------ engine.c */
+
+/* Put r on e's list of live requests (which publish walks). */
+void dsq__active_add(dsq_engine_t *e, dsq_req_t *r);
 
 /* Wake the engine loop (uv_async_send). Any thread. */
 void dsq__wake_engine(dsq_engine_t *e);
