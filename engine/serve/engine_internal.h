@@ -1,5 +1,6 @@
 /* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c, submit.c).
+ * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c, submit.c,
+ * engine_setup.c).
  * The request, choice and engine structs, and the dsq__ helpers one of
  * these files calls in another. Not an API (engine.h is); included only
  * from engine/serve/.
@@ -279,7 +280,16 @@ void dsq__admit_new(dsq_engine_t *e);
 /* Put r on e's list of live requests (which publish walks). */
 void dsq__active_add(dsq_engine_t *e, dsq_req_t *r);
 
+/* Refresh e->stats from the scheduler and the KV cache, under e->mu. */
+void dsq__update_stats(dsq_engine_t *e);
+
 /* Wake the engine loop (uv_async_send). Any thread. */
 void dsq__wake_engine(dsq_engine_t *e);
+
+/* Start the engine thread (engine_setup.c's last step of
+ * dsq_engine_create). Returns 0, or a DSQ_E* with the reason in err and
+ * no loop left to close. */
+int dsq__engine_start_thread(dsq_engine_t *e, const dsq_engine_opts_t *opts, char *err,
+                             size_t err_len);
 
 #endif
