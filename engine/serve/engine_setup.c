@@ -135,108 +135,125 @@ static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
     po->group_size = opts->quant_group_size;
 }
 
-dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
-                                size_t err_len)
+/* Step 1 of dsq_engine_create: the model file, the backend it runs on and
+ * its tokenizer. Each step leaves what it made in e, for create's one
+ * clean-up, and returns 0 or a DSQ_E* with the reason in err. */
+static int open_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, char *err,
+                      size_t err_len)
 {
-    dsq_engine_t *e = calloc(1, sizeof(*e));
-    if (!e) {
-        snprintf(err, err_len, "out of memory");
-        return NULL;
-    }
-    e->o = *opts;
-    pthread_mutex_init(&e->mu, NULL);
-    atomic_init(&e->n_waiting, 0);
-    if (opts->n_threads > 0)
-        dsq_cpu_set_threads(opts->n_threads);
-    double t0 = dsq_clock_now_s();
-    char desc[256];
     e->file = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err, err_len);
     if (!e->file)
-        goto fail;
+        return DSQ_EIO;
     e->be = open_device(opts, dsq_model_file_config(e->file)->arch, &e->be_owned, err,
                         err_len);
     if (!e->be)
-        goto fail;
-    const bool device = !dsq_backend_is_host(e->be);
+        return DSQ_EUNSUPPORTED;
     e->tok = dsq_model_file_tokenizer(e->file);
     if (!e->tok) {
         snprintf(err, err_len, "%s: no tokenizer in the model file; pass --tokenizer",
                  opts->model_path);
-        goto fail;
+        return DSQ_ENOTFOUND;
     }
-    /* Plan memory from the config and the tensor table before loading. */
+    return DSQ_OK;
+}
+
+/* Step 2: plan memory from the config and the tensor table before
+ * loading: *plan (max_model_len, KV blocks, the figures logged later) and
+ * *kvt, the KV element type. A plan that cannot hold one sequence of
+ * max_model_len fails with the planner's reason, which names the flags. */
+static int plan_memory(dsq_engine_t *e, const dsq_engine_opts_t *opts, dsq_plan_t *plan,
+                       dsq_kv_dtype_t *kvt, char *err, size_t err_len)
+{
+    const bool device = !dsq_backend_is_host(e->be);
+    char desc[256];
+    int rc = DSQ_OK;
     const dsq_model_config_t *fc = dsq_model_file_config(e->file);
     int n_t = dsq_model_file_n_tensors(e->file);
     const dsq_tensor_t **tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
     if (!tv) {
         snprintf(err, err_len, "out of memory");
-        goto fail;
+        return DSQ_ENOMEM;
     }
     for (int i = 0; i < n_t; i++)
         tv[i] = dsq_model_file_tensor(e->file, i);
-    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file, device);
-    if (device && kvt == DSQ_KV_F32) {
-        free(tv);
+    *kvt = kv_dtype_for(opts, e->file, device);
+    if (device && *kvt == DSQ_KV_F32) {
         snprintf(err, err_len, "--kv-cache-dtype fp32 is not supported on %s (fp16 or int8)",
                  dsq_backend_name(e->be));
-        goto fail;
+        rc = DSQ_EUNSUPPORTED;
+        goto free_tv;
     }
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
-    po.kv_dtype = kvt;
-    if (device && device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)) {
-        free(tv);
-        goto fail;
-    }
-    dsq_plan_t plan;
-    int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
-    free(tv);
-    if (prc && prc != DSQ_ERANGE)
-        goto fail;
-    e->max_model_len = plan.max_model_len;
-    int block_size = plan.block_size;
-    int64_t n_blocks = plan.num_blocks;
-    if (prc == DSQ_ERANGE)
-        goto fail;           /* err: the planner's, naming the flags */
+    po.kv_dtype = *kvt;
+    if (device && (rc = device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)))
+        goto free_tv;
+    rc = dsq_plan_compute(fc, tv, n_t, &po, plan, err, err_len);
+    if (rc)
+        goto free_tv;        /* DSQ_ERANGE: err is the planner's, naming the flags */
+    e->max_model_len = plan->max_model_len;
     {
         char advice[640];
-        if (dsq_plan_fit_advice(&plan, advice, sizeof(advice))) {
+        if (dsq_plan_fit_advice(plan, advice, sizeof(advice))) {
             snprintf(err, err_len, "memory plan: %s", advice);
-            goto fail;
+            rc = DSQ_ERANGE;
+            goto free_tv;
         }
     }
     dsq_log(DSQ_LOG_INFO, "event=kv_budget bytes=%lld blocks=%lld source=\"%s\"",
-            (long long)plan.kv_budget_bytes, (long long)n_blocks,
-            plan.kv_budget_source ? plan.kv_budget_source : "");
+            (long long)plan->kv_budget_bytes, (long long)plan->num_blocks,
+            plan->kv_budget_source ? plan->kv_budget_source : "");
+free_tv:
+    free(tv);
+    return rc;
+}
+
+/* Step 3: the weights, in the backend's layout, and the padding cost
+ * model; logs the plan's weight bytes beside the measured ones. */
+static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_plan_t *plan,
+                      char *err, size_t err_len)
+{
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
                            .activation_dtype = (dsq_act_dtype_t)opts->activation_dtype,
                            .backend = e->be};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
-        goto fail;
+        return DSQ_EFORMAT;
     /* pad: the CPU backend runs ragged batches, so the padding model is only
      * loaded and logged here; the CUDA-graph path will plan with it. */
-    if (dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len) != 0)
-        goto fail;
+    int rc = dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len);
+    if (rc != 0)
+        return rc;
     const dsq_model_config_t *c = dsq_model_config(e->model);
     e->n_vocab = (int)c->n_vocab;
-    size_t per_tok = (size_t)plan.kv_bytes_per_token;
     dsq_log(DSQ_LOG_INFO, "event=memory_plan weight_bytes_predicted=%lld "
             "weight_bytes_measured=%zu coarse_estimate_bytes=%lld kv_blocks=%lld "
             "kv_tokens=%lld kv_bytes_per_token=%lld workspace_bytes=%lld",
-            (long long)plan.weight_bytes, dsq_model_weight_bytes(e->model),
-            (long long)plan.coarse_estimate_bytes, (long long)plan.num_blocks,
-            (long long)plan.max_tokens, (long long)plan.kv_bytes_per_token,
-            (long long)plan.workspace_bytes);
+            (long long)plan->weight_bytes, dsq_model_weight_bytes(e->model),
+            (long long)plan->coarse_estimate_bytes, (long long)plan->num_blocks,
+            (long long)plan->max_tokens, (long long)plan->kv_bytes_per_token,
+            (long long)plan->workspace_bytes);
+    return DSQ_OK;
+}
+
+/* Step 4: the KV cache, the plan's blocks of kvt in the backend's memory
+ * (the host's prefaulted when asked); on a device the plan is logged
+ * beside what was allocated (event=device_memory, stats.device_*). */
+static int create_kv_cache(dsq_engine_t *e, const dsq_engine_opts_t *opts,
+                           const dsq_plan_t *plan, dsq_kv_dtype_t kvt, char *err,
+                           size_t err_len)
+{
+    const bool device = !dsq_backend_is_host(e->be);
+    const dsq_model_config_t *c = dsq_model_config(e->model);
     /* ds2: the model says what its cache holds (MLA: one latent + rope key
      * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
     int kv_heads, kv_dim;
     bool kv_has_v;
     dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
-    e->kv = dsq_kv_create_on(e->be, (int)c->n_layer, kv_heads, kv_dim, block_size,
-                             n_blocks, kvt, kv_has_v, err, err_len);
+    e->kv = dsq_kv_create_on(e->be, (int)c->n_layer, kv_heads, kv_dim, plan->block_size,
+                             plan->num_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
-        goto fail;
+        return DSQ_ENOMEM;
     if (opts->kv_prefault && !device) {
         double t0 = dsq_clock_now_s();
         size_t b = dsq_kv_prefault(e->kv);
@@ -246,25 +263,33 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         /* the plan's figures beside what was allocated so far; the step
          * buffers are allocated as steps need them (up to the workspace
          * and device buffers of the plan) */
-        int64_t predicted = plan.weight_bytes + plan.num_blocks * plan.block_bytes +
-                            plan.workspace_bytes + plan.overhead_bytes;
+        int64_t predicted = plan->weight_bytes + plan->num_blocks * plan->block_bytes +
+                            plan->workspace_bytes + plan->overhead_bytes;
         size_t allocated = dsq_backend_allocated_bytes(e->be);
         e->stats.device_planned_bytes = predicted;
-        e->stats.device_budget_bytes = plan.budget_bytes;
+        e->stats.device_budget_bytes = plan->budget_bytes;
         e->stats.device_allocated_bytes = (int64_t)allocated;
         e->stats.device_peak_bytes = (int64_t)dsq_backend_peak_bytes(e->be);
         dsq_log(allocated > (size_t)predicted ? DSQ_LOG_WARN : DSQ_LOG_INFO,
                 "event=device_memory backend=%s planned_bytes=%lld weight_bytes_planned=%lld "
                 "kv_bytes_planned=%lld allocated_bytes=%zu kv_bytes=%zu budget_bytes=%lld",
-                dsq_backend_name(e->be), (long long)predicted, (long long)plan.weight_bytes,
-                (long long)(plan.num_blocks * plan.block_bytes), allocated,
-                dsq_kv_storage_bytes(e->kv), (long long)plan.budget_bytes);
+                dsq_backend_name(e->be), (long long)predicted, (long long)plan->weight_bytes,
+                (long long)(plan->num_blocks * plan->block_bytes), allocated,
+                dsq_kv_storage_bytes(e->kv), (long long)plan->budget_bytes);
     }
     if (opts->enable_prefix_caching && dsq_kv_set_prefix_caching(e->kv, true) != DSQ_OK) {
         snprintf(err, err_len, "prefix caching: out of memory for %lld blocks",
-                 (long long)n_blocks);
-        goto fail;
+                 (long long)plan->num_blocks);
+        return DSQ_ENOMEM;
     }
+    return DSQ_OK;
+}
+
+/* Step 5: the scheduler over the KV cache, the admission policy, the
+ * sampler and the row the sampler may change (logits_fork). */
+static int create_scheduler(dsq_engine_t *e, const dsq_engine_opts_t *opts, char *err,
+                            size_t err_len)
+{
     dsq_sched_opts_t so = {
         .max_num_seqs = opts->max_num_seqs > 0 ? opts->max_num_seqs : 256,
         .max_num_batched_tokens = opts->max_num_batched_tokens > 0 ?
@@ -289,16 +314,44 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
             .max_limit = so.max_num_seqs};
         e->kv_tokens = dsq_kv_n_blocks(e->kv) * (int64_t)dsq_kv_block_size(e->kv);
         if (!(e->adm = dsq_admission_create(&ao, err, err_len)))
-            goto fail;
+            return DSQ_EINVAL;
     }
     e->sampler = dsq_sampler_create(e->n_vocab);
     e->logits_fork = malloc((size_t)e->n_vocab * sizeof(float));
     if (!e->sched || !e->sampler || !e->logits_fork) {
         snprintf(err, err_len, "out of memory");
-        goto fail;
+        return DSQ_ENOMEM;
     }
-    if (dsq__engine_start_thread(e, opts, err, err_len))
+    return DSQ_OK;
+}
+
+dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
+                                size_t err_len)
+{
+    dsq_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    e->o = *opts;
+    pthread_mutex_init(&e->mu, NULL);
+    atomic_init(&e->n_waiting, 0);
+    if (opts->n_threads > 0)
+        dsq_cpu_set_threads(opts->n_threads);
+    double t0 = dsq_clock_now_s();
+    dsq_plan_t plan;
+    dsq_kv_dtype_t kvt = DSQ_KV_F16;
+    if (open_model(e, opts, err, err_len) ||
+        plan_memory(e, opts, &plan, &kvt, err, err_len) ||
+        load_model(e, opts, &plan, err, err_len) ||
+        create_kv_cache(e, opts, &plan, kvt, err, err_len) ||
+        create_scheduler(e, opts, err, err_len) ||
+        dsq__engine_start_thread(e, opts, err, err_len))
         goto fail;
+    const dsq_model_config_t *c = dsq_model_config(e->model);
+    int block_size = plan.block_size;
+    int64_t n_blocks = plan.num_blocks;
+    size_t per_tok = (size_t)plan.kv_bytes_per_token;
     e->stats.kv_block_bytes = (int64_t)per_tok * block_size;
     dsq__update_stats(e);
     dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
