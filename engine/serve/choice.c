@@ -176,7 +176,7 @@ void dsq__flush_event(eseq_t *s)
         s->req->queue_reported = true;
     }
     if (s->req->plp && !s->req->plp_sent) {
-        /* api: prompt logprobs ride on the request's first event */
+        /* prompt logprobs ride on the request's first event */
         dsq_req_t *r = s->req;
         r->plp_sent = true;
         ev->n_prompt_logprobs = r->plp_n;
@@ -189,7 +189,7 @@ void dsq__flush_event(eseq_t *s)
         ev->queue_timeout = s->req->queue_timeout;
         ev->prompt_tokens = s->req->n_prompt;
         ev->completion_tokens = s->n_generated;
-        ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
+        ev->cached_tokens = s->seq.n_cached_prompt;
     }
     s->ev_text = NULL;
     s->ev_text_len = s->ev_text_cap = 0;
@@ -303,8 +303,8 @@ int dsq__fork_choices(dsq_engine_t *e, dsq_req_t *r)
         r->n_live++;
         c->seq.order = parent->seq.order;
         c->seq.n_prompt = parent->seq.n_prompt;
-        c->seq.n_max_tokens = parent->seq.n_max_tokens;   /* itl */
-        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;   /* prefix */
+        c->seq.n_max_tokens = parent->seq.n_max_tokens;
+        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;
         c->seq.no_prefix_cache = parent->seq.no_prefix_cache;
         for (int j = 0; j < parent->seq.n_tokens; j++)
             if (dsq__seq_append(&c->seq, parent->seq.tokens[j]))
@@ -345,7 +345,7 @@ int dsq__sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         .n_output = s->seq.n_tokens - s->seq.n_prompt,
     };
     if (s->gm) {
-        /* api: the grammar's allowed tokens (cached per matcher state) */
+        /* the grammar's allowed tokens (cached per matcher state) */
         if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
             return DSQ_ENOMEM;
         uint32_t *mask;
@@ -405,7 +405,7 @@ int dsq__sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
     }
     if (!rc)
         rc = accept_token(e, s, tok, lp, top);
-    /* api: a grammar that admits nothing more (its sentence is complete, or
+    /* a grammar that admits nothing more (its sentence is complete, or
      * it took an end token even under ignore_eos) ends the choice */
     if (!rc && s->gm && !s->finished && dsq_grammar_matcher_done(s->gm))
         dsq__finish_seq(e, s, DSQ_FINISH_STOP, false);

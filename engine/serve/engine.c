@@ -58,7 +58,7 @@ static void active_remove(dsq_engine_t *e, dsq_req_t *r)
         r->next_active->prev_active = r->prev_active;
 }
 
-/* api: best_of > n. Candidates' events accumulate in their pending event
+/* best_of > n. Candidates' events accumulate in their pending event
  * until every candidate ended; then the n with the highest cum_logprob are
  * renumbered 0..n-1 (best first, stable) and flushed, the others dropped
  * with their token count reported as discarded_tokens. Returns whether
@@ -161,7 +161,7 @@ void dsq__update_stats(dsq_engine_t *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* hardening: max_queue_wait_s: a request never scheduled that long after
+/* max_queue_wait_s: a request never scheduled that long after
  * its submit is cancelled, marked so that its final events say why. */
 static void expire_waiting(dsq_engine_t *e)
 {
@@ -183,7 +183,7 @@ static void expire_waiting(dsq_engine_t *e)
     }
 }
 
-/* hardening: the step budget (engine.h step_budget_ms). Every step's
+/* The step budget (engine.h step_budget_ms). Every step's
  * forward time is fed to the step cost model (step_cost.h: fixed + per row
  * + per attention pair, fitted online), and the scheduler sizes the next
  * step's prefill chunks by predicted time (dsq_sched_set_step_budget).
@@ -214,7 +214,7 @@ static int64_t step_pairs(const dsq_sched_out_t *out)
     return pairs;
 }
 
-/* hardening: backpressure. A request whose undelivered output (events
+/* Backpressure. A request whose undelivered output (events
  * queued, not popped by its reader) reaches max_undelivered_bytes is held:
  * its sequences are paused (not scheduled, KV kept) until the reader has
  * popped it down to half; held for undelivered_timeout_s, it is aborted
@@ -267,9 +267,7 @@ static void reap_cancelled(dsq_engine_t *e)
     }
 }
 
-/* One scheduler step: plan, forward, sample, publish. Returns true when
- * there may be more work. */
-/* otel: add the step [t_start, t_end] to the timelines of the requests it
+/* Add the step [t_start, t_end] to the timelines of the requests it
  * ran: a prefill chunk per prefilling choice, a decode step per request
  * that decoded. One lock of each request's mutex per scheduled choice. */
 static void timeline_step(dsq_engine_t *e, const dsq_sched_out_t *out, double t_start,
@@ -306,10 +304,12 @@ static void timeline_step(dsq_engine_t *e, const dsq_sched_out_t *out, double t_
     }
 }
 
+/* One scheduler step: plan, forward, sample, publish. Returns true when
+ * there may be more work. */
 static bool engine_step(dsq_engine_t *e)
 {
     dsq_sched_out_t out;
-    /* itl: step timings by composition, logged at debug level */
+    /* step timings by composition, logged at debug level */
     bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
     double t0 = dsq_clock_now_s(), t_fwd = 0, t_smp = 0;
     dsq__admit_new(e);
@@ -322,7 +322,7 @@ static bool engine_step(dsq_engine_t *e)
     dsq_step_cost_t cost;
     if (timed && dsq_step_cost_model(&e->step_fit, &cost))
         predicted_ms = dsq_step_cost_predict(&cost, out.n_tokens, pairs);
-    int n_x = 0;                   /* api: prompt-logprob rows */
+    int n_x = 0;                   /* prompt-logprob rows */
     if (rc == DSQ_OK && out.n_tokens > 0)
         rc = dsq__plp_collect(e, &out, &n_x);
     if (rc == DSQ_OK && out.n_tokens > 0) {
@@ -365,7 +365,7 @@ static bool engine_step(dsq_engine_t *e)
                 .n_logits = out.n_logits + n_x,
                 .logit_rows = n_x ? e->lrows : out.logit_rows,
             };
-            /* api: the grammar masks are made while the forward pass runs */
+            /* the grammar masks are made while the forward pass runs */
             bool masks = dsq__mask_worker_post(e, &out);
             t_fwd = dsq_clock_now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
@@ -412,7 +412,8 @@ static bool engine_step(dsq_engine_t *e)
             timeline_step(e, &out, t0, t_done);
             for (int i = 0; i < out.n_seqs && !decoded; i++)
                 decoded = ((eseq_t *)out.seqs[i]->owner)->step_decode;
-            /* admission: a step with decode rows is one inter-token gap */
+            /* a step with decode rows is one inter-token gap (the
+             * adaptive admission policy's ITL) */
             if (decoded)
                 dsq_admission_observe_itl(e->adm, (t_done - t0) * 1e3);
         }
@@ -432,7 +433,7 @@ static bool engine_step(dsq_engine_t *e)
         }
     }
     if (n_x > 0) {
-        /* api: a prompt-logprob prefill needed one logits row per prompt
+        /* a prompt-logprob prefill needed one logits row per prompt
          * token (chunk x n_vocab floats); give that memory back */
         free(e->logits);
         e->logits = NULL;
@@ -474,7 +475,7 @@ static bool engine_step(dsq_engine_t *e)
     }
     bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) + e->pend_n > 0;
     if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {
-        /* hardening: only held requests are left: sleep until a reader
+        /* only held requests are left: sleep until a reader
          * pops (dsq__wake_engine), a submit or cancel, or the next check */
         e->held_idle = true;
         return false;
@@ -484,13 +485,13 @@ static bool engine_step(dsq_engine_t *e)
 
 static void on_idle(uv_idle_t *h);
 
-/* hardening: any thread: a held request's reader popped output. */
+/* Any thread: e.g. a held request's reader popped output. */
 void dsq__wake_engine(dsq_engine_t *e)
 {
     uv_async_send(&e->async);
 }
 
-/* itl: milliseconds to hold back the first step of a burst. With nothing
+/* Milliseconds to hold back the first step of a burst. With nothing
  * running, new requests wait until no request arrived and no step ended for
  * window_ms (at most 10 x window_ms after the first wait): clients answered
  * in the same step (closed loops, agents) send their next requests within
@@ -543,7 +544,7 @@ static void on_idle(uv_idle_t *h)
         uv_timer_start(&e->burst, on_burst, (uint64_t)wait_ms, 0);
         return;
     }
-    /* == deploy: test-only wedge (debug builds), once, on the first step == */
+    /* test-only wedge (debug builds), once, on the first step */
     if (e->wedge_ms > 0) {
         struct timespec ts = {e->wedge_ms / 1000, (long)(e->wedge_ms % 1000) * 1000000L};
         dsq_log(DSQ_LOG_WARN, "event=engine_wedged_for_test ms=%d", e->wedge_ms);
@@ -551,11 +552,10 @@ static void on_idle(uv_idle_t *h)
         while (nanosleep(&ts, &ts) != 0)
             ;
     }
-    /* == end deploy == */
     bool busy = engine_step(e);
     e->t_last_step = dsq_clock_now_s();
     if (!busy && e->held_idle) {
-        /* hardening: every request left is held (hold_unread): look again
+        /* every request left is held (hold_unread): look again
          * in 100 ms (timeouts) unless a reader's pop wakes the loop first */
         e->held_idle = false;
         uv_idle_stop(&e->idle);
@@ -577,7 +577,7 @@ static void on_idle(uv_idle_t *h)
 static void abort_all(dsq_engine_t *e)
 {
     dsq__admit_new(e);
-    for (int k = 0; k < e->pend_n; k++) {     /* admission: held back */
+    for (int k = 0; k < e->pend_n; k++) {     /* held back by the policy */
         dsq__end_unadmitted(e, e->pend[k], false);
         atomic_fetch_sub(&e->n_pending, 1);
     }
@@ -594,7 +594,8 @@ static void on_close(uv_handle_t *h)
     (void)h;
 }
 
-/* == deploy: heartbeat timer callback (engine thread) == */
+/* The watchdog heartbeat (engine.h heartbeat), on the engine thread, so
+ * that it stops when a step hangs. */
 static void on_heartbeat(uv_timer_t *h)
 {
     dsq_engine_t *e = h->data;
@@ -612,8 +613,8 @@ static void on_async(uv_async_t *h)
         uv_idle_stop(&e->idle);
         uv_close((uv_handle_t *)&e->idle, on_close);
         uv_close((uv_handle_t *)&e->async, on_close);
-        uv_close((uv_handle_t *)&e->heartbeat, on_close);   /* deploy */
-        uv_close((uv_handle_t *)&e->burst, on_close);       /* itl */
+        uv_close((uv_handle_t *)&e->heartbeat, on_close);
+        uv_close((uv_handle_t *)&e->burst, on_close);
         return;
     }
     if (!e->idle_on) {
@@ -643,13 +644,13 @@ int dsq__engine_start_thread(dsq_engine_t *e, const dsq_engine_opts_t *opts, cha
     }
     uv_async_init(&e->loop, &e->async, on_async);
     uv_idle_init(&e->loop, &e->idle);
-    uv_timer_init(&e->loop, &e->burst);   /* itl */
+    uv_timer_init(&e->loop, &e->burst);   /* admission window, held re-checks */
     e->burst.data = e;
     e->window_ms = opts->admission_window_ms == 0 ? DSQ_ENGINE_ADMISSION_WINDOW_MS
                                                   : opts->admission_window_ms;
     e->async.data = e;
     e->idle.data = e;
-    /* == deploy: heartbeat timer and the debug-only test wedge == */
+    /* the watchdog heartbeat and the debug-only test hooks */
     uv_timer_init(&e->loop, &e->heartbeat);
     e->heartbeat.data = e;
     if (opts->heartbeat && opts->heartbeat_interval_ms > 0)
@@ -663,13 +664,12 @@ int dsq__engine_start_thread(dsq_engine_t *e, const dsq_engine_opts_t *opts, cha
         e->fail_choice = f ? atoi(f) + 1 : 0;
     }
 #endif
-    /* == end deploy == */
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, err_len, "cannot start the engine thread");
         uv_close((uv_handle_t *)&e->idle, NULL);
         uv_close((uv_handle_t *)&e->async, NULL);
-        uv_close((uv_handle_t *)&e->heartbeat, NULL);   /* deploy */
-        uv_close((uv_handle_t *)&e->burst, NULL);       /* itl */
+        uv_close((uv_handle_t *)&e->heartbeat, NULL);
+        uv_close((uv_handle_t *)&e->burst, NULL);
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
         rc = DSQ_ENOMEM;

@@ -1,14 +1,23 @@
-/* What the engine's files share: engine/serve/engine.c and the files
- * split from it (request.c, choice.c, mask_worker.c, prompt_logprobs.c, submit.c,
- * engine_setup.c).
- * The request, choice and engine structs, and the dsq__ helpers one of
- * these files calls in another. Not an API (engine.h is); included only
- * from engine/serve/.
+/* What the engine's files share, and nothing else: the request, choice
+ * and engine structs and the dsq__ helpers one of them calls in another.
+ * Not an API (engine.h is); included only from engine/serve/. The files:
  *
- * Threads: the engine thread owns every field not marked otherwise. A
- * field another thread reads or writes is atomic or names the mutex that
- * guards it; a request is reference-counted; a submitted request reaches
- * the engine thread once, through the submit queue.
+ *   engine.c           the engine thread: its libuv loop and the step
+ *   engine_setup.c     create (device, memory plan, model, KV cache,
+ *                      scheduler), dsq_engine_plan, destroy
+ *   submit.c           dsq_engine_submit/_cancel and admission into the
+ *                      scheduler
+ *   request.c          the request handle and its output queue
+ *   choice.c           one choice: sampling, fork, text and stop hold-back
+ *   mask_worker.c      the thread that makes grammar masks during a step
+ *   prompt_logprobs.c  prompt-token logprobs
+ *
+ * Threads: what dsq_req_create and dsq_engine_create set is read-only
+ * afterwards, for any thread; what dsq_engine_submit sets before it
+ * queues a request is handed over with it, once. Past that the engine
+ * thread owns every field not marked otherwise; a field another thread
+ * touches is atomic or names the mutex that guards it. A request is
+ * reference-counted.
  */
 #ifndef DSQ_ENGINE_INTERNAL_H
 #define DSQ_ENGINE_INTERNAL_H
@@ -41,9 +50,9 @@ typedef struct eseq {
     dsq_seq_t seq;                 /* scheduler view (must be first)          */
     dsq_req_t *req;
     dsq_detok_t *detok;
-    dsq_grammar_matcher_t *gm;     /* api: sp.grammar's matcher, or NULL      */
-    uint32_t *gmask;               /* api: the next mask, made by the mask
-                                      worker during the forward pass         */
+    dsq_grammar_matcher_t *gm;     /* sp.grammar's matcher, or NULL           */
+    uint32_t *gmask;               /* the next mask, made by the mask worker
+                                      during the forward pass                */
     int gmask_n;                   /* its fill_mask result (count or error)   */
     bool gmask_ready;              /* gmask holds the current state's mask    */
     dsq_rng_t rng;
@@ -51,11 +60,11 @@ typedef struct eseq {
     size_t hold_len, hold_cap;
     size_t text_bytes;             /* bytes of text decoded so far            */
     int n_generated;
-    double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
+    double cum_logprob;            /* best_of ranking (raw logprobs)          */
     bool finished;
-    int step_prefill;              /* otel: prompt tokens of the current step */
-    int step_pos;                  /* otel: their first position              */
-    bool step_decode;              /* otel: a decode row in the current step  */
+    int step_prefill;              /* timeline: prompt tokens of this step   */
+    int step_pos;                  /* timeline: their first position          */
+    bool step_decode;              /* timeline: a decode row in this step     */
     /* pending output event */
     dsq_output_t ev;
     int ev_cap;
@@ -81,19 +90,19 @@ struct dsq_req {
     pthread_mutex_t mu;            /* guards the output queue below           */
     dsq_output_t *q;
     int q_head, q_n, q_cap;
-    int64_t q_bytes;               /* hardening: memory the queued events hold */
-    atomic_bool held;              /* hardening: not scheduled: output unread  */
-    struct dsq_engine *eng;        /* hardening: set at submit, for wake-ups   */
+    int64_t q_bytes;               /* memory the queued events hold           */
+    atomic_bool held;              /* not scheduled: output unread            */
+    struct dsq_engine *eng;        /* set at submit, for wake-ups             */
     int n_final_pushed;            /* choices whose final event was queued    */
     int n_final_popped;
 
-    /* api: prompt logprobs (sp.prompt_logprobs), engine thread only:
+    /* prompt logprobs (sp.prompt_logprobs), engine thread only:
      * entry i = prompt token i + 1; plp_n entries computed so far */
     float *plp;
     dsq_top_logprob_t *plp_top;
     int plp_n;
     bool plp_sent;
-    bool scored;                   /* api: max_tokens 0 ended every choice
+    bool scored;                   /* max_tokens 0 ended every choice
                                       after the prompt (finish "length") */
 
     /* engine thread only */
@@ -103,12 +112,12 @@ struct dsq_req {
     bool forked;
     bool counted_waiting;
     bool queue_reported;           /* queue_us sent on the first event        */
-    bool queue_timeout;            /* hardening: expired in the queue          */
-    double t_held;                 /* hardening: when it was last held back    */
+    bool queue_timeout;            /* expired in the queue                    */
+    double t_held;                 /* when it was last held back              */
     double t_sched;                /* first time any choice was scheduled     */
     struct dsq_req *next_active, *prev_active;
     double t_arrival, t_first_token;
-    /* admission */
+    /* admission policy (admission.h) */
     bool admitted;                 /* engine thread: entered the scheduler    */
     atomic_bool adm_held;          /* adaptive: submitted and not yet admitted
                                       (stays set when it ends unadmitted: its
@@ -117,7 +126,7 @@ struct dsq_req {
                                       (kv_need_tokens, at submit)          */
     char refusal[200];             /* under mu: the policy's reason, or ""    */
     int retry_after_s;             /* under mu: > 0 with refusal              */
-    /* otel: under mu (dsq_req_timeline reads it from any thread) */
+    /* under mu (dsq_req_timeline reads it from any thread) */
     dsq_req_timeline_t tl;
     uint64_t tl_step;              /* engine thread: last step counted        */
 };
@@ -134,13 +143,13 @@ struct dsq_engine {
     dsq_sampler_t *sampler;
     const dsq_tokenizer_t *tok;
     int n_vocab;
-    dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
+    dsq_grammar_vocab_t *gvocab;   /* made at the first grammar request       */
     uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
-    /* api: the mask worker. While the engine thread runs a step's forward
-     * pass, this thread fills the masks of the step's constrained
-     * sequences (their matchers are not touched by the engine thread
-     * until the pass returns and the worker is done). Started at the
-     * first constrained step. */
+    /* The mask worker (mask_worker.c). While the engine thread runs a
+     * step's forward pass, this thread fills the masks of the step's
+     * constrained sequences (their matchers are not touched by the engine
+     * thread until the pass returns and the worker is done). Started at
+     * the first constrained step. */
     struct {
         pthread_t thread;
         pthread_mutex_t mu;
@@ -154,7 +163,7 @@ struct dsq_engine {
     float *logits;
     int logits_cap;
     float *logits_fork;
-    /* api: prompt-logprob rows appended to the scheduler's logit rows */
+    /* prompt-logprob rows appended to the scheduler's logit rows */
     int32_t *lrows, *xpos;
     eseq_t **xseq;
     int lrows_cap;
@@ -164,17 +173,17 @@ struct dsq_engine {
     uv_async_t async;
     uv_idle_t idle;
     bool idle_on;
-    uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
-    int n_held;                    /* hardening: requests held (hold_unread)   */
-    dsq_step_cost_fit_t step_fit;  /* hardening: measured step cost model      */
-    bool held_idle;                /* hardening: the last step had only those  */
-    /* itl: admission window (engine.h admission_window_ms) */
+    uv_timer_t heartbeat;          /* watchdog heartbeat, see engine.h        */
+    int n_held;                    /* requests held (hold_unread)             */
+    dsq_step_cost_fit_t step_fit;  /* measured step cost model                */
+    bool held_idle;                /* the last step had only those            */
+    /* admission window (engine.h admission_window_ms) */
     uv_timer_t burst;
     double t_last_submit;          /* under mu                                */
     double t_last_step;            /* engine thread: end of the last step     */
     double t_burst;                /* engine thread: first wait of this burst */
     int window_ms;                 /* quiet time; <= 0: off                   */
-    int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
+    int wedge_ms;                  /* DSQ_TEST_WEDGE_ENGINE_MS, debug builds  */
     int fail_choice;               /* DSQ_TEST_FAIL_SAMPLE_CHOICE + 1, debug:
                                     * that choice's first sample fails once   */
 
@@ -187,7 +196,7 @@ struct dsq_engine {
 
     dsq_req_t *active;             /* engine thread: list of live requests    */
     uint64_t next_order;
-    uint64_t n_steps;              /* otel: engine steps run (timeline)       */
+    uint64_t n_steps;              /* engine steps run (timeline)             */
     /* admission (admission.h) */
     dsq_admission_t *adm;
     dsq_req_t **pend;              /* engine thread: held back, oldest first  */
@@ -196,7 +205,7 @@ struct dsq_engine {
     atomic_int n_pending;          /* adaptive: submitted, not yet admitted   */
     atomic_llong reserved_tokens;  /* need_tokens of the in-flight ones       */
     int64_t kv_tokens;             /* KV capacity in tokens                   */
-    dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
+    dsq_pad_model_t *pad_model;    /* NULL when none; informational on CPU    */
 };
 
 /* ------------------------------------------------------------ request.c */

@@ -219,7 +219,7 @@ static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
         return DSQ_EFORMAT;
-    /* pad: the CPU backend runs ragged batches, so the padding model is only
+    /* the CPU backend runs ragged batches, so the padding model is only
      * loaded and logged here; the CUDA-graph path will plan with it. */
     int rc = dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len);
     if (rc != 0)
@@ -245,7 +245,7 @@ static int create_kv_cache(dsq_engine_t *e, const dsq_engine_opts_t *opts,
 {
     const bool device = !dsq_backend_is_host(e->be);
     const dsq_model_config_t *c = dsq_model_config(e->model);
-    /* ds2: the model says what its cache holds (MLA: one latent + rope key
+    /* the model says what its cache holds (MLA: one latent + rope key
      * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
     int kv_heads, kv_dim;
     bool kv_has_v;
@@ -300,7 +300,7 @@ static int create_scheduler(dsq_engine_t *e, const dsq_engine_opts_t *opts, char
                                  opts->admission_defer_steps < 0 ? 0 :
                                  opts->admission_defer_steps,
     };
-    /* attack2: prompt-logprob rows per step: the logits rows the memory
+    /* prompt-logprob rows per step: the logits rows the memory
      * planner sizes the workspace for (min(max_num_seqs, batched tokens)) */
     so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
                                    ? so.max_num_seqs : so.max_num_batched_tokens;
@@ -471,7 +471,7 @@ void dsq_engine_destroy(dsq_engine_t *e)
     for (int i = 0; i < e->subq_n; i++)
         dsq_req_unref(e->subq[i]);
     free(e->subq);
-    free(e->pend);                 /* admission: emptied by abort_all */
+    free(e->pend);                 /* held back: emptied by abort_all */
     dsq_admission_destroy(e->adm);
     dsq_sched_destroy(e->sched);
     dsq_sampler_destroy(e->sampler);
@@ -498,7 +498,7 @@ const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e)
 }
 
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e) { return e->tok; }
-/* chatapi: the model's chat template, for the server's /v1/chat/completions */
+/* the model's chat template, for the server's /v1/chat/completions */
 const char *dsq_engine_chat_template(const dsq_engine_t *e)
 {
     return dsq_model_file_chat_template(e->file);

@@ -14,7 +14,7 @@
 
 #include "engine/common/error.h"
 
-/* api: add to e->lrows (after the scheduler's n_logits rows) the rows of
+/* Add to e->lrows (after the scheduler's n_logits rows) the rows of
  * this step whose logits give prompt logprobs: for each request that wants
  * them, the rows at positions plp_n, plp_n + 1, ... < n_prompt - 1 (the
  * logits at position p score prompt token p + 1). Positions below plp_n
@@ -64,7 +64,7 @@ int dsq__plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x)
     return DSQ_OK;
 }
 
-/* api: log-softmax of one logits row (raw model distribution, as the
+/* Log-softmax of one logits row (raw model distribution, as the
  * sampler's logprobs) -> the logprob of prompt token pos + 1 and the top
  * alternatives, stored as entry pos. */
 void dsq__plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row)

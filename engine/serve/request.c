@@ -17,7 +17,7 @@
 #include "engine/common/error.h"
 #include "engine/text/grammar.h"
 
-#define MAX_BEST_OF 1024            /* api: sequences one request may fork   */
+#define MAX_BEST_OF 1024            /* sequences one request may fork        */
 
 static atomic_uint_fast64_t next_req_id = 1;
 
@@ -55,7 +55,7 @@ static void req_free(dsq_req_t *r)
     free(r);
 }
 
-/* api: sequences the request generates: n, or best_of when larger. */
+/* Sequences the request generates: n, or best_of when larger. */
 int dsq__req_n_total(const dsq_req_t *r)
 {
     return r->sp.best_of > r->sp.n ? r->sp.best_of : r->sp.n;
@@ -166,7 +166,7 @@ void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* hardening: bytes an event holds (its struct, text and per-token arrays),
+/* Bytes an event holds (its struct, text and per-token arrays),
  * the measure of a request's undelivered output. */
 static int64_t event_bytes(const dsq_output_t *o)
 {
@@ -187,7 +187,7 @@ int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
     if (r->q_n > 0) {
         *out = r->q[r->q_head];
         r->q_bytes -= event_bytes(out);
-        /* hardening: the reader caught up: let the engine schedule it */
+        /* the reader caught up: let the engine schedule it */
         wake = atomic_load(&r->held) && r->eng;
         memset(&r->q[r->q_head], 0, sizeof(r->q[0]));
         r->q_head = (r->q_head + 1) % r->q_cap;

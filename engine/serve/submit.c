@@ -26,7 +26,7 @@
 #include "sampler.h"
 #include "scheduler.h"
 
-/* admission: end a request that never entered the scheduler (refused by
+/* End a request that never entered the scheduler (refused by
  * the policy, or cancelled while held back): publish sends each choice's
  * final event (ABORT; queue_timeout when refused) and drops it. */
 void dsq__end_unadmitted(dsq_engine_t *e, dsq_req_t *r, bool refused)
@@ -54,10 +54,10 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
             for (int j = 0; j < r->n_prompt && !rc; j++)
                 rc = dsq__seq_append(&s->seq, r->prompt[j]);
             s->seq.n_prompt = r->n_prompt;
-            s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
-            /* prefix: cached positions produce no logits */
+            s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;
+            /* cached positions produce no logits */
             s->seq.no_prefix_cache = r->sp.prompt_logprobs;
-            s->seq.prompt_logits = r->sp.prompt_logprobs;    /* attack2 */
+            s->seq.prompt_logits = r->sp.prompt_logprobs;
             uint64_t seed = r->sp.seed;
             if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
                 seed = (uint64_t)dsq_clock_now_s() ^ r->id;
@@ -83,7 +83,7 @@ static void admit_one(dsq_engine_t *e, dsq_req_t *r)
     }
 }
 
-/* admission: end the held-back requests that need no decision, wherever
+/* End the held-back requests that need no decision, wherever
  * they are in the queue (cancelled: the client left; past --max-queue-wait),
  * so they never count as waiting in front of a new one. */
 static void reap_pending(dsq_engine_t *e, double t)
@@ -111,7 +111,7 @@ static void reap_pending(dsq_engine_t *e, double t)
     e->pend_n = w;
 }
 
-/* admission: decide on the held-back requests, oldest first, until one
+/* Decide on the held-back requests, oldest first, until one
  * has to wait (arrival order is kept: none overtakes an older one). */
 static void admit_pending(dsq_engine_t *e)
 {
@@ -188,7 +188,7 @@ void dsq__admit_new(dsq_engine_t *e)
         admit_pending(e);
 }
 
-/* admission: the most KV cache a request can take, in tokens of whole
+/* The most KV cache a request can take, in tokens of whole
  * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full
  * blocks, which its choices share after the fork (dsq_kv_seq_fork), plus for each
  * of max(n, best_of) choices the blocks from there to prompt + max_tokens
@@ -220,7 +220,7 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
     } else if (atomic_load(&e->n_waiting) >= max_wait) {
         rc = DSQ_EFULL;
     } else if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
-        /* admission: the policy may refuse at once; what it takes is held
+        /* the admission policy may refuse at once; what it takes is held
          * back (the engine thread admits it in order, admit_pending) */
         char why[200] = "";
         int retry = 0;
@@ -252,8 +252,8 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
             dsq_req_ref(r);
             r->eng = e;
             r->t_arrival = dsq_clock_now_s();
-            r->tl.t_submit = r->t_arrival;     /* otel: not yet shared */
-            e->t_last_submit = r->t_arrival;   /* itl */
+            r->tl.t_submit = r->t_arrival;     /* not yet shared: no lock */
+            e->t_last_submit = r->t_arrival;   /* the admission window's */
             e->subq[e->subq_n++] = r;
             atomic_fetch_add(&e->n_waiting, 1);
             if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
