@@ -1,15 +1,24 @@
-/* The engine: one thread with a libuv loop that owns the model, the KV cache
- * and the scheduler, and the request objects HTTP threads use to talk to it.
+/* The engine thread: one libuv loop that owns the model, the KV cache and
+ * the scheduler, and runs the steps.
  *
- * Hand-off (DESIGN.md, STYLE.md): dsq_engine_submit() puts a request on a
- * locked queue and wakes the loop with uv_async_send (which coalesces), so
- * the async callback drains the whole queue. While there is work an idle
- * handle runs one step per loop iteration; without work the loop sleeps in
- * epoll. Output goes the other way through a per-request locked queue and the
- * request's notify callback. Cancellation is an atomic flag on the request
- * plus a wake-up; the engine frees the request's KV blocks at the next step.
+ * Hand-off (docs/architecture.md, "One request"): dsq_engine_submit()
+ * puts a request on a locked queue and wakes the loop with uv_async_send
+ * (which coalesces), so the async callback drains the whole queue. While
+ * there is work an idle handle runs one step per loop iteration; without
+ * work the loop sleeps in epoll. Output goes the other way through a
+ * per-request locked queue and the request's notify callback.
+ * Cancellation is an atomic flag on the request plus a wake-up; the engine
+ * frees the request's KV blocks at the next step.
+ *
+ * A step (engine_step): admit submitted requests (submit.c), hold those
+ * whose reader is behind, reap cancelled ones, plan the batch, run the
+ * forward pass while the mask worker makes the grammar masks
+ * (mask_worker.c), score prompt logprobs (prompt_logprobs.c), sample each
+ * choice (choice.c), then publish the events and free what ended.
+ * Creation, the memory plan and destruction are in engine_setup.c.
  */
 #include "engine.h"
+#include "engine_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -18,621 +27,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 #include <uv.h>
 
-#include <openssl/rand.h>
-
-#include "dsq_config.h"
 #include "engine/backend/backend.h"
-#include "engine/text/detok.h"
-#include "engine/text/grammar.h"
-#include "engine/common/error.h"
-#include "kernels.h"
-#include "engine/kv/kv_cache.h"
-#include "engine/loader/loader.h"
-#include "engine/common/log.h"
 #include "engine/common/clock.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
-#include "padding.h"
-#include "planner.h"
-#include "sampler.h"
+#include "admission.h"
 #include "scheduler.h"
+#include "step_cost.h"
 
-#define MAX_TOP_LOGPROBS 20
-#define MAX_BEST_OF 1024            /* api: sequences one request may fork   */
-
-/* Engine-side state of one choice. Engine thread only. */
-typedef struct eseq {
-    dsq_seq_t seq;                 /* scheduler view (must be first)          */
-    dsq_req_t *req;
-    dsq_detok_t *detok;
-    dsq_grammar_matcher_t *gm;     /* api: sp.grammar's matcher, or NULL      */
-    uint32_t *gmask;               /* api: the next mask, made by the mask
-                                      worker during the forward pass         */
-    int gmask_n;                   /* its fill_mask result (count or error)   */
-    bool gmask_ready;              /* gmask holds the current state's mask    */
-    dsq_rng_t rng;
-    char *hold;                    /* decoded text not yet emitted            */
-    size_t hold_len, hold_cap;
-    size_t text_bytes;             /* bytes of text decoded so far            */
-    int n_generated;
-    double cum_logprob;            /* api: best_of ranking (raw logprobs)     */
-    bool finished;
-    int step_prefill;              /* otel: prompt tokens of the current step */
-    int step_pos;                  /* otel: their first position              */
-    bool step_decode;              /* otel: a decode row in the current step  */
-    /* pending output event */
-    dsq_output_t ev;
-    int ev_cap;
-    char *ev_text;
-    size_t ev_text_len, ev_text_cap;
-} eseq_t;
-
-struct dsq_req {
-    atomic_int refs;
-    uint64_t id;
-    int32_t *prompt;
-    int n_prompt;
-    dsq_sampling_t sp;             /* arrays point at owned copies below      */
-    int32_t *bias_ids, *stop_ids;
-    float *bias;
-    char **stop;
-    size_t max_stop_len;
-    dsq_req_notify_fn notify;
-    void *user;
-    atomic_bool cancelled;
-    atomic_bool submitted;
-
-    pthread_mutex_t mu;            /* guards the output queue below           */
-    dsq_output_t *q;
-    int q_head, q_n, q_cap;
-    int64_t q_bytes;               /* hardening: memory the queued events hold */
-    atomic_bool held;              /* hardening: not scheduled: output unread  */
-    struct dsq_engine *eng;        /* hardening: set at submit, for wake-ups   */
-    int n_final_pushed;            /* choices whose final event was queued    */
-    int n_final_popped;
-
-    /* api: prompt logprobs (sp.prompt_logprobs), engine thread only:
-     * entry i = prompt token i + 1; plp_n entries computed so far */
-    float *plp;
-    dsq_top_logprob_t *plp_top;
-    int plp_n;
-    bool plp_sent;
-    bool scored;                   /* api: max_tokens 0 ended every choice
-                                      after the prompt (finish "length") */
-
-    /* engine thread only */
-    eseq_t **seqs;
-    int n_seqs;                    /* created so far (1 until the fork)       */
-    int n_live;
-    bool forked;
-    bool counted_waiting;
-    bool queue_reported;           /* queue_us sent on the first event        */
-    bool queue_timeout;            /* hardening: expired in the queue          */
-    double t_held;                 /* hardening: when it was last held back    */
-    double t_sched;                /* first time any choice was scheduled     */
-    struct dsq_req *next_active, *prev_active;
-    double t_arrival, t_first_token;
-    /* admission */
-    bool admitted;                 /* engine thread: entered the scheduler    */
-    atomic_bool adm_held;          /* adaptive: submitted and not yet admitted
-                                      (stays set when it ends unadmitted: its
-                                      final events tell that)               */
-    int64_t need_tokens;           /* the most KV it can take, whole blocks
-                                      (kv_need_tokens, at submit)          */
-    char refusal[200];             /* under mu: the policy's reason, or ""    */
-    int retry_after_s;             /* under mu: > 0 with refusal              */
-    /* otel: under mu (dsq_req_timeline reads it from any thread) */
-    dsq_req_timeline_t tl;
-    uint64_t tl_step;              /* engine thread: last step counted        */
-};
-
-struct dsq_engine {
-    dsq_engine_opts_t o;
-    dsq_backend_t *be;             /* where the model runs                    */
-    bool be_owned;                 /* created here (CUDA), destroyed last     */
-    int max_model_len;
-    dsq_model_file_t *file;
-    dsq_model_t *model;
-    dsq_kv_cache_t *kv;
-    dsq_sched_t *sched;
-    dsq_sampler_t *sampler;
-    const dsq_tokenizer_t *tok;
-    int n_vocab;
-    dsq_grammar_vocab_t *gvocab;   /* api: made at the first grammar request  */
-    uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
-    /* api: the mask worker. While the engine thread runs a step's forward
-     * pass, this thread fills the masks of the step's constrained
-     * sequences (their matchers are not touched by the engine thread
-     * until the pass returns and the worker is done). Started at the
-     * first constrained step. */
-    struct {
-        pthread_t thread;
-        pthread_mutex_t mu;
-        pthread_cond_t cv;
-        eseq_t **jobs;
-        int n_jobs, cap;
-        bool pending;              /* under mu: jobs posted, not all done     */
-        bool quit;                 /* under mu                                */
-        bool started;              /* engine thread                           */
-    } mw;
-    float *logits;
-    int logits_cap;
-    float *logits_fork;
-    /* api: prompt-logprob rows appended to the scheduler's logit rows */
-    int32_t *lrows, *xpos;
-    eseq_t **xseq;
-    int lrows_cap;
-
-    pthread_t thread;
-    uv_loop_t loop;
-    uv_async_t async;
-    uv_idle_t idle;
-    bool idle_on;
-    uv_timer_t heartbeat;          /* deploy: watchdog heartbeat, see engine.h */
-    int n_held;                    /* hardening: requests held (hold_unread)   */
-    dsq_step_cost_fit_t step_fit;  /* hardening: measured step cost model      */
-    bool held_idle;                /* hardening: the last step had only those  */
-    /* itl: admission window (engine.h admission_window_ms) */
-    uv_timer_t burst;
-    double t_last_submit;          /* under mu                                */
-    double t_last_step;            /* engine thread: end of the last step     */
-    double t_burst;                /* engine thread: first wait of this burst */
-    int window_ms;                 /* quiet time; <= 0: off                   */
-    int wedge_ms;                  /* deploy: DSQ_TEST_WEDGE_ENGINE_MS, debug  */
-    int fail_choice;               /* DSQ_TEST_FAIL_SAMPLE_CHOICE + 1, debug:
-                                    * that choice's first sample fails once   */
-
-    pthread_mutex_t mu;            /* guards submit queue and stats           */
-    dsq_req_t **subq;
-    int subq_n, subq_cap;
-    bool stopping;
-    atomic_int n_waiting;          /* submitted, not yet admitted             */
-    dsq_engine_stats_t stats;
-
-    dsq_req_t *active;             /* engine thread: list of live requests    */
-    uint64_t next_order;
-    uint64_t n_steps;              /* otel: engine steps run (timeline)       */
-    /* admission (admission.h) */
-    dsq_admission_t *adm;
-    dsq_req_t **pend;              /* engine thread: held back, oldest first  */
-    int pend_n, pend_cap;
-    atomic_int n_inflight;         /* admitted to the scheduler, not ended    */
-    atomic_int n_pending;          /* adaptive: submitted, not yet admitted   */
-    atomic_llong reserved_tokens;  /* need_tokens of the in-flight ones       */
-    int64_t kv_tokens;             /* KV capacity in tokens                   */
-    dsq_pad_model_t *pad_model;    /* pad: NULL when none; cpu: informational */
-};
-
-static atomic_uint_fast64_t next_req_id = 1;
-
-/* ------------------------------------------------------------ requests */
-
-void dsq_output_free(dsq_output_t *o)
-{
-    if (!o)
-        return;
-    free(o->text);
-    free(o->tokens);
-    free(o->logprobs);
-    free(o->top);
-    free(o->token_text_offset);
-    free(o->prompt_logprobs);
-    free(o->prompt_top);
-    memset(o, 0, sizeof(*o));
-}
-
-static void req_free(dsq_req_t *r)
-{
-    dsq_grammar_free(r->sp.grammar);
-    free(r->prompt);
-    free(r->bias_ids);
-    free(r->bias);
-    free(r->stop_ids);
-    for (int i = 0; r->stop && i < r->sp.n_stop; i++)
-        free(r->stop[i]);
-    free(r->stop);
-    for (int i = 0; i < r->q_n; i++)
-        dsq_output_free(&r->q[(r->q_head + i) % r->q_cap]);
-    free(r->q);
-    free(r->seqs);
-    free(r->plp);
-    free(r->plp_top);
-    pthread_mutex_destroy(&r->mu);
-    free(r);
-}
-
-/* api: sequences the request generates: n, or best_of when larger. */
-static int req_n_total(const dsq_req_t *r)
-{
-    return r->sp.best_of > r->sp.n ? r->sp.best_of : r->sp.n;
-}
-
-dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
-                          const dsq_sampling_t *sp, dsq_req_notify_fn notify,
-                          void *user, char *err, size_t err_len)
-{
-    dsq_req_t *r = NULL;
-    if (!prompt || n_prompt <= 0 || !sp) {
-        snprintf(err, err_len, "prompt must contain at least one token");
-        return NULL;
-    }
-    if (sp->max_tokens < 0 || sp->n < 1 || sp->temperature < 0 ||
-        !(sp->top_p > 0 && sp->top_p <= 1) || sp->min_p < 0 || sp->min_p > 1 ||
-        sp->logprobs > MAX_TOP_LOGPROBS || sp->n_logit_bias < 0 || sp->n_stop < 0 ||
-        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 ||
-        sp->best_of < 0 || sp->best_of > MAX_BEST_OF) {
-        snprintf(err, err_len, "invalid sampling parameters");
-        return NULL;
-    }
-    r = calloc(1, sizeof(*r));
-    if (!r)
-        goto oom;
-    atomic_init(&r->refs, 1);
-    atomic_init(&r->cancelled, false);
-    atomic_init(&r->submitted, false);
-    pthread_mutex_init(&r->mu, NULL);
-    r->id = atomic_fetch_add(&next_req_id, 1);
-    r->sp = *sp;
-    dsq_grammar_retain(r->sp.grammar);
-    r->notify = notify;
-    r->user = user;
-    r->prompt = malloc((size_t)n_prompt * sizeof(*r->prompt));
-    if (!r->prompt)
-        goto oom;
-    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(*prompt));
-    r->n_prompt = n_prompt;
-    if (sp->n_logit_bias > 0) {
-        r->bias_ids = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias_ids));
-        r->bias = malloc((size_t)sp->n_logit_bias * sizeof(*r->bias));
-        if (!r->bias_ids || !r->bias)
-            goto oom;
-        memcpy(r->bias_ids, sp->logit_bias_ids, (size_t)sp->n_logit_bias * sizeof(int32_t));
-        memcpy(r->bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof(float));
-    }
-    r->sp.logit_bias_ids = r->bias_ids;
-    r->sp.logit_bias = r->bias;
-    if (sp->n_stop_token_ids > 0) {
-        r->stop_ids = malloc((size_t)sp->n_stop_token_ids * sizeof(*r->stop_ids));
-        if (!r->stop_ids)
-            goto oom;
-        memcpy(r->stop_ids, sp->stop_token_ids, (size_t)sp->n_stop_token_ids * sizeof(int32_t));
-    }
-    r->sp.stop_token_ids = r->stop_ids;
-    if (sp->n_stop > 0) {
-        r->stop = calloc((size_t)sp->n_stop, sizeof(*r->stop));
-        if (!r->stop)
-            goto oom;
-        for (int i = 0; i < sp->n_stop; i++) {
-            r->stop[i] = strdup(sp->stop[i] ? sp->stop[i] : "");
-            if (!r->stop[i])
-                goto oom;
-            size_t l = strlen(r->stop[i]);
-            if (l > r->max_stop_len)
-                r->max_stop_len = l;
-        }
-    }
-    r->sp.stop = (const char *const *)r->stop;
-    r->seqs = calloc((size_t)req_n_total(r), sizeof(*r->seqs));
-    if (!r->seqs)
-        goto oom;
-    if (sp->prompt_logprobs && n_prompt > 1) {
-        int k = sp->logprobs > 0 ? sp->logprobs : 0;
-        r->plp = malloc((size_t)(n_prompt - 1) * sizeof(*r->plp));
-        if (!r->plp)
-            goto oom;
-        if (k > 0 && !(r->plp_top = malloc((size_t)(n_prompt - 1) * (size_t)k *
-                                           sizeof(*r->plp_top))))
-            goto oom;
-    }
-    return r;
-oom:
-    snprintf(err, err_len, "out of memory");
-    if (r)
-        req_free(r);
-    return NULL;
-}
-
-void dsq_req_ref(dsq_req_t *r)
-{
-    atomic_fetch_add(&r->refs, 1);
-}
-
-void dsq_req_unref(dsq_req_t *r)
-{
-    if (r && atomic_fetch_sub(&r->refs, 1) == 1)
-        req_free(r);
-}
-
-uint64_t dsq_req_id(const dsq_req_t *r) { return r->id; }
-
-void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out)
-{
-    pthread_mutex_lock(&r->mu);
-    *out = r->tl;
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* hardening: bytes an event holds (its struct, text and per-token arrays),
- * the measure of a request's undelivered output. */
-static int64_t event_bytes(const dsq_output_t *o)
-{
-    int64_t n = (int64_t)sizeof(*o) + (int64_t)o->text_len;
-    n += (int64_t)o->n_tokens * (int64_t)(sizeof(int32_t) + sizeof(size_t) +
-                                          (o->logprobs ? sizeof(float) : 0) +
-                                          (o->top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
-    n += (int64_t)o->n_prompt_logprobs * (int64_t)(sizeof(float) +
-         (o->prompt_top ? (size_t)o->n_top * sizeof(dsq_top_logprob_t) : 0));
-    return n;
-}
-
-static void wake_engine(struct dsq_engine *e);
-
-int dsq_req_next(dsq_req_t *r, dsq_output_t *out)
-{
-    int rc;
-    bool wake = false;
-    pthread_mutex_lock(&r->mu);
-    if (r->q_n > 0) {
-        *out = r->q[r->q_head];
-        r->q_bytes -= event_bytes(out);
-        /* hardening: the reader caught up: let the engine schedule it */
-        wake = atomic_load(&r->held) && r->eng;
-        memset(&r->q[r->q_head], 0, sizeof(r->q[0]));
-        r->q_head = (r->q_head + 1) % r->q_cap;
-        r->q_n--;
-        if (out->finish != DSQ_FINISH_NONE)
-            r->n_final_popped++;
-        rc = 1;
-    } else if (r->n_final_popped >= r->sp.n) {
-        rc = -1;
-    } else {
-        rc = 0;
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (wake)
-        wake_engine(r->eng);
-    return rc;
-}
-
-/* Queue an event (takes ownership of ev's arrays). */
-static int req_push(dsq_req_t *r, dsq_output_t *ev)
-{
-    int rc = DSQ_OK;
-    pthread_mutex_lock(&r->mu);
-    if (r->q_n == r->q_cap) {
-        int cap = r->q_cap ? r->q_cap * 2 : 8;
-        dsq_output_t *q = malloc((size_t)cap * sizeof(*q));
-        if (!q) {
-            rc = DSQ_ENOMEM;
-            goto out;
-        }
-        for (int i = 0; i < r->q_n; i++)
-            q[i] = r->q[(r->q_head + i) % r->q_cap];
-        free(r->q);
-        r->q = q;
-        r->q_head = 0;
-        r->q_cap = cap;
-    }
-    r->q[(r->q_head + r->q_n) % r->q_cap] = *ev;
-    r->q_n++;
-    r->q_bytes += event_bytes(ev);
-    if (ev->finish != DSQ_FINISH_NONE)
-        r->n_final_pushed++;
-    memset(ev, 0, sizeof(*ev));
-out:
-    pthread_mutex_unlock(&r->mu);
-    return rc;
-}
-
-/* ------------------------------------------------------------ sequences */
-
-static eseq_t *eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
-{
-    eseq_t *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    s->req = r;
-    s->seq.owner = s;
-    s->seq.index = index;
-    dsq_block_table_init(&s->seq.bt);
-    s->detok = dsq_detok_create(e->tok, true, false);
-    if (r->sp.grammar)
-        s->gm = dsq_grammar_matcher_create(r->sp.grammar);
-    if (!s->detok || (r->sp.grammar && !s->gm)) {
-        dsq_detok_destroy(s->detok);
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
-static void eseq_destroy(eseq_t *s)
-{
-    if (!s)
-        return;
-    dsq_detok_destroy(s->detok);
-    dsq_grammar_matcher_free(s->gm);
-    free(s->gmask);
-    dsq_block_table_deinit(&s->seq.bt);
-    free(s->seq.tokens);
-    free(s->hold);
-    dsq_output_free(&s->ev);
-    free(s->ev_text);
-    free(s);
-}
-
-static int seq_append(dsq_seq_t *q, int32_t t)
-{
-    if (q->n_tokens == q->cap_tokens) {
-        int cap = q->cap_tokens ? q->cap_tokens * 2 : 64;
-        int32_t *p = realloc(q->tokens, (size_t)cap * sizeof(*p));
-        if (!p)
-            return DSQ_ENOMEM;
-        q->tokens = p;
-        q->cap_tokens = cap;
-    }
-    q->tokens[q->n_tokens++] = t;
-    return DSQ_OK;
-}
-
-static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 64;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p)
-            return DSQ_ENOMEM;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return DSQ_OK;
-}
-
-/* Grow the pending event's per-token arrays to hold one more token. */
-static int ev_reserve(eseq_t *s, int n_top)
-{
-    dsq_output_t *ev = &s->ev;
-    if (ev->n_tokens < s->ev_cap)
-        return DSQ_OK;
-    int cap = s->ev_cap ? s->ev_cap * 2 : 8;
-    int32_t *t = realloc(ev->tokens, (size_t)cap * sizeof(*t));
-    if (!t)
-        return DSQ_ENOMEM;
-    ev->tokens = t;
-    size_t *off = realloc(ev->token_text_offset, (size_t)cap * sizeof(*off));
-    if (!off)
-        return DSQ_ENOMEM;
-    ev->token_text_offset = off;
-    if (n_top >= 0) {
-        float *lp = realloc(ev->logprobs, (size_t)cap * sizeof(*lp));
-        if (!lp)
-            return DSQ_ENOMEM;
-        ev->logprobs = lp;
-        if (n_top > 0) {
-            dsq_top_logprob_t *tp = realloc(ev->top, (size_t)cap * (size_t)n_top * sizeof(*tp));
-            if (!tp)
-                return DSQ_ENOMEM;
-            ev->top = tp;
-        }
-    }
-    s->ev_cap = cap;
-    return DSQ_OK;
-}
-
-/* Move text that can no longer become part of a stop string from hold to
- * the pending event. final: flush everything. Returns true if a stop string
- * was found (the text before it is emitted, the rest dropped). */
-static bool release_text(eseq_t *s, bool final)
-{
-    dsq_req_t *r = s->req;
-    size_t cut = s->hold_len;
-    bool stopped = false;
-    for (int i = 0; i < r->sp.n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        if (sl == 0)
-            continue;
-        char *p = memmem(s->hold, s->hold_len, r->stop[i], sl);
-        if (p && (size_t)(p - s->hold) < cut) {
-            cut = (size_t)(p - s->hold);
-            stopped = true;
-        }
-    }
-    if (!stopped && !final && r->max_stop_len > 0) {
-        size_t keep = r->max_stop_len - 1;
-        cut = s->hold_len > keep ? s->hold_len - keep : 0;
-        /* Never split a UTF-8 character: back up to a lead byte. */
-        while (cut > 0 && cut < s->hold_len && ((unsigned char)s->hold[cut] & 0xC0) == 0x80)
-            cut--;
-    }
-    if (cut > 0) {
-        buf_append(&s->ev_text, &s->ev_text_len, &s->ev_text_cap, s->hold, cut);
-        memmove(s->hold, s->hold + cut, s->hold_len - cut);
-        s->hold_len -= cut;
-    }
-    if (stopped || final)
-        s->hold_len = 0;
-    return stopped;
-}
-
-/* Hand the pending event to the request queue. */
-static void flush_event(eseq_t *s)
-{
-    dsq_output_t *ev = &s->ev;
-    if (ev->n_tokens == 0 && s->ev_text_len == 0 && ev->finish == DSQ_FINISH_NONE)
-        return;
-    ev->index = s->seq.index;
-    ev->text = s->ev_text ? s->ev_text : strdup("");
-    ev->text_len = s->ev_text_len;
-    ev->n_top = s->req->sp.logprobs > 0 ? s->req->sp.logprobs : 0;
-    if (!s->req->queue_reported && s->req->t_sched > 0) {
-        ev->queue_us = (int64_t)((s->req->t_sched - s->req->t_arrival) * 1e6);
-        if (ev->queue_us <= 0)
-            ev->queue_us = 1;
-        s->req->queue_reported = true;
-    }
-    if (s->req->plp && !s->req->plp_sent) {
-        /* api: prompt logprobs ride on the request's first event */
-        dsq_req_t *r = s->req;
-        r->plp_sent = true;
-        ev->n_prompt_logprobs = r->plp_n;
-        ev->prompt_logprobs = r->plp;
-        ev->prompt_top = r->plp_top;
-        r->plp = NULL;
-        r->plp_top = NULL;
-    }
-    if (ev->finish != DSQ_FINISH_NONE) {
-        ev->queue_timeout = s->req->queue_timeout;
-        ev->prompt_tokens = s->req->n_prompt;
-        ev->completion_tokens = s->n_generated;
-        ev->cached_tokens = s->seq.n_cached_prompt;   /* prefix */
-    }
-    s->ev_text = NULL;
-    s->ev_text_len = s->ev_text_cap = 0;
-    s->ev_cap = 0;
-    req_push(s->req, ev);
-}
-
-/* End a choice. Text still held back (for stop strings) or inside the
- * detokenizer is emitted, except after a stop string, where everything from
- * the stop string on is dropped, and on abort. */
-static void finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tail)
-{
-    if (s->finished)
-        return;
-    if (why != DSQ_FINISH_ABORT && !drop_tail) {
-        char *tail = NULL;
-        size_t tail_len = 0;
-        if (dsq_detok_flush(s->detok, &tail, &tail_len) == 0 && tail_len > 0)
-            buf_append(&s->hold, &s->hold_len, &s->hold_cap, tail, tail_len);
-        free(tail);
-        release_text(s, true);
-    }
-    s->finished = true;
-    s->ev.finish = why;
-    if (s->seq.state != DSQ_SEQ_DETACHED)
-        dsq_sched_remove(e->sched, &s->seq);
-    s->req->n_live--;
-    pthread_mutex_lock(&s->req->mu);
-    s->req->tl.n_generated += s->n_generated;
-    s->req->tl.n_preemptions += s->seq.n_preempted;
-    if (s->req->n_live == 0)
-        s->req->tl.t_end = dsq_clock_now_s();
-    pthread_mutex_unlock(&s->req->mu);
-    pthread_mutex_lock(&e->mu);
-    e->stats.requests_finished_total += s->req->n_live == 0;
-    pthread_mutex_unlock(&e->mu);
-}
-
-/* ------------------------------------------------------------ engine */
-
-static void active_add(dsq_engine_t *e, dsq_req_t *r)
+void dsq__active_add(dsq_engine_t *e, dsq_req_t *r)
 {
     r->next_active = e->active;
     r->prev_active = NULL;
@@ -651,7 +58,7 @@ static void active_remove(dsq_engine_t *e, dsq_req_t *r)
         r->next_active->prev_active = r->prev_active;
 }
 
-/* api: best_of > n. Candidates' events accumulate in their pending event
+/* best_of > n. Candidates' events accumulate in their pending event
  * until every candidate ended; then the n with the highest cum_logprob are
  * renumbered 0..n-1 (best first, stable) and flushed, the others dropped
  * with their token count reported as discarded_tokens. Returns whether
@@ -679,7 +86,7 @@ static bool publish_best_of(dsq_req_t *r)
         s->seq.index = k;
         if (k == 0)
             s->ev.discarded_tokens = discarded;
-        flush_event(s);
+        dsq__flush_event(s);
     }
     return true;
 }
@@ -691,12 +98,12 @@ static void publish(dsq_engine_t *e)
     while (r) {
         dsq_req_t *next = r->next_active;
         bool any = false;
-        if (req_n_total(r) > r->sp.n)
+        if (dsq__req_n_total(r) > r->sp.n)
             any = publish_best_of(r);
-        for (int i = 0; i < r->n_seqs && req_n_total(r) <= r->sp.n; i++) {
+        for (int i = 0; i < r->n_seqs && dsq__req_n_total(r) <= r->sp.n; i++) {
             eseq_t *s = r->seqs[i];
             if (s->ev.n_tokens || s->ev_text_len || s->ev.finish) {
-                flush_event(s);
+                dsq__flush_event(s);
                 any = true;
             }
         }
@@ -711,7 +118,7 @@ static void publish(dsq_engine_t *e)
                 ev.finish = r->scored ? DSQ_FINISH_LENGTH : DSQ_FINISH_ABORT;
                 ev.queue_timeout = r->queue_timeout;
                 ev.prompt_tokens = r->n_prompt;
-                req_push(r, &ev);
+                dsq__req_push(r, &ev);
                 any = true;
             }
         }
@@ -728,7 +135,7 @@ static void publish(dsq_engine_t *e)
             }
             active_remove(e, r);
             for (int i = 0; i < r->n_seqs; i++)
-                eseq_destroy(r->seqs[i]);
+                dsq__eseq_destroy(r->seqs[i]);
             r->n_seqs = 0;
             dsq_req_unref(r);
         }
@@ -736,7 +143,7 @@ static void publish(dsq_engine_t *e)
     }
 }
 
-static void update_stats(dsq_engine_t *e)
+void dsq__update_stats(dsq_engine_t *e)
 {
     pthread_mutex_lock(&e->mu);
     e->stats.n_running = dsq_sched_n_running(e->sched);
@@ -754,169 +161,7 @@ static void update_stats(dsq_engine_t *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* admission: end a request that never entered the scheduler (refused by
- * the policy, or cancelled while held back): publish sends each choice's
- * final event (ABORT; queue_timeout when refused) and drops it. */
-static void end_unadmitted(dsq_engine_t *e, dsq_req_t *r, bool refused)
-{
-    r->queue_timeout = refused;
-    r->n_seqs = 0;
-    r->n_live = 0;
-    r->counted_waiting = true;     /* submit counted it in n_waiting */
-    active_add(e, r);
-}
-
-/* Move one submitted request into the scheduler. */
-static void admit_one(dsq_engine_t *e, dsq_req_t *r)
-{
-    if (atomic_exchange(&r->adm_held, false) && r->notify)
-        r->notify(r, r->user);     /* a streamed answer may start (dsq_req_held) */
-    {
-        r->admitted = true;
-        atomic_fetch_add(&e->n_inflight, 1);
-        atomic_fetch_add(&e->reserved_tokens, r->need_tokens);
-        eseq_t *s = eseq_create(e, r, 0);
-        int rc = s ? DSQ_OK : DSQ_ENOMEM;
-        if (s) {
-            s->seq.order = e->next_order++;
-            for (int j = 0; j < r->n_prompt && !rc; j++)
-                rc = seq_append(&s->seq, r->prompt[j]);
-            s->seq.n_prompt = r->n_prompt;
-            s->seq.n_max_tokens = r->n_prompt + r->sp.max_tokens;   /* itl */
-            /* prefix: cached positions produce no logits */
-            s->seq.no_prefix_cache = r->sp.prompt_logprobs;
-            s->seq.prompt_logits = r->sp.prompt_logprobs;    /* attack2 */
-            uint64_t seed = r->sp.seed;
-            if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
-                seed = (uint64_t)dsq_clock_now_s() ^ r->id;
-            dsq_rng_seed(&s->rng, seed);
-        }
-        dsq_log(DSQ_LOG_DEBUG, "event=admit req=%llu n_prompt=%d queued_ms=%.2f",
-                (unsigned long long)r->id, r->n_prompt, (dsq_clock_now_s() - r->t_arrival) * 1e3);
-        r->seqs[0] = s;
-        r->n_seqs = s ? 1 : 0;
-        r->n_live = s ? 1 : 0;
-        r->counted_waiting = true;
-        active_add(e, r);
-        if (!rc)
-            rc = dsq_sched_add(e->sched, &s->seq);
-        if (rc) {
-            dsq_log(DSQ_LOG_ERROR, "event=admit_failed req=%llu err=%s",
-                    (unsigned long long)r->id, dsq_strerror(rc));
-            if (s) {
-                s->seq.state = DSQ_SEQ_DETACHED;
-                finish_seq(e, s, DSQ_FINISH_ABORT, true);
-            }
-        }
-    }
-}
-
-/* admission: end the held-back requests that need no decision, wherever
- * they are in the queue (cancelled: the client left; past --max-queue-wait),
- * so they never count as waiting in front of a new one. */
-static void reap_pending(dsq_engine_t *e, double t)
-{
-    int w = 0;
-    for (int k = 0; k < e->pend_n; k++) {
-        dsq_req_t *r = e->pend[k];
-        if (atomic_load(&r->cancelled)) {
-            end_unadmitted(e, r, false);
-        } else if (e->o.max_queue_wait_s > 0 && t - r->t_arrival > e->o.max_queue_wait_s) {
-            /* --max-queue-wait applies to held-back requests as well */
-            pthread_mutex_lock(&e->mu);
-            e->stats.queue_timeouts_total++;
-            pthread_mutex_unlock(&e->mu);
-            dsq_log(DSQ_LOG_INFO, "event=queue_timeout req=%llu waited_ms=%.0f "
-                    "reason=\"not admitted within --max-queue-wait\"",
-                    (unsigned long long)r->id, (t - r->t_arrival) * 1e3);
-            end_unadmitted(e, r, true);
-        } else {
-            e->pend[w++] = r;
-            continue;
-        }
-        atomic_fetch_sub(&e->n_pending, 1);
-    }
-    e->pend_n = w;
-}
-
-/* admission: decide on the held-back requests, oldest first, until one
- * has to wait (arrival order is kept: none overtakes an older one). */
-static void admit_pending(dsq_engine_t *e)
-{
-    double t = dsq_clock_now_s();
-    reap_pending(e, t);
-    int k = 0;
-    for (; k < e->pend_n; k++) {
-        dsq_req_t *r = e->pend[k];
-        char why[200] = "";
-        int retry = 0;
-        dsq_admission_view_t v = {
-            .n_inflight = atomic_load(&e->n_inflight), .n_queued = e->pend_n - k - 1,
-            .reserved_tokens = atomic_load(&e->reserved_tokens),
-            .need_tokens = r->need_tokens, .kv_tokens = e->kv_tokens,
-            .wait_ms = (t - r->t_arrival) * 1e3, .held = true};
-        dsq_admit_t d = dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry);
-        if (d == DSQ_ADMIT_QUEUE)
-            break;
-        if (d == DSQ_ADMIT_RUN) {
-            admit_one(e, r);
-        } else {
-            dsq_admission_count_refusal(e->adm, true);
-            pthread_mutex_lock(&r->mu);
-            snprintf(r->refusal, sizeof(r->refusal), "%s", why);
-            r->retry_after_s = retry;
-            pthread_mutex_unlock(&r->mu);
-            dsq_log(DSQ_LOG_INFO, "event=admission_refused req=%llu waited_ms=%.0f "
-                    "reason=\"%s\"", (unsigned long long)r->id, (t - r->t_arrival) * 1e3,
-                    why);
-            end_unadmitted(e, r, true);
-        }
-        atomic_fetch_sub(&e->n_pending, 1);
-    }
-    if (k > 0) {
-        memmove(e->pend, e->pend + k, (size_t)(e->pend_n - k) * sizeof(*e->pend));
-        e->pend_n -= k;
-    }
-}
-
-static void admit_new(dsq_engine_t *e)
-{
-    dsq_req_t **q;
-    int n;
-    pthread_mutex_lock(&e->mu);
-    q = e->subq;
-    n = e->subq_n;
-    e->subq = NULL;
-    e->subq_n = e->subq_cap = 0;
-    pthread_mutex_unlock(&e->mu);
-    bool adaptive = dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE;
-    for (int i = 0; i < n; i++) {
-        dsq_req_t *r = q[i];
-        if (!adaptive) {
-            admit_one(e, r);
-            continue;
-        }
-        if (e->pend_n == e->pend_cap) {
-            int cap = e->pend_cap ? e->pend_cap * 2 : 64;
-            dsq_req_t **p = realloc(e->pend, (size_t)cap * sizeof(*p));
-            if (!p) {
-                /* no memory to hold it back: it runs (the scheduler
-                 * still bounds what is computed) */
-                atomic_fetch_sub(&e->n_pending, 1);
-                admit_one(e, r);
-                continue;
-            }
-            e->pend = p;
-            e->pend_cap = cap;
-        }
-        e->pend[e->pend_n++] = r;
-    }
-    free(q);
-    if (adaptive)
-        admit_pending(e);
-}
-
-/* hardening: max_queue_wait_s: a request never scheduled that long after
+/* max_queue_wait_s: a request never scheduled that long after
  * its submit is cancelled, marked so that its final events say why. */
 static void expire_waiting(dsq_engine_t *e)
 {
@@ -938,7 +183,7 @@ static void expire_waiting(dsq_engine_t *e)
     }
 }
 
-/* hardening: the step budget (engine.h step_budget_ms). Every step's
+/* The step budget (engine.h step_budget_ms). Every step's
  * forward time is fed to the step cost model (step_cost.h: fixed + per row
  * + per attention pair, fitted online), and the scheduler sizes the next
  * step's prefill chunks by predicted time (dsq_sched_set_step_budget).
@@ -969,7 +214,7 @@ static int64_t step_pairs(const dsq_sched_out_t *out)
     return pairs;
 }
 
-/* hardening: backpressure. A request whose undelivered output (events
+/* Backpressure. A request whose undelivered output (events
  * queued, not popped by its reader) reaches max_undelivered_bytes is held:
  * its sequences are paused (not scheduled, KV kept) until the reader has
  * popped it down to half; held for undelivered_timeout_s, it is aborted
@@ -1018,394 +263,11 @@ static void reap_cancelled(dsq_engine_t *e)
         if (!atomic_load(&r->cancelled))
             continue;
         for (int i = 0; i < r->n_seqs; i++)
-            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+            dsq__finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
     }
 }
 
-static bool is_stop_token(const dsq_req_t *r, int32_t t)
-{
-    for (int i = 0; i < r->sp.n_stop_token_ids; i++)
-        if (r->sp.stop_token_ids[i] == t)
-            return true;
-    return false;
-}
-
-/* Record a sampled token on s and decide whether the sequence ends. */
-static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
-                        const dsq_top_logprob_t *top)
-{
-    dsq_req_t *r = s->req;
-    int n_top = r->sp.logprobs;
-    int rc = seq_append(&s->seq, tok);
-    if (!rc)
-        rc = ev_reserve(s, n_top);
-    if (rc)
-        return rc;
-    dsq_output_t *ev = &s->ev;
-    int k = ev->n_tokens++;
-    ev->tokens[k] = tok;
-    ev->token_text_offset[k] = s->text_bytes;
-    if (n_top >= 0) {
-        ev->logprobs[k] = lp;
-        if (n_top > 0)
-            memcpy(ev->top + (size_t)k * (size_t)n_top, top, (size_t)n_top * sizeof(*top));
-    }
-    s->n_generated++;
-    s->cum_logprob += lp;
-    if (r->t_first_token == 0) {
-        r->t_first_token = dsq_clock_now_s();
-        dsq_admission_observe_ttft(e->adm, (r->t_first_token - r->t_arrival) * 1e3);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stats.generation_tokens_total++;
-    pthread_mutex_unlock(&e->mu);
-
-    bool eos = !r->sp.ignore_eos && dsq_tokenizer_is_eog(e->tok, tok);
-    if (eos || is_stop_token(r, tok)) {
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-        return DSQ_OK;
-    }
-    char *piece = NULL;
-    size_t piece_len = 0;
-    rc = dsq_detok_push(s->detok, tok, &piece, &piece_len);
-    if (!rc && piece_len > 0) {
-        s->text_bytes += piece_len;
-        rc = buf_append(&s->hold, &s->hold_len, &s->hold_cap, piece, piece_len);
-    }
-    free(piece);
-    if (rc)
-        return rc;
-    if (release_text(s, false)) {
-        finish_seq(e, s, DSQ_FINISH_STOP, true);
-        return DSQ_OK;
-    }
-    if (s->n_generated >= r->sp.max_tokens || s->seq.n_tokens >= e->max_model_len)
-        finish_seq(e, s, DSQ_FINISH_LENGTH, false);
-    return DSQ_OK;
-}
-
-/* n > 1: after the prompt is computed, fork the first sequence so the
- * choices share the prompt's KV blocks (copy on write). */
-static int fork_choices(dsq_engine_t *e, dsq_req_t *r)
-{
-    eseq_t *parent = r->seqs[0];
-    for (int i = 1; i < req_n_total(r); i++) {
-        eseq_t *c = eseq_create(e, r, i);
-        if (!c)
-            return DSQ_ENOMEM;
-        r->seqs[r->n_seqs++] = c;
-        r->n_live++;
-        c->seq.order = parent->seq.order;
-        c->seq.n_prompt = parent->seq.n_prompt;
-        c->seq.n_max_tokens = parent->seq.n_max_tokens;   /* itl */
-        c->seq.n_cached_prompt = parent->seq.n_cached_prompt;   /* prefix */
-        c->seq.no_prefix_cache = parent->seq.no_prefix_cache;
-        for (int j = 0; j < parent->seq.n_tokens; j++)
-            if (seq_append(&c->seq, parent->seq.tokens[j]))
-                return DSQ_ENOMEM;
-        c->seq.n_computed = parent->seq.n_computed;
-        int rc = dsq_kv_seq_fork(e->kv, &c->seq.bt, &parent->seq.bt);
-        if (rc)
-            return rc;
-        uint64_t seed = r->sp.seed + (uint64_t)i;
-        if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
-            seed = (uint64_t)dsq_clock_now_s() ^ (r->id + (uint64_t)i);
-        dsq_rng_seed(&c->rng, seed);
-        rc = dsq_sched_add_running(e->sched, &c->seq);
-        if (rc)
-            return rc;
-    }
-    r->forked = true;
-    return DSQ_OK;
-}
-
-/* Words of a grammar mask: it covers the model's rows and the
- * tokenizer's vocabulary, whichever is larger (padded embedding rows, or
- * a tokenizer larger than the model); rows the tokenizer does not know
- * stay disallowed. e->gvocab must exist. */
-static size_t mask_words(const dsq_engine_t *e)
-{
-    int32_t nv = dsq_grammar_vocab_size(e->gvocab);
-    return ((size_t)(nv > e->n_vocab ? nv : e->n_vocab) + 31) / 32;
-}
-
-static void *mask_worker_main(void *arg)
-{
-    dsq_engine_t *e = arg;
-    size_t words = mask_words(e);
-    pthread_mutex_lock(&e->mw.mu);
-    for (;;) {
-        while (!e->mw.pending && !e->mw.quit)
-            pthread_cond_wait(&e->mw.cv, &e->mw.mu);
-        if (e->mw.quit)
-            break;
-        int n = e->mw.n_jobs;
-        pthread_mutex_unlock(&e->mw.mu);
-        for (int i = 0; i < n; i++) {
-            eseq_t *s = e->mw.jobs[i];
-            memset(s->gmask, 0, words * sizeof(uint32_t));
-            s->gmask_n = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, s->gmask, NULL);
-            s->gmask_ready = true;
-        }
-        pthread_mutex_lock(&e->mw.mu);
-        e->mw.pending = false;
-        pthread_cond_broadcast(&e->mw.cv);
-    }
-    pthread_mutex_unlock(&e->mw.mu);
-    return NULL;
-}
-
-/* Hand the masks of this step's constrained sequences to the mask worker
- * before the forward pass (the sampler then finds them made). Nothing on
- * any failure: sample_seq makes a mask itself when none is ready. Returns
- * true when jobs were posted (mask_worker_wait must follow). */
-static bool mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
-{
-    int n = 0;
-    for (int i = 0; i < out->n_logits; i++) {
-        eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
-        n += s->gm && !s->finished && s->req->sp.max_tokens != 0;
-    }
-    if (n == 0)
-        return false;
-    if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
-        return false;
-    if (!e->mw.started) {
-        pthread_mutex_init(&e->mw.mu, NULL);
-        pthread_cond_init(&e->mw.cv, NULL);
-        if (pthread_create(&e->mw.thread, NULL, mask_worker_main, e) != 0) {
-            pthread_cond_destroy(&e->mw.cv);
-            pthread_mutex_destroy(&e->mw.mu);
-            return false;
-        }
-        e->mw.started = true;
-    }
-    if (n > e->mw.cap) {
-        eseq_t **j = realloc(e->mw.jobs, (size_t)n * sizeof(*j));
-        if (!j)
-            return false;
-        e->mw.jobs = j;
-        e->mw.cap = n;
-    }
-    size_t words = mask_words(e);
-    e->mw.n_jobs = 0;
-    for (int i = 0; i < out->n_logits; i++) {
-        eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
-        if (!s->gm || s->finished || s->req->sp.max_tokens == 0)
-            continue;
-        s->gmask_ready = false;
-        if (!s->gmask && !(s->gmask = malloc(words * sizeof(uint32_t))))
-            continue;   /* this one is made inline */
-        e->mw.jobs[e->mw.n_jobs++] = s;
-    }
-    if (e->mw.n_jobs == 0)
-        return false;
-    pthread_mutex_lock(&e->mw.mu);
-    e->mw.pending = true;
-    pthread_cond_broadcast(&e->mw.cv);
-    pthread_mutex_unlock(&e->mw.mu);
-    return true;
-}
-
-static void mask_worker_wait(dsq_engine_t *e)
-{
-    pthread_mutex_lock(&e->mw.mu);
-    while (e->mw.pending)
-        pthread_cond_wait(&e->mw.cv, &e->mw.mu);
-    pthread_mutex_unlock(&e->mw.mu);
-}
-
-static void mask_worker_stop(dsq_engine_t *e)
-{
-    if (!e->mw.started)
-        return;
-    pthread_mutex_lock(&e->mw.mu);
-    e->mw.quit = true;
-    pthread_cond_broadcast(&e->mw.cv);
-    pthread_mutex_unlock(&e->mw.mu);
-    pthread_join(e->mw.thread, NULL);
-    pthread_cond_destroy(&e->mw.cv);
-    pthread_mutex_destroy(&e->mw.mu);
-    e->mw.started = false;
-}
-
-static int sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
-{
-    dsq_req_t *r = s->req;
-    dsq_top_logprob_t top[MAX_TOP_LOGPROBS];
-    int32_t tok = 0;
-    float lp = 0;
-    int n_top = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
-#ifndef NDEBUG
-    if (e->fail_choice > 0 && s->seq.index == e->fail_choice - 1) {
-        e->fail_choice = 0;   /* tests: a failed step, once (engine_main's path) */
-        return DSQ_EIO;
-    }
-#endif
-    memcpy(e->logits_fork, row, (size_t)e->n_vocab * sizeof(float));
-    dsq_sampler_hist_t hist = {
-        .prompt = s->seq.tokens, .n_prompt = s->seq.n_prompt,
-        .output = s->seq.tokens + s->seq.n_prompt,
-        .n_output = s->seq.n_tokens - s->seq.n_prompt,
-    };
-    if (s->gm) {
-        /* api: the grammar's allowed tokens (cached per matcher state) */
-        if (!e->gvocab && !(e->gvocab = dsq_grammar_vocab_create(e->tok)))
-            return DSQ_ENOMEM;
-        uint32_t *mask;
-        int n_ok;
-        if (s->gmask_ready) {
-            /* made by the mask worker during this step's forward pass */
-            mask = s->gmask;
-            n_ok = s->gmask_n;
-            s->gmask_ready = false;
-        } else {
-            size_t gwords = mask_words(e);
-            if (!e->gmask && !(e->gmask = malloc(gwords * sizeof(uint32_t))))
-                return DSQ_ENOMEM;
-            mask = e->gmask;
-            memset(mask, 0, gwords * sizeof(uint32_t));
-            n_ok = dsq_grammar_matcher_fill_mask(s->gm, e->gvocab, mask, NULL);
-        }
-        if (n_ok == DSQ_ERANGE) {
-            /* the grammar's state costs more than a mask may (grammar.h):
-             * end this choice, not the batch */
-            dsq_log(DSQ_LOG_WARN, "event=grammar_too_costly req=%llu (the grammar's state is "
-                    "beyond the matcher's limits)", (unsigned long long)r->id);
-            finish_seq(e, s, DSQ_FINISH_ABORT, true);
-            return DSQ_OK;
-        }
-        if (n_ok < 0)
-            return n_ok;
-        hist.allowed = mask;
-    }
-    int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
-                              r->sp.logprobs >= 0 || req_n_total(r) > r->sp.n ? &lp : NULL,
-                              n_top ? top : NULL, n_top);
-    if (rc == DSQ_ERANGE && s->gm) {
-        /* the grammar allows no token the model can give (every allowed
-         * logit -inf or NaN): end the choice here */
-        dsq_log(DSQ_LOG_WARN, "event=grammar_dead_end req=%llu (no allowed token has a "
-                "finite logit)", (unsigned long long)r->id);
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-        return DSQ_OK;
-    }
-    if (!rc && s->gm && (rc = dsq_grammar_matcher_accept_token(s->gm, e->gvocab, tok)) != 0) {
-        if (rc == DSQ_ENOMEM)
-            return rc;
-        /* the mask allowed tok, so the matcher must take it: a refusal is
-         * a bug in the grammar engine; end this choice, not the batch */
-        dsq_log(DSQ_LOG_ERROR, "event=grammar_rejected_token req=%llu token=%d (the mask "
-                "allowed a token the matcher refuses)", (unsigned long long)r->id, (int)tok);
-        finish_seq(e, s, DSQ_FINISH_ABORT, true);
-        return DSQ_OK;
-    }
-    if (rc == DSQ_ERANGE) {
-        /* every logit NaN: this sequence cannot go on, the others can */
-        dsq_log(DSQ_LOG_ERROR, "event=nonfinite_logits req=%llu (the model's weights or "
-                "activations are not finite)", (unsigned long long)r->id);
-        finish_seq(e, s, DSQ_FINISH_ABORT, true);
-        return DSQ_OK;
-    }
-    if (!rc)
-        rc = accept_token(e, s, tok, lp, top);
-    /* api: a grammar that admits nothing more (its sentence is complete, or
-     * it took an end token even under ignore_eos) ends the choice */
-    if (!rc && s->gm && !s->finished && dsq_grammar_matcher_done(s->gm))
-        finish_seq(e, s, DSQ_FINISH_STOP, false);
-    return rc;
-}
-
-/* api: add to e->lrows (after the scheduler's n_logits rows) the rows of
- * this step whose logits give prompt logprobs: for each request that wants
- * them, the rows at positions plp_n, plp_n + 1, ... < n_prompt - 1 (the
- * logits at position p score prompt token p + 1). Positions below plp_n
- * (a recompute after preemption) are never taken twice. *n_x gets the
- * count. Returns 0 or DSQ_ENOMEM. */
-static int plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x)
-{
-    int need = out->n_logits + out->n_tokens;
-    bool any = false;
-    *n_x = 0;
-    for (int i = 0; i < out->n_seqs && !any; i++) {
-        const dsq_req_t *r = ((eseq_t *)out->seqs[i]->owner)->req;
-        any = r->plp && !r->plp_sent;
-    }
-    if (!any)
-        return DSQ_OK;    /* nobody wants prompt logprobs */
-    if (need > e->lrows_cap) {
-        int32_t *a = realloc(e->lrows, (size_t)need * sizeof(*a));
-        if (a)
-            e->lrows = a;
-        int32_t *b = realloc(e->xpos, (size_t)need * sizeof(*b));
-        if (b)
-            e->xpos = b;
-        eseq_t **c = realloc(e->xseq, (size_t)need * sizeof(*c));
-        if (c)
-            e->xseq = c;
-        if (!a || !b || !c)
-            return DSQ_ENOMEM;
-        e->lrows_cap = need;
-    }
-    memcpy(e->lrows, out->logit_rows, (size_t)out->n_logits * sizeof(*e->lrows));
-    for (int i = 0; i < out->n_seqs; i++) {
-        dsq_seq_t *q = out->seqs[i];
-        eseq_t *s = (eseq_t *)q->owner;
-        dsq_req_t *r = s->req;
-        if (!r->plp || r->plp_sent || s->seq.index != 0)
-            continue;
-        int next = r->plp_n;
-        for (int row = q->sched_row; row < q->sched_row + q->sched_tokens; row++) {
-            if (out->pos[row] != next || next >= r->n_prompt - 1)
-                continue;
-            e->lrows[out->n_logits + *n_x] = row;
-            e->xpos[*n_x] = next++;
-            e->xseq[(*n_x)++] = s;
-        }
-    }
-    return DSQ_OK;
-}
-
-/* api: log-softmax of one logits row (raw model distribution, as the
- * sampler's logprobs) -> the logprob of prompt token pos + 1 and the top
- * alternatives, stored as entry pos. */
-static void plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row)
-{
-    dsq_req_t *r = s->req;
-    int n = e->n_vocab, k = r->sp.logprobs > 0 ? r->sp.logprobs : 0;
-    float mx = -INFINITY;
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)row[i] - mx);
-    double lse = mx + log(sum);
-    r->plp[pos] = (float)(row[r->prompt[pos + 1]] - lse);
-    if (k > 0) {
-        /* top k by insertion: k <= 20, one pass over the vocabulary */
-        dsq_top_logprob_t *t = r->plp_top + (size_t)pos * (size_t)k;
-        int have = 0;
-        for (int i = 0; i < n; i++) {
-            if (have == k && row[i] <= t[k - 1].logprob)
-                continue;
-            int j = have < k ? have++ : k - 1;
-            while (j > 0 && t[j - 1].logprob < row[i]) {
-                t[j] = t[j - 1];
-                j--;
-            }
-            t[j].token = i;
-            t[j].logprob = row[i];
-        }
-        for (int j = 0; j < have; j++)
-            t[j].logprob = (float)(t[j].logprob - lse);
-    }
-    if (pos + 1 > r->plp_n)
-        r->plp_n = pos + 1;
-}
-
-/* One scheduler step: plan, forward, sample, publish. Returns true when
- * there may be more work. */
-/* otel: add the step [t_start, t_end] to the timelines of the requests it
+/* Add the step [t_start, t_end] to the timelines of the requests it
  * ran: a prefill chunk per prefilling choice, a decode step per request
  * that decoded. One lock of each request's mutex per scheduled choice. */
 static void timeline_step(dsq_engine_t *e, const dsq_sched_out_t *out, double t_start,
@@ -1442,13 +304,15 @@ static void timeline_step(dsq_engine_t *e, const dsq_sched_out_t *out, double t_
     }
 }
 
+/* One scheduler step: plan, forward, sample, publish. Returns true when
+ * there may be more work. */
 static bool engine_step(dsq_engine_t *e)
 {
     dsq_sched_out_t out;
-    /* itl: step timings by composition, logged at debug level */
+    /* step timings by composition, logged at debug level */
     bool timed = DSQ_LOG_DEBUG <= dsq_log_threshold;
     double t0 = dsq_clock_now_s(), t_fwd = 0, t_smp = 0;
-    admit_new(e);
+    dsq__admit_new(e);
     e->n_held = hold_unread(e);
     reap_cancelled(e);
     set_prefill_cap(e);
@@ -1458,9 +322,9 @@ static bool engine_step(dsq_engine_t *e)
     dsq_step_cost_t cost;
     if (timed && dsq_step_cost_model(&e->step_fit, &cost))
         predicted_ms = dsq_step_cost_predict(&cost, out.n_tokens, pairs);
-    int n_x = 0;                   /* api: prompt-logprob rows */
+    int n_x = 0;                   /* prompt-logprob rows */
     if (rc == DSQ_OK && out.n_tokens > 0)
-        rc = plp_collect(e, &out, &n_x);
+        rc = dsq__plp_collect(e, &out, &n_x);
     if (rc == DSQ_OK && out.n_tokens > 0) {
         if (out.n_logits + n_x > e->logits_cap) {
             float *p = realloc(e->logits, (size_t)(out.n_logits + n_x) * (size_t)e->n_vocab *
@@ -1501,20 +365,20 @@ static bool engine_step(dsq_engine_t *e)
                 .n_logits = out.n_logits + n_x,
                 .logit_rows = n_x ? e->lrows : out.logit_rows,
             };
-            /* api: the grammar masks are made while the forward pass runs */
-            bool masks = mask_worker_post(e, &out);
+            /* the grammar masks are made while the forward pass runs */
+            bool masks = dsq__mask_worker_post(e, &out);
             t_fwd = dsq_clock_now_s();
             rc = dsq_model_forward(e->model, e->kv, &b, e->logits);
             t_smp = dsq_clock_now_s();
             if (masks)
-                mask_worker_wait(e);
+                dsq__mask_worker_wait(e);
             if (!rc)
                 dsq_step_cost_observe(&e->step_fit, out.n_tokens, pairs, (t_smp - t_fwd) * 1e3);
         }
         if (!rc) {
             dsq_sched_commit(e->sched, &out);
             for (int j = 0; j < n_x; j++)
-                plp_store(e, e->xseq[j], e->xpos[j],
+                dsq__plp_store(e, e->xseq[j], e->xpos[j],
                           e->logits + (size_t)(out.n_logits + j) * (size_t)e->n_vocab);
             for (int i = 0; i < out.n_logits; i++) {
                 eseq_t *s = (eseq_t *)out.logit_seqs[i]->owner;
@@ -1524,18 +388,19 @@ static bool engine_step(dsq_engine_t *e)
                     continue;
                 if (r->sp.max_tokens == 0) {
                     r->scored = true;
-                    finish_seq(e, s, DSQ_FINISH_LENGTH, false);
+                    dsq__finish_seq(e, s, DSQ_FINISH_LENGTH, false);
                     continue;
                 }
-                if (req_n_total(r) > 1 && !r->forked && (rc = fork_choices(e, r)) != DSQ_OK)
+                if (dsq__req_n_total(r) > 1 && !r->forked &&
+                    (rc = dsq__fork_choices(e, r)) != DSQ_OK)
                     break;
                 if (s->seq.index == 0 && r->forked && r->n_seqs > 1 &&
                     s->n_generated == 0) {
                     /* first token of every choice comes from the same logits */
                     for (int c = 0; c < r->n_seqs && !rc; c++)
-                        rc = sample_seq(e, r->seqs[c], row);
+                        rc = dsq__sample_seq(e, r->seqs[c], row);
                 } else {
-                    rc = sample_seq(e, s, row);
+                    rc = dsq__sample_seq(e, s, row);
                 }
                 if (rc)
                     break;
@@ -1547,7 +412,8 @@ static bool engine_step(dsq_engine_t *e)
             timeline_step(e, &out, t0, t_done);
             for (int i = 0; i < out.n_seqs && !decoded; i++)
                 decoded = ((eseq_t *)out.seqs[i]->owner)->step_decode;
-            /* admission: a step with decode rows is one inter-token gap */
+            /* a step with decode rows is one inter-token gap (the
+             * adaptive admission policy's ITL) */
             if (decoded)
                 dsq_admission_observe_itl(e->adm, (t_done - t0) * 1e3);
         }
@@ -1559,15 +425,15 @@ static bool engine_step(dsq_engine_t *e)
              * one choice left unfinished would never complete */
             for (int i = 0; i < out.n_seqs; i++) {
                 dsq_req_t *fr = ((eseq_t *)out.seqs[i]->owner)->req;
-                finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
+                dsq__finish_seq(e, (eseq_t *)out.seqs[i]->owner, DSQ_FINISH_ABORT, true);
                 for (int c = 0; c < fr->n_seqs; c++)
                     if (fr->seqs[c])
-                        finish_seq(e, fr->seqs[c], DSQ_FINISH_ABORT, true);
+                        dsq__finish_seq(e, fr->seqs[c], DSQ_FINISH_ABORT, true);
             }
         }
     }
     if (n_x > 0) {
-        /* api: a prompt-logprob prefill needed one logits row per prompt
+        /* a prompt-logprob prefill needed one logits row per prompt
          * token (chunk x n_vocab floats); give that memory back */
         free(e->logits);
         e->logits = NULL;
@@ -1587,7 +453,7 @@ static bool engine_step(dsq_engine_t *e)
     }
     double t_pub = timed ? dsq_clock_now_s() : 0;
     publish(e);
-    update_stats(e);
+    dsq__update_stats(e);
     if (timed && rc == DSQ_OK && out.n_tokens > 0) {
         double t1 = dsq_clock_now_s();
         dsq_log(DSQ_LOG_DEBUG,
@@ -1609,8 +475,8 @@ static bool engine_step(dsq_engine_t *e)
     }
     bool more = dsq_sched_n_running(e->sched) + dsq_sched_n_waiting(e->sched) + e->pend_n > 0;
     if (more && rc == DSQ_OK && out.n_tokens == 0 && e->n_held > 0) {
-        /* hardening: only held requests are left: sleep until a reader
-         * pops (wake_engine), a submit or cancel, or the next check */
+        /* only held requests are left: sleep until a reader
+         * pops (dsq__wake_engine), a submit or cancel, or the next check */
         e->held_idle = true;
         return false;
     }
@@ -1619,13 +485,13 @@ static bool engine_step(dsq_engine_t *e)
 
 static void on_idle(uv_idle_t *h);
 
-/* hardening: any thread: a held request's reader popped output. */
-static void wake_engine(dsq_engine_t *e)
+/* Any thread: e.g. a held request's reader popped output. */
+void dsq__wake_engine(dsq_engine_t *e)
 {
     uv_async_send(&e->async);
 }
 
-/* itl: milliseconds to hold back the first step of a burst. With nothing
+/* Milliseconds to hold back the first step of a burst. With nothing
  * running, new requests wait until no request arrived and no step ended for
  * window_ms (at most 10 x window_ms after the first wait): clients answered
  * in the same step (closed loops, agents) send their next requests within
@@ -1678,7 +544,7 @@ static void on_idle(uv_idle_t *h)
         uv_timer_start(&e->burst, on_burst, (uint64_t)wait_ms, 0);
         return;
     }
-    /* == deploy: test-only wedge (debug builds), once, on the first step == */
+    /* test-only wedge (debug builds), once, on the first step */
     if (e->wedge_ms > 0) {
         struct timespec ts = {e->wedge_ms / 1000, (long)(e->wedge_ms % 1000) * 1000000L};
         dsq_log(DSQ_LOG_WARN, "event=engine_wedged_for_test ms=%d", e->wedge_ms);
@@ -1686,11 +552,10 @@ static void on_idle(uv_idle_t *h)
         while (nanosleep(&ts, &ts) != 0)
             ;
     }
-    /* == end deploy == */
     bool busy = engine_step(e);
     e->t_last_step = dsq_clock_now_s();
     if (!busy && e->held_idle) {
-        /* hardening: every request left is held (hold_unread): look again
+        /* every request left is held (hold_unread): look again
          * in 100 ms (timeouts) unless a reader's pop wakes the loop first */
         e->held_idle = false;
         uv_idle_stop(&e->idle);
@@ -1711,17 +576,17 @@ static void on_idle(uv_idle_t *h)
 
 static void abort_all(dsq_engine_t *e)
 {
-    admit_new(e);
-    for (int k = 0; k < e->pend_n; k++) {     /* admission: held back */
-        end_unadmitted(e, e->pend[k], false);
+    dsq__admit_new(e);
+    for (int k = 0; k < e->pend_n; k++) {     /* held back by the policy */
+        dsq__end_unadmitted(e, e->pend[k], false);
         atomic_fetch_sub(&e->n_pending, 1);
     }
     e->pend_n = 0;
     for (dsq_req_t *r = e->active; r; r = r->next_active)
         for (int i = 0; i < r->n_seqs; i++)
-            finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
+            dsq__finish_seq(e, r->seqs[i], DSQ_FINISH_ABORT, true);
     publish(e);
-    update_stats(e);
+    dsq__update_stats(e);
 }
 
 static void on_close(uv_handle_t *h)
@@ -1729,7 +594,8 @@ static void on_close(uv_handle_t *h)
     (void)h;
 }
 
-/* == deploy: heartbeat timer callback (engine thread) == */
+/* The watchdog heartbeat (engine.h heartbeat), on the engine thread, so
+ * that it stops when a step hangs. */
 static void on_heartbeat(uv_timer_t *h)
 {
     dsq_engine_t *e = h->data;
@@ -1747,8 +613,8 @@ static void on_async(uv_async_t *h)
         uv_idle_stop(&e->idle);
         uv_close((uv_handle_t *)&e->idle, on_close);
         uv_close((uv_handle_t *)&e->async, on_close);
-        uv_close((uv_handle_t *)&e->heartbeat, on_close);   /* deploy */
-        uv_close((uv_handle_t *)&e->burst, on_close);       /* itl */
+        uv_close((uv_handle_t *)&e->heartbeat, on_close);
+        uv_close((uv_handle_t *)&e->burst, on_close);
         return;
     }
     if (!e->idle_on) {
@@ -1764,291 +630,27 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
-/* KV element type: explicit, or "auto" = FP32 for FP32 models (the token
- * embedding's type stands for the model's storage type), FP16 otherwise;
- * on a device backend FP16 for those too (CUDA has no F32 KV ops). */
-static dsq_kv_dtype_t kv_dtype_for(const dsq_engine_opts_t *opts, const dsq_model_file_t *f,
-                                   bool device)
+/* Start the engine thread: its loop with the async, idle and timer
+ * handles (the heartbeat runs from here on), then the thread. Returns 0,
+ * or DSQ_E* with the reason in err and nothing of the loop left.
+ * dsq_engine_destroy stops it (stopping, then a wake-up: on_async). */
+int dsq__engine_start_thread(dsq_engine_t *e, const dsq_engine_opts_t *opts, char *err,
+                             size_t err_len)
 {
-    _Static_assert((int)DSQ_ENGINE_KV_F16 == (int)DSQ_KV_F16 &&
-                   (int)DSQ_ENGINE_KV_INT8 == (int)DSQ_KV_INT8 &&
-                   (int)DSQ_ENGINE_KV_F32 == (int)DSQ_KV_F32,
-                   "engine.h names the kernels' KV types by value");
-    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_INT8)
-        return DSQ_KV_INT8;
-    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_F32)
-        return DSQ_KV_F32;
-    if (opts->kv_cache_dtype == DSQ_ENGINE_KV_AUTO && f && !device) {
-        const dsq_tensor_t *t = dsq_model_file_find(f, "token_embd.weight");
-        if (t && t->type == DSQ_TYPE_F32)
-            return DSQ_KV_F32;
-    }
-    return DSQ_KV_F16;
-}
-
-/* The backend opts->device names (engine.h). *owned: the caller destroys
- * it. NULL + err when it cannot be had. */
-static dsq_backend_t *open_device(const dsq_engine_opts_t *opts, dsq_arch_t arch,
-                                  bool *owned, char *err, size_t err_len)
-{
-    const char *dev = opts->device && *opts->device ? opts->device : "cpu";
-    char why[256] = "";
-    dsq_backend_t *be = NULL;
-    *owned = false;
-    if (strcmp(dev, "cpu") && strcmp(dev, "cuda") && strcmp(dev, "auto")) {
-        snprintf(err, err_len, "unknown device \"%s\" (auto, cpu or cuda)", dev);
-        return NULL;
-    }
-    if (!strcmp(dev, "auto") && arch == DSQ_ARCH_DEEPSEEK2)
-        snprintf(why, sizeof(why), "the deepseek2 graph runs on the CPU backend only");
-    else if (!strcmp(dev, "cuda") || (!strcmp(dev, "auto") && DSQ_HAVE_CUDA)) {
-        be = dsq_backend_create(DSQ_BACKEND_CUDA, why, sizeof(why));
-        if (!be && !strcmp(dev, "cuda")) {
-            snprintf(err, err_len, "--device cuda: %s", why);
-            return NULL;
-        }
-        *owned = be != NULL;
-    }
-    if (!be)
-        be = dsq_backend_cpu();
-    char desc[256];
-    dsq_backend_describe(be, desc, sizeof(desc));
-    if (why[0])
-        dsq_log(DSQ_LOG_INFO, "event=device requested=%s backend=%s desc=\"%s\" "
-                "cuda_unavailable=\"%s\"", dev, dsq_backend_name(be), desc, why);
-    else
-        dsq_log(DSQ_LOG_INFO, "event=device requested=%s backend=%s desc=\"%s\"", dev,
-                dsq_backend_name(be), desc);
-    return be;
-}
-
-/* Device plans, as vLLM's gpu_memory_utilization: the fraction of the
- * device's total memory this server may use, counting what was in use
- * before its first allocation (its own CUDA context, other processes):
- *   budget = min(total x utilization - (total - free), free).
- * dsq's engine uses no cuBLAS, so no cuBLAS workspace is subtracted. */
-static int device_budget(dsq_backend_t *be, const dsq_engine_opts_t *opts,
-                         dsq_plan_opts_t *po, char *desc, size_t desc_len, char *err,
-                         size_t err_len)
-{
-    size_t fr = 0, tot = 0;
-    int rc = dsq_backend_mem_info(be, &fr, &tot);
-    if (rc) {
-        snprintf(err, err_len, "%s: cannot read the device's memory (%s)",
-                 dsq_backend_name(be), dsq_strerror(rc));
-        return rc;
-    }
-    double util = opts->gpu_memory_utilization > 0 ? opts->gpu_memory_utilization : 0.9;
-    int64_t budget = (int64_t)((double)tot * util) - (int64_t)(tot - fr);
-    if (budget > (int64_t)fr)
-        budget = (int64_t)fr;
-    if (budget <= 0) {
-        snprintf(err, err_len, "%s: --gpu-memory-utilization %g of the device's %zu bytes "
-                 "leaves nothing once the %zu bytes already in use (CUDA context, other "
-                 "processes) are counted: raise it", dsq_backend_name(be), util, tot,
-                 tot - fr);
-        return DSQ_ENOMEM;
-    }
-    dsq_backend_describe(be, desc, desc_len);
-    po->device = true;
-    po->device_desc = desc;
-    po->device_total_bytes = (int64_t)tot;
-    po->device_free_bytes = (int64_t)fr;
-    po->gpu_memory_utilization = util;
-    if (po->budget_bytes <= 0 || po->budget_bytes > budget)
-        po->budget_bytes = budget;
-    return DSQ_OK;
-}
-
-static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
-{
-    memset(po, 0, sizeof(*po));
-    po->block_size = opts->block_size;
-    po->max_model_len = opts->max_model_len;
-    po->max_num_seqs = opts->max_num_seqs;
-    po->max_num_batched_tokens = opts->max_num_batched_tokens;
-    po->budget_bytes = opts->memory_limit_bytes;
-    po->kv_cache_bytes = opts->kv_cache_memory_bytes;
-    po->quantize = opts->quantize;
-    po->group_size = opts->quant_group_size;
-}
-
-dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
-                                size_t err_len)
-{
-    dsq_engine_t *e = calloc(1, sizeof(*e));
-    if (!e) {
-        snprintf(err, err_len, "out of memory");
-        return NULL;
-    }
-    e->o = *opts;
-    pthread_mutex_init(&e->mu, NULL);
-    atomic_init(&e->n_waiting, 0);
-    if (opts->n_threads > 0)
-        dsq_cpu_set_threads(opts->n_threads);
-    double t0 = dsq_clock_now_s();
-    char desc[256];
-    e->file = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err, err_len);
-    if (!e->file)
-        goto fail;
-    e->be = open_device(opts, dsq_model_file_config(e->file)->arch, &e->be_owned, err,
-                        err_len);
-    if (!e->be)
-        goto fail;
-    const bool device = !dsq_backend_is_host(e->be);
-    e->tok = dsq_model_file_tokenizer(e->file);
-    if (!e->tok) {
-        snprintf(err, err_len, "%s: no tokenizer in the model file; pass --tokenizer",
-                 opts->model_path);
-        goto fail;
-    }
-    /* Plan memory from the config and the tensor table before loading. */
-    const dsq_model_config_t *fc = dsq_model_file_config(e->file);
-    int n_t = dsq_model_file_n_tensors(e->file);
-    const dsq_tensor_t **tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
-    if (!tv) {
-        snprintf(err, err_len, "out of memory");
-        goto fail;
-    }
-    for (int i = 0; i < n_t; i++)
-        tv[i] = dsq_model_file_tensor(e->file, i);
-    dsq_kv_dtype_t kvt = kv_dtype_for(opts, e->file, device);
-    if (device && kvt == DSQ_KV_F32) {
-        free(tv);
-        snprintf(err, err_len, "--kv-cache-dtype fp32 is not supported on %s (fp16 or int8)",
-                 dsq_backend_name(e->be));
-        goto fail;
-    }
-    dsq_plan_opts_t po;
-    plan_opts_from(opts, &po);
-    po.kv_dtype = kvt;
-    if (device && device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)) {
-        free(tv);
-        goto fail;
-    }
-    dsq_plan_t plan;
-    int prc = dsq_plan_compute(fc, tv, n_t, &po, &plan, err, err_len);
-    free(tv);
-    if (prc && prc != DSQ_ERANGE)
-        goto fail;
-    e->max_model_len = plan.max_model_len;
-    int block_size = plan.block_size;
-    int64_t n_blocks = plan.num_blocks;
-    if (prc == DSQ_ERANGE)
-        goto fail;           /* err: the planner's, naming the flags */
-    {
-        char advice[640];
-        if (dsq_plan_fit_advice(&plan, advice, sizeof(advice))) {
-            snprintf(err, err_len, "memory plan: %s", advice);
-            goto fail;
-        }
-    }
-    dsq_log(DSQ_LOG_INFO, "event=kv_budget bytes=%lld blocks=%lld source=\"%s\"",
-            (long long)plan.kv_budget_bytes, (long long)n_blocks,
-            plan.kv_budget_source ? plan.kv_budget_source : "");
-    dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
-                           .activation_dtype = opts->activation_dtype == DSQ_ENGINE_ACT_F32
-                                                 ? DSQ_ACT_F32 : DSQ_ACT_INT8,
-                           .backend = e->be};
-    e->model = dsq_model_create(e->file, &mo, err, err_len);
-    if (!e->model)
-        goto fail;
-    /* pad: the CPU backend runs ragged batches, so the padding model is only
-     * loaded and logged here; the CUDA-graph path will plan with it. */
-    if (dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len) != 0)
-        goto fail;
-    const dsq_model_config_t *c = dsq_model_config(e->model);
-    e->n_vocab = (int)c->n_vocab;
-    size_t per_tok = (size_t)plan.kv_bytes_per_token;
-    dsq_log(DSQ_LOG_INFO, "event=memory_plan weight_bytes_predicted=%lld "
-            "weight_bytes_measured=%zu coarse_estimate_bytes=%lld kv_blocks=%lld "
-            "kv_tokens=%lld kv_bytes_per_token=%lld workspace_bytes=%lld",
-            (long long)plan.weight_bytes, dsq_model_weight_bytes(e->model),
-            (long long)plan.coarse_estimate_bytes, (long long)plan.num_blocks,
-            (long long)plan.max_tokens, (long long)plan.kv_bytes_per_token,
-            (long long)plan.workspace_bytes);
-    /* ds2: the model says what its cache holds (MLA: one latent + rope key
-     * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
-    int kv_heads, kv_dim;
-    bool kv_has_v;
-    dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
-    e->kv = dsq_kv_create_on(e->be, (int)c->n_layer, kv_heads, kv_dim, block_size,
-                             n_blocks, kvt, kv_has_v, err, err_len);
-    if (!e->kv)
-        goto fail;
-    if (opts->kv_prefault && !device) {
-        double t0 = dsq_clock_now_s();
-        size_t b = dsq_kv_prefault(e->kv);
-        dsq_log(DSQ_LOG_INFO, "event=kv_prefault bytes=%zu ms=%.0f", b, 1e3 * (dsq_clock_now_s() - t0));
-    }
-    if (device) {
-        /* the plan's figures beside what was allocated so far; the step
-         * buffers are allocated as steps need them (up to the workspace
-         * and device buffers of the plan) */
-        int64_t predicted = plan.weight_bytes + plan.num_blocks * plan.block_bytes +
-                            plan.workspace_bytes + plan.overhead_bytes;
-        size_t allocated = dsq_backend_allocated_bytes(e->be);
-        e->stats.device_planned_bytes = predicted;
-        e->stats.device_budget_bytes = plan.budget_bytes;
-        e->stats.device_allocated_bytes = (int64_t)allocated;
-        e->stats.device_peak_bytes = (int64_t)dsq_backend_peak_bytes(e->be);
-        dsq_log(allocated > (size_t)predicted ? DSQ_LOG_WARN : DSQ_LOG_INFO,
-                "event=device_memory backend=%s planned_bytes=%lld weight_bytes_planned=%lld "
-                "kv_bytes_planned=%lld allocated_bytes=%zu kv_bytes=%zu budget_bytes=%lld",
-                dsq_backend_name(e->be), (long long)predicted, (long long)plan.weight_bytes,
-                (long long)(plan.num_blocks * plan.block_bytes), allocated,
-                dsq_kv_storage_bytes(e->kv), (long long)plan.budget_bytes);
-    }
-    if (opts->enable_prefix_caching && dsq_kv_set_prefix_caching(e->kv, true) != DSQ_OK) {
-        snprintf(err, err_len, "prefix caching: out of memory for %lld blocks",
-                 (long long)n_blocks);
-        goto fail;
-    }
-    dsq_sched_opts_t so = {
-        .max_num_seqs = opts->max_num_seqs > 0 ? opts->max_num_seqs : 256,
-        .max_num_batched_tokens = opts->max_num_batched_tokens > 0 ?
-                                  opts->max_num_batched_tokens : 2048,
-        .max_prefill_tokens_with_decode = opts->max_prefill_tokens_with_decode,
-        .admission_defer_steps = opts->admission_defer_steps == 0 ?
-                                 DSQ_ENGINE_ADMISSION_DEFER_STEPS :
-                                 opts->admission_defer_steps < 0 ? 0 :
-                                 opts->admission_defer_steps,
-    };
-    /* attack2: prompt-logprob rows per step: the logits rows the memory
-     * planner sizes the workspace for (min(max_num_seqs, batched tokens)) */
-    so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
-                                   ? so.max_num_seqs : so.max_num_batched_tokens;
-    e->sched = dsq_sched_create(e->kv, &so);
-    {
-        /* admission (admission.h): bounded by max_num_seqs and the KV plan */
-        dsq_admission_opts_t ao = {
-            .kind = opts->admission_policy == DSQ_ADMISSION_ADAPTIVE ? DSQ_ADMISSION_ADAPTIVE
-                                                                    : DSQ_ADMISSION_STATIC,
-            .target_ttft_ms = opts->target_ttft_ms, .target_itl_ms = opts->target_itl_ms,
-            .max_limit = so.max_num_seqs};
-        e->kv_tokens = dsq_kv_n_blocks(e->kv) * (int64_t)dsq_kv_block_size(e->kv);
-        if (!(e->adm = dsq_admission_create(&ao, err, err_len)))
-            goto fail;
-    }
-    e->sampler = dsq_sampler_create(e->n_vocab);
-    e->logits_fork = malloc((size_t)e->n_vocab * sizeof(float));
-    if (!e->sched || !e->sampler || !e->logits_fork) {
-        snprintf(err, err_len, "out of memory");
-        goto fail;
-    }
+    int rc = DSQ_OK;
     if (uv_loop_init(&e->loop) != 0) {
         snprintf(err, err_len, "uv_loop_init failed");
-        goto fail;
+        return DSQ_EIO;
     }
     uv_async_init(&e->loop, &e->async, on_async);
     uv_idle_init(&e->loop, &e->idle);
-    uv_timer_init(&e->loop, &e->burst);   /* itl */
+    uv_timer_init(&e->loop, &e->burst);   /* admission window, held re-checks */
     e->burst.data = e;
     e->window_ms = opts->admission_window_ms == 0 ? DSQ_ENGINE_ADMISSION_WINDOW_MS
                                                   : opts->admission_window_ms;
     e->async.data = e;
     e->idle.data = e;
-    /* == deploy: heartbeat timer and the debug-only test wedge == */
+    /* the watchdog heartbeat and the debug-only test hooks */
     uv_timer_init(&e->loop, &e->heartbeat);
     e->heartbeat.data = e;
     if (opts->heartbeat && opts->heartbeat_interval_ms > 0)
@@ -2062,173 +664,17 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         e->fail_choice = f ? atoi(f) + 1 : 0;
     }
 #endif
-    /* == end deploy == */
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, err_len, "cannot start the engine thread");
         uv_close((uv_handle_t *)&e->idle, NULL);
         uv_close((uv_handle_t *)&e->async, NULL);
-        uv_close((uv_handle_t *)&e->heartbeat, NULL);   /* deploy */
-        uv_close((uv_handle_t *)&e->burst, NULL);       /* itl */
+        uv_close((uv_handle_t *)&e->heartbeat, NULL);
+        uv_close((uv_handle_t *)&e->burst, NULL);
         uv_run(&e->loop, UV_RUN_DEFAULT);
         uv_loop_close(&e->loop);
-        goto fail;
+        rc = DSQ_ENOMEM;
     }
-    e->stats.kv_block_bytes = (int64_t)per_tok * block_size;
-    update_stats(e);
-    dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
-            "weights_bytes=%zu kv_blocks=%lld block_size=%d kv_bytes_per_token=%zu "
-            "max_model_len=%d backend=%s threads=%d isa=%s load_ms=%.0f",
-            dsq_arch_name(c->arch), (long long)c->n_layer, e->n_vocab,
-            dsq_model_weight_bytes(e->model), (long long)n_blocks, block_size, per_tok,
-            e->max_model_len, dsq_backend_name(e->be), dsq_cpu_get_threads(), dsq_cpu_isa(),
-            (dsq_clock_now_s() - t0) * 1000.0);
-    return e;
-fail:
-    dsq_admission_destroy(e->adm);
-    dsq_sched_destroy(e->sched);
-    dsq_sampler_destroy(e->sampler);
-    free(e->logits_fork);
-    dsq_kv_destroy(e->kv);
-    dsq_model_destroy(e->model);
-    if (e->be_owned)
-        dsq_backend_destroy(e->be);
-    dsq_pad_model_destroy(e->pad_model);
-    dsq_model_file_close(e->file);
-    pthread_mutex_destroy(&e->mu);
-    free(e);
-    return NULL;
-}
-
-/* config.json alone (no weights): read it directly. */
-static int config_only(const char *dir, dsq_model_config_t *c, char *err, size_t err_len)
-{
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, err_len, "%.400s: cannot open", path);
-        return DSQ_EIO;
-    }
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!buf)
-        return DSQ_ENOMEM;
-    int rc = dsq_model_config_from_hf_json(buf, n, c, err, err_len);
-    free(buf);
     return rc;
-}
-
-int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *err,
-                    size_t err_len)
-{
-    dsq_model_config_t cfg;
-    const dsq_model_config_t *c = &cfg;
-    const dsq_tensor_t **tv = NULL;
-    int n_t = 0, rc;
-    dsq_backend_t *be = NULL;
-    bool be_owned = false;
-    char desc[256];
-    *out = NULL;
-    dsq_model_file_t *f = dsq_model_file_open(opts->model_path, opts->tokenizer_path, err,
-                                              err_len);
-    if (f) {
-        c = dsq_model_file_config(f);
-        n_t = dsq_model_file_n_tensors(f);
-        tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
-        if (!tv) {
-            rc = DSQ_ENOMEM;
-            goto done;
-        }
-        for (int i = 0; i < n_t; i++)
-            tv[i] = dsq_model_file_tensor(f, i);
-    } else {
-        char err2[512];
-        rc = config_only(opts->model_path, &cfg, err2, sizeof(err2));
-        if (rc)
-            goto done;    /* keep the loader's message: it says more */
-    }
-    dsq_plan_opts_t po;
-    plan_opts_from(opts, &po);
-    be = open_device(opts, c->arch, &be_owned, err, err_len);
-    if (!be) {
-        rc = DSQ_EUNSUPPORTED;
-        goto done;
-    }
-    po.kv_dtype = kv_dtype_for(opts, f, !dsq_backend_is_host(be));
-    if (!dsq_backend_is_host(be) &&
-        (rc = device_budget(be, opts, &po, desc, sizeof(desc), err, err_len)))
-        goto done;
-    dsq_plan_t plan;
-    rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
-    if (rc == DSQ_OK || rc == DSQ_ERANGE) {
-        if (rc == DSQ_OK && dsq_plan_fit_advice(&plan, err, err_len))
-            rc = DSQ_ERANGE;
-        *out = json ? dsq_plan_format_json(&plan, c) : dsq_plan_format_table(&plan, c);
-        if (!*out)
-            rc = DSQ_ENOMEM;
-    }
-done:
-    if (be_owned)
-        dsq_backend_destroy(be);
-    free(tv);
-    dsq_model_file_close(f);
-    return rc;
-}
-
-void dsq_engine_destroy(dsq_engine_t *e)
-{
-    if (!e)
-        return;
-    pthread_mutex_lock(&e->mu);
-    e->stopping = true;
-    pthread_mutex_unlock(&e->mu);
-    uv_async_send(&e->async);
-    pthread_join(e->thread, NULL);
-    mask_worker_stop(e);
-    free(e->mw.jobs);
-    uv_loop_close(&e->loop);
-    /* Requests submitted after the loop drained: release them. */
-    for (int i = 0; i < e->subq_n; i++)
-        dsq_req_unref(e->subq[i]);
-    free(e->subq);
-    free(e->pend);                 /* admission: emptied by abort_all */
-    dsq_admission_destroy(e->adm);
-    dsq_sched_destroy(e->sched);
-    dsq_sampler_destroy(e->sampler);
-    dsq_grammar_vocab_free(e->gvocab);
-    free(e->gmask);
-    free(e->logits);
-    free(e->logits_fork);
-    free(e->lrows);
-    free(e->xpos);
-    free(e->xseq);
-    dsq_kv_destroy(e->kv);
-    dsq_model_destroy(e->model);
-    if (e->be_owned)
-        dsq_backend_destroy(e->be);
-    dsq_pad_model_destroy(e->pad_model);
-    dsq_model_file_close(e->file);
-    pthread_mutex_destroy(&e->mu);
-    free(e);
-}
-
-const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e)
-{
-    return dsq_model_config(e->model);
-}
-
-const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e) { return e->tok; }
-/* chatapi: the model's chat template, for the server's /v1/chat/completions */
-const char *dsq_engine_chat_template(const dsq_engine_t *e)
-{
-    return dsq_model_file_chat_template(e->file);
-}
-int dsq_engine_max_model_len(const dsq_engine_t *e) { return e->max_model_len; }
-
-int dsq_engine_max_waiting(const dsq_engine_t *e)
-{
-    return e->o.max_waiting_requests > 0 ? e->o.max_waiting_requests : 1024;
 }
 
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
@@ -2239,107 +685,4 @@ void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out)
     pthread_mutex_unlock(&e->mu);
     dsq_admission_stats(e->adm, &out->admission);
     out->n_admission_held = atomic_load(&e->n_pending);
-}
-
-bool dsq_req_held(dsq_req_t *r)
-{
-    return atomic_load(&r->adm_held);
-}
-
-int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len)
-{
-    pthread_mutex_lock(&r->mu);
-    int retry = r->retry_after_s;
-    if (buf && len)
-        snprintf(buf, len, "%s", r->refusal);
-    pthread_mutex_unlock(&r->mu);
-    return retry;
-}
-
-/* admission: the most KV cache a request can take, in tokens of whole
- * blocks (the KV cache hands out blocks, kv_cache.h): its prompt's full
- * blocks, which its choices share after the fork (dsq_kv_seq_fork), plus for each
- * of max(n, best_of) choices the blocks from there to prompt + max_tokens
- * (a choice's copy of the prompt's partial last block included). */
-static int64_t kv_need_tokens(const dsq_engine_t *e, const dsq_req_t *r)
-{
-    int64_t bs = dsq_kv_block_size(e->kv);
-    int64_t total = (int64_t)r->n_prompt + (r->sp.max_tokens > 0 ? r->sp.max_tokens : 0);
-    int64_t shared = r->n_prompt / bs;
-    int64_t own = (total + bs - 1) / bs - shared;
-    return (shared + (int64_t)req_n_total(r) * own) * bs;
-}
-
-int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
-{
-    int rc = DSQ_OK;
-    if ((int64_t)r->n_prompt + r->sp.max_tokens > e->max_model_len)
-        return DSQ_ERANGE;
-    for (int i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= e->n_vocab)
-            return DSQ_EINVAL;
-    if (atomic_exchange(&r->submitted, true))
-        return DSQ_ESTATE;
-    r->need_tokens = kv_need_tokens(e, r);
-    int max_wait = dsq_engine_max_waiting(e);
-    pthread_mutex_lock(&e->mu);
-    if (e->stopping) {
-        rc = DSQ_ESTATE;
-    } else if (atomic_load(&e->n_waiting) >= max_wait) {
-        rc = DSQ_EFULL;
-    } else if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
-        /* admission: the policy may refuse at once; what it takes is held
-         * back (the engine thread admits it in order, admit_pending) */
-        char why[200] = "";
-        int retry = 0;
-        dsq_admission_view_t v = {
-            .n_inflight = atomic_load(&e->n_inflight), .n_queued = atomic_load(&e->n_pending),
-            .reserved_tokens = atomic_load(&e->reserved_tokens), .need_tokens = r->need_tokens,
-            .kv_tokens = e->kv_tokens};
-        if (dsq_admission_decide(e->adm, &v, why, sizeof(why), &retry) == DSQ_ADMIT_REFUSE) {
-            dsq_admission_count_refusal(e->adm, false);
-            pthread_mutex_lock(&r->mu);
-            snprintf(r->refusal, sizeof(r->refusal), "%s", why);
-            r->retry_after_s = retry;
-            pthread_mutex_unlock(&r->mu);
-            rc = DSQ_EFULL;
-        }
-    }
-    if (!rc && !e->stopping) {
-        if (e->subq_n == e->subq_cap) {
-            int cap = e->subq_cap ? e->subq_cap * 2 : 16;
-            dsq_req_t **q = realloc(e->subq, (size_t)cap * sizeof(*q));
-            if (!q)
-                rc = DSQ_ENOMEM;
-            else {
-                e->subq = q;
-                e->subq_cap = cap;
-            }
-        }
-        if (!rc) {
-            dsq_req_ref(r);
-            r->eng = e;
-            r->t_arrival = dsq_clock_now_s();
-            r->tl.t_submit = r->t_arrival;     /* otel: not yet shared */
-            e->t_last_submit = r->t_arrival;   /* itl */
-            e->subq[e->subq_n++] = r;
-            atomic_fetch_add(&e->n_waiting, 1);
-            if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
-                atomic_fetch_add(&e->n_pending, 1);
-                atomic_store(&r->adm_held, true);
-            }
-        }
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (rc)
-        atomic_store(&r->submitted, false);
-    else
-        uv_async_send(&e->async);
-    return rc;
-}
-
-void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r)
-{
-    if (!atomic_exchange(&r->cancelled, true))
-        uv_async_send(&e->async);
 }

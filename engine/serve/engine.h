@@ -2,10 +2,11 @@
  * their output. Everything here is thread-safe unless it says otherwise.
  *
  * Threads: dsq_engine_create() starts one engine thread running a libuv loop
- * (DESIGN.md). HTTP threads create a dsq_req_t, submit it, and read output
- * events from it; the engine thread is the only one that touches model
- * state. A dsq_req_t is reference-counted: the creator holds one reference,
- * the engine takes another on submit and drops it when the request ends.
+ * (docs/architecture.md, "One request"). HTTP threads create a dsq_req_t,
+ * submit it, and read output events from it; the engine thread is the only
+ * one that touches model state. A dsq_req_t is reference-counted: the
+ * creator holds one reference, the engine takes another on submit and drops
+ * it when the request ends.
  */
 #ifndef DSQ_ENGINE_H
 #define DSQ_ENGINE_H
@@ -28,7 +29,7 @@ typedef enum dsq_engine_kv {
     DSQ_ENGINE_KV_F32 = 2,
 } dsq_engine_kv_t;
 
-/* itl: defaults of admission_defer_steps and admission_window_ms (see
+/* Defaults of admission_defer_steps and admission_window_ms (see
  * docs/benchmarks.md, serving section, for the measurements behind them). */
 #define DSQ_ENGINE_ADMISSION_DEFER_STEPS 4
 #define DSQ_ENGINE_ADMISSION_WINDOW_MS 5
@@ -53,14 +54,14 @@ typedef struct dsq_engine_opts {
     int max_model_len;               /* tokens; default n_ctx_train (capped)    */
     int max_num_seqs;                /* default 256                             */
     int max_num_batched_tokens;      /* default max(2048, max_model_len)?       */
-    int max_prefill_tokens_with_decode; /* itl: prefill tokens per step while
+    int max_prefill_tokens_with_decode; /* prefill tokens per step while
                                         any sequence decodes (scheduler.h);
                                         0 (default) or >= the step budget:
                                         no separate cap                      */
-    int admission_defer_steps;       /* itl: dsq_sched_opts_t's; 0 = default
+    int admission_defer_steps;       /* dsq_sched_opts_t's; 0 = default
                                         DSQ_ENGINE_ADMISSION_DEFER_STEPS,
                                         < 0 = off                            */
-    int admission_window_ms;         /* itl: with nothing running, the first
+    int admission_window_ms;         /* with nothing running, the first
                                         step of a burst of requests waits
                                         until none arrived (and no step
                                         ended) for this long, at most 10x it
@@ -68,14 +69,14 @@ typedef struct dsq_engine_opts {
                                         DSQ_ENGINE_ADMISSION_WINDOW_MS,
                                         < 0 = off                            */
     int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
-    int64_t max_undelivered_bytes;   /* hardening: a request whose queued, not
+    int64_t max_undelivered_bytes;   /* a request whose queued, not
                                         yet popped output (dsq_req_next) holds
                                         this many bytes is not scheduled until
                                         its reader catches up to half of it;
                                         0 = 16 KiB                           */
-    double undelivered_timeout_s;    /* hardening: a request held that long is
+    double undelivered_timeout_s;    /* a request held that long is
                                         aborted (logged); 0 = 30 s, < 0 = never */
-    double step_budget_ms;           /* hardening: target duration of one step
+    double step_budget_ms;           /* target duration of one step
                                         in ms: prefill tokens per step are
                                         what the step cost model fitted to
                                         the measured steps (step_cost.h)
@@ -84,10 +85,10 @@ typedef struct dsq_engine_opts {
                                         running streams, cancellation and
                                         /metrics wait about one budget for a
                                         step end; 0 = 250, < 0 = no budget  */
-    double max_queue_wait_s;         /* hardening: a request not scheduled this
+    double max_queue_wait_s;         /* a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */
-    /* admission (admission.h): DSQ_ADMISSION_STATIC (0, the
+    /* Admission policy (admission.h): DSQ_ADMISSION_STATIC (0, the
      * fixed bounds above) or DSQ_ADMISSION_ADAPTIVE: a concurrency limit
      * moved by the p90 TTFT / ITL of recent requests against these
      * targets (ms; at least one > 0 for adaptive, else create fails). */
@@ -97,7 +98,7 @@ typedef struct dsq_engine_opts {
     int kv_cache_dtype;              /* a dsq_engine_kv_t value              */
     int64_t memory_limit_bytes;      /* CPU: KV + weights budget                */
     int64_t kv_cache_memory_bytes;   /* explicit KV budget (overrides)          */
-    bool kv_prefault;                /* hardening: commit the host KV cache's
+    bool kv_prefault;                /* commit the host KV cache's
                                         pages at create (dsq_kv_prefault), so
                                         RSS does not grow under load; default
                                         off here, on in dsqd
@@ -108,7 +109,7 @@ typedef struct dsq_engine_opts {
     const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
     int quant_group_size;            /* with quantize=int4: 32/64/128           */
     dsq_engine_act_t activation_dtype; /* activations of quantised matmuls */
-    /* == deploy: liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
+    /* Liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
      * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
      * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from
      * a uv_timer_t on its own loop, i.e. between scheduler steps: an engine
@@ -121,7 +122,7 @@ typedef struct dsq_engine_opts {
     void (*heartbeat)(void *user);
     void *heartbeat_user;
     int heartbeat_interval_ms;
-    /* == pad: padding cost model (engine/serve/padding.h), a JSON file written by
+    /* Padding cost model (engine/serve/padding.h), a JSON file written by
      * `dsq-bench pad`. NULL: the backend's default file when it exists
      * (dsq_pad_default_path; a malformed default is ignored with a
      * warning); set: that file, and any failure to load it fails
@@ -169,11 +170,11 @@ void dsq_engine_destroy(dsq_engine_t *e);
 const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e);
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e);
 int dsq_engine_max_model_len(const dsq_engine_t *e);
-/* hardening: the waiting queue's size in requests (max_waiting_requests,
+/* The waiting queue's size in requests (max_waiting_requests,
  * its default applied): a request of more prompts than this can never be
  * queued whole (a 400 for the client, not a 503 to retry). */
 int dsq_engine_max_waiting(const dsq_engine_t *e);
-/* chatapi: the model's own chat template (NUL-terminated Jinja2 text,
+/* The model's own chat template (NUL-terminated Jinja2 text,
  * owned by the engine): GGUF tokenizer.chat_template, or for a HF
  * directory tokenizer_config.json chat_template (string, or the "default"
  * entry of a named list) / chat_template.jinja (engine/loader/loader.h). NULL
@@ -188,7 +189,7 @@ typedef struct dsq_engine_stats {
     int64_t prompt_tokens_total, generation_tokens_total;
     int64_t preemptions_total;
     int64_t requests_finished_total;
-    /* prefix: prefix cache lookups in tokens (vLLM V1 prefix_cache_queries /
+    /* Prefix cache lookups in tokens (vLLM V1 prefix_cache_queries /
      * prefix_cache_hits): queries = tokens of every admitted sequence,
      * hits = those whose KV came from the cache. 0 while it is off. */
     int64_t prefix_cache_queries_total, prefix_cache_hits_total;
@@ -202,7 +203,7 @@ typedef struct dsq_engine_stats {
      * (dsq_backend_peak_bytes). The peak never exceeds the prediction. */
     int64_t device_planned_bytes, device_budget_bytes;
     int64_t device_allocated_bytes, device_peak_bytes;
-    /* hardening: bytes of one KV block (all layers, K and V as stored);
+    /* Bytes of one KV block (all layers, K and V as stored);
      * requests held now because their reader is behind (step-start view,
      * engine.h max_undelivered_bytes); requests aborted because they stayed
      * held past undelivered_timeout_s, and because they waited past
@@ -210,7 +211,7 @@ typedef struct dsq_engine_stats {
     int64_t kv_block_bytes;
     int n_held;
     int64_t stream_stall_aborts_total, queue_timeouts_total;
-    /* admission: the policy's state (admission.h dsq_admission_stats_t:
+    /* The admission policy's state (admission.h dsq_admission_stats_t:
      * its limit, moves, refusals, last window's p90s) and the requests it
      * holds back now (adaptive: waiting for a slot under the limit; they
      * are in n_waiting too) */
@@ -236,7 +237,7 @@ typedef struct dsq_sampling {
     bool ignore_eos;
     int logprobs;                    /* -1: none; 0..20 top alternatives        */
     int n;                           /* choices, >= 1                           */
-    /* api: best_of > n generates best_of sequences from one prompt (forked
+    /* best_of > n generates best_of sequences from one prompt (forked
      * copy-on-write after the prefill, like n > 1) and returns the n with
      * the highest cumulative raw log-probability of their completion
      * tokens (sum, as vLLM; OpenAI documents "highest log probability per
@@ -244,7 +245,7 @@ typedef struct dsq_sampling {
      * Their events are held until every candidate ended (no streaming).
      * 0 or <= n: n sequences. At most 1024 (dsq_req_create rejects more). */
     int best_of;
-    /* api: compute the logprob of every prompt token but the first under
+    /* Compute the logprob of every prompt token but the first under
      * the raw model distribution (log-softmax of the logits at the position
      * before it), with max(logprobs, 0) top alternatives each, and deliver
      * them on the request's first output event (dsq_output_t
@@ -258,7 +259,7 @@ typedef struct dsq_sampling {
     const int32_t *stop_token_ids;   /* copied on create                        */
     int n_stop;
     const char *const *stop;         /* stop strings, copied on create          */
-    /* api: constrained decoding (engine/text/grammar.h), or NULL: every
+    /* Constrained decoding (engine/text/grammar.h), or NULL: every
      * token of every choice is one the grammar allows, end-of-generation
      * only where it accepts, and a choice whose grammar admits nothing more
      * finishes with DSQ_FINISH_STOP. dsq_req_create takes its own reference
@@ -303,7 +304,7 @@ typedef struct dsq_output {
                                         whose KV came from the prefix cache at
                                         admission (a multiple of block_size,
                                         < prompt_tokens; 0 when off)            */
-    /* api: prompt logprobs (dsq_sampling_t.prompt_logprobs), on the
+    /* Prompt logprobs (dsq_sampling_t.prompt_logprobs), on the
      * request's first event only: entry i is prompt token i + 1 (the first
      * prompt token has none), n_prompt_logprobs <= n_prompt - 1 (fewer only
      * when the prompt was not computed, e.g. an abort); top rows hold n_top
@@ -311,10 +312,10 @@ typedef struct dsq_output {
     int n_prompt_logprobs;
     float *prompt_logprobs;          /* [n_prompt_logprobs]                     */
     dsq_top_logprob_t *prompt_top;   /* [n_prompt_logprobs][n_top] or NULL      */
-    /* api: best_of > n: tokens generated by the candidates that were not
+    /* best_of > n: tokens generated by the candidates that were not
      * returned, on one final event of the request (usage counts them). */
     int discarded_tokens;
-    bool queue_timeout;              /* hardening: final event of a request
+    bool queue_timeout;              /* final event of a request
                                         aborted after max_queue_wait_s without
                                         ever being scheduled (finish ABORT)  */
     int64_t queue_us;                /* on the request's first event (0 = not
@@ -344,14 +345,14 @@ uint64_t dsq_req_id(const dsq_req_t *r);
  * (prompt + max_tokens > max_model_len), DSQ_ESTATE (engine shutting down). */
 int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r);
 
-/* admission: why the admission policy refused r (at submit: DSQ_EFULL; or
+/* Why the admission policy refused r (at submit: DSQ_EFULL; or
  * later: its final events carry queue_timeout), into buf (NUL-terminated,
  * "" when it did not). Returns the Retry-After it asks for in seconds, or
  * 0 when the policy did not refuse r (a full queue or --max-queue-wait:
  * the caller's own message). Any thread. */
 int dsq_req_refusal(dsq_req_t *r, char *buf, size_t len);
 
-/* admission: whether the adaptive policy still holds r back (submitted,
+/* Whether the adaptive admission policy still holds r back (submitted,
  * neither admitted to the scheduler nor refused yet). The engine calls r's
  * notify when it admits r; one refused or cancelled while held stays
  * "held" and ends with its final events instead. dsqd holds a streamed
@@ -362,7 +363,7 @@ bool dsq_req_held(dsq_req_t *r);
  * freed at the next step; it then reports DSQ_FINISH_ABORT. Idempotent. */
 void dsq_engine_cancel(dsq_engine_t *e, dsq_req_t *r);
 
-/* tracing: where a request spent its time, for its trace spans
+/* Where a request spent its time, for its trace spans
  * (server/trace.h). Times are seconds on CLOCK_MONOTONIC (the clock of
  * every other engine timestamp), 0 while the moment has not come. */
 #define DSQ_REQ_MAX_CHUNKS 32
@@ -389,7 +390,7 @@ typedef struct dsq_req_timeline {
     int n_preemptions;               /* of every choice, counted as they end  */
 } dsq_req_timeline_t;
 
-/* otel: copy r's timeline into *out (under the request's lock: any thread,
+/* Copy r's timeline into *out (under the request's lock: any thread,
  * at any time; complete once every choice's final event was popped). */
 void dsq_req_timeline(dsq_req_t *r, dsq_req_timeline_t *out);
 

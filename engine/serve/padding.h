@@ -1,5 +1,6 @@
-/* Padding cost model and bucket choice (DESIGN.md, "padding cost
- * base + k·pad_ratio^1.8").
+/* Padding cost model and bucket choice (docs/architecture.md, "Padding
+ * cost model"): the cost base + k·pad_ratio^1.8 of running a batch in a
+ * larger captured shape.
  *
  * A backend that replays captured CUDA graphs can only run a decode batch
  * in one of a few fixed shapes (buckets, e.g. 1, 2, 4, ... 64 rows). A
