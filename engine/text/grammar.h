@@ -109,9 +109,11 @@ int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **
                              char *err, size_t err_len);
 
 /* GBNF text (for dsq_grammar_from_gbnf, start rule "root") whose
- * sentences are instances valid against the JSON Schema `schema` (2020-12
+ * sentences are instances valid against a JSON Schema (2020-12
  * Validation vocabulary, draft 4-7 spellings read too; engine/text/
- * grammar_schema.c). Supported: type (a name or a list), enum, const,
+ * grammar_schema.c), given as JSON text: schema_json[0..len), UTF-8, need
+ * not be NUL-terminated, one JSON value with whitespace around it; read
+ * during the call only. Supported: type (a name or a list), enum, const,
  * properties, required, additionalProperties, items, prefixItems (and
  * draft 4-7 tuple items), additionalItems, minItems, maxItems,
  * uniqueItems false, minLength, maxLength, pattern (the regex subset of
@@ -126,11 +128,12 @@ int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **
  * whitespace and digits. On success *gbnf is malloc'd text the caller
  * frees. Errors, with one line in err naming the keyword and its JSON
  * pointer: DSQ_EUNSUPPORTED (a keyword or combination outside that
- * subset), DSQ_EINVAL (a malformed schema, or one no instance satisfies),
+ * subset), DSQ_EINVAL (text that is not JSON: err gives the byte where the
+ * parse stopped; a malformed schema, or one no instance satisfies),
  * DSQ_ERANGE (nesting, counts or size beyond the grammar limits),
  * DSQ_ENOMEM. */
-int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
-                                      size_t err_len);
+int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char **gbnf,
+                                      char *err, size_t err_len);
 
 /* GBNF text whose sentences are tool calls in the model's own syntax
  * (tool_calls.h: DSQ_TOOL_PARSER_HERMES or _DEEPSEEK, as its chat template

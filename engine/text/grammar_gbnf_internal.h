@@ -90,4 +90,10 @@ extern const char dsq__schema_base_rules[];
  * in c->err naming the keyword and c->path. */
 int dsq__schema_expr(dsq__conv_t *c, const cJSON *s, dsq__sbuf_t *out);
 
+/* text[0..len) parsed as one JSON value (whitespace around it allowed),
+ * or NULL when it is not JSON text (or out of memory: cJSON cannot tell
+ * the two apart); then *bad_byte is the offset where the parse stopped.
+ * The caller frees the tree with cJSON_Delete. */
+cJSON *dsq__schema_parse(const char *text, size_t len, size_t *bad_byte);
+
 #endif

@@ -908,10 +908,26 @@ out:
     return rc;
 }
 
-int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
-                                      size_t err_len)
+cJSON *dsq__schema_parse(const char *text, size_t len, size_t *bad_byte)
 {
-    *gbnf = NULL;
+    const char *end = NULL;
+    cJSON *v = text ? cJSON_ParseWithLengthOpts(text, len, &end, false) : NULL;
+    size_t at = end && end >= text ? (size_t)(end - text) : 0;
+    /* cJSON stops after the value; only whitespace may follow it */
+    while (v && at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
+                             text[at] == '\r'))
+        at++;
+    if (v && at < len) {
+        cJSON_Delete(v);
+        v = NULL;
+    }
+    if (!v)
+        *bad_byte = at;
+    return v;
+}
+
+static int gbnf_from_schema(const cJSON *schema, char **gbnf, char *err, size_t err_len)
+{
     conv_t c = {.root = schema, .err = err, .err_len = err_len};
     sbuf_t root = {0};
     dsq__sb_str(&root, "root ::= ");
@@ -936,4 +952,20 @@ int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *er
     }
     *gbnf = root.p;
     return DSQ_OK;
+}
+
+int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char **gbnf,
+                                      char *err, size_t err_len)
+{
+    size_t bad = 0;
+    *gbnf = NULL;
+    cJSON *schema = dsq__schema_parse(schema_json, len, &bad);
+    if (!schema) {
+        snprintf(err, err_len, "the schema is not JSON text (the parse stopped at byte %zu)",
+                 bad);
+        return DSQ_EINVAL;
+    }
+    int rc = gbnf_from_schema(schema, gbnf, err, err_len);
+    cJSON_Delete(schema);
+    return rc;
 }
