@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "engine/text/chat_template.h"
+#include "engine/text/grammar.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "server/json_print.h"
 
 #define MAX_TEMPLATE_BYTES (4u << 20)
 
@@ -162,6 +164,39 @@ dsq_tool_parser_t dsq_chat_tool_parser(const dsq_chat_t *c)
 bool dsq_chat_has_reasoning(const dsq_chat_t *c)
 {
     return c && c->reasoning;
+}
+
+int dsq_chat_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+                                 dsq_tool_parser_t format, bool parallel, char **gbnf,
+                                 char *err, size_t err_len)
+{
+    const cJSON *t;
+    dsq_tool_fn_t *fns = NULL;
+    int n = 0, k = 0, rc = DSQ_OK;
+    *gbnf = NULL;
+    cJSON_ArrayForEach(t, tools)
+        n++;
+    if (n && !(fns = calloc((size_t)n, sizeof(*fns))))
+        rc = DSQ_ENOMEM;
+    /* one entry per tools[k], a named function or not, so that the
+     * engine's /tools/N pointers count as the request does */
+    for (t = fns ? tools->child : NULL; t; t = t->next, k++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        fns[k].name = cJSON_IsString(nm) ? nm->valuestring : NULL;
+        if (params && !(fns[k].parameters_json = dsq_json_print(params)))
+            rc = DSQ_ENOMEM;
+    }
+    if (rc)
+        snprintf(err, err_len, "out of memory");
+    else
+        rc = dsq_grammar_gbnf_for_tool_calls(fns, n, name, format, parallel, gbnf, err,
+                                             err_len);
+    for (k = 0; fns && k < n; k++)
+        free((char *)fns[k].parameters_json);
+    free(fns);
+    return rc;
 }
 
 /* A copy of messages for a template that wants the other convention of

@@ -19,7 +19,7 @@
 typedef dsq__sbuf_t sbuf_t;
 typedef dsq__conv_t conv_t;
 
-int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+int dsq_grammar_gbnf_for_tool_calls(const dsq_tool_fn_t *fns, int n_fns, const char *name,
                                     dsq_tool_parser_t format, bool parallel, char **gbnf,
                                     char *err, size_t err_len)
 {
@@ -31,14 +31,19 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
     conv_t c = {.err = err, .err_len = err_len};
     sbuf_t calls = {0};
     int rc = DSQ_OK, n = 0, i = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
-        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    while (i < n_fns) {
+        const char *nm = fns[i].name, *pj = fns[i].parameters_json;
         i++;
-        if (!cJSON_IsString(nm) || (name && strcmp(name, nm->valuestring)))
+        if (!nm || (name && strcmp(name, nm)))
             continue;
+        size_t bad = 0;
+        cJSON *params = pj ? dsq__schema_parse(pj, strlen(pj), &bad) : NULL;
+        if (pj && !params) {
+            snprintf(err, err_len, "/tools/%d/function/parameters: not JSON text (the parse "
+                     "stopped at byte %zu)", i - 1, bad);
+            rc = DSQ_EINVAL;
+            break;
+        }
         /* each tool's parameters on their own: refs resolve inside them.
          * The arguments are an object whatever the schema says of the
          * type (none, or absent parameters: any object) */
@@ -47,7 +52,6 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
             snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
                      "object, so its \"type\" must be \"object\"", i - 1);
             rc = DSQ_EINVAL;
-            break;
         }
         /* without "type", a composition, $ref, enum or const could admit
          * values other than an object, which the grammar would then force
@@ -63,9 +67,15 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
                 break;
             }
         }
-        if (rc)
+        if (rc) {
+            cJSON_Delete(params);
             break;
-        cJSON *any = cJSON_IsObject(params) ? cJSON_Duplicate(params, 1) : cJSON_CreateObject();
+        }
+        cJSON *any = params;
+        if (!cJSON_IsObject(params)) {   /* then ty is NULL: only objects have members */
+            cJSON_Delete(params);
+            any = cJSON_CreateObject();
+        }
         if (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))) {
             cJSON_Delete(any);
             rc = DSQ_ENOMEM;
@@ -86,7 +96,7 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
          * bare (DeepSeek) */
         dsq__sb_str(&calls, n ? "| " : "");
         if (format == DSQ_TOOL_PARSER_HERMES) {
-            cJSON *ks = cJSON_CreateString(nm->valuestring);
+            cJSON *ks = cJSON_CreateString(nm);
             char *kt = ks ? cJSON_PrintUnformatted(ks) : NULL;
             cJSON_Delete(ks);
             if (!kt) {
@@ -109,7 +119,7 @@ int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
             dsq__sb_str(&head, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81"
                                "begin\xef\xbd\x9c>function<\xef\xbd\x9ctool\xe2\x96\x81"
                                "sep\xef\xbd\x9c>");
-            dsq__sb_str(&head, nm->valuestring);
+            dsq__sb_str(&head, nm);
             dsq__sb_str(&head, "\n```json\n");
             dsq__sb_lit(&calls, head.p ? head.p : "", head.n);
             free(head.p);
