@@ -3,16 +3,14 @@
  * grammar_schema.c (JSON Schema -> GBNF) and grammar_tools.c (the
  * tool-call grammar, made of the tools' schemas). Each converter writes
  * GBNF text for grammar.c to compile; none of them compiles anything.
- * Not a public header: cJSON appears here because the schema converter
- * walks a parsed schema, which only the engine's own files parse. */
+ * Schemas cross this header as JSON text: the parsed trees stay inside
+ * grammar_schema.c. Not a public header. */
 #ifndef DSQ_GRAMMAR_GBNF_INTERNAL_H
 #define DSQ_GRAMMAR_GBNF_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <cjson/cJSON.h>
 
 #include "grammar.h"
 
@@ -60,40 +58,30 @@ int dsq__regex_expr(const char *re, size_t len, bool json, dsq__sbuf_t *o, bool 
 
 /* ---- JSON Schema (grammar_schema.c) ---- */
 
-#define DSQ__SCHEMA_MAX_REFS 256
-
-/* One conversion: the rules made so far (sN ::= ..., numbered from 0),
- * the $ref targets already given a rule, and where in the schema it is
- * (a JSON pointer, for messages). Several schemas may go through one
- * conv in turn (the tools' parameters): rule numbers keep counting, and
- * root, n_refs and path are set again for each. */
-typedef struct dsq__conv {
-    const cJSON *root;             /* what "#" of a $ref names              */
-    dsq__sbuf_t rules;             /* rule definitions made so far          */
-    int n_rules;
-    struct {
-        const cJSON *target;
-        int rule;
-    } refs[DSQ__SCHEMA_MAX_REFS];
-    int n_refs;
-    char path[512];                /* JSON pointer of the schema at hand    */
-    char *err;
-    size_t err_len;
-    int depth;
-} dsq__conv_t;
-
 /* The rules every schema grammar may use (ws, jstring, jvalue, ...). */
 extern const char dsq__schema_base_rules[];
 
-/* Schema s as one GBNF expression appended to out; rules it needs go to
- * c->rules. Errors as dsq_grammar_gbnf_from_json_schema, with one line
- * in c->err naming the keyword and c->path. */
-int dsq__schema_expr(dsq__conv_t *c, const cJSON *s, dsq__sbuf_t *out);
+/* One conversion that several schemas go through in turn (the tools'
+ * parameters): the rules they make ("sN ::= ..." lines) are numbered on
+ * from one schema to the next, so they can share one grammar. err, and
+ * its length, is where each failing call writes its one line. NULL on
+ * out of memory; destroy with dsq__conv_destroy (NULL: no-op). */
+typedef struct dsq__conv dsq__conv_t;
+dsq__conv_t *dsq__conv_create(char *err, size_t err_len);
+void dsq__conv_destroy(dsq__conv_t *c);
+/* The rules made so far, owned by c. */
+const dsq__sbuf_t *dsq__conv_rules(const dsq__conv_t *c);
 
-/* text[0..len) parsed as one JSON value (whitespace around it allowed),
- * or NULL when it is not JSON text (or out of memory: cJSON cannot tell
- * the two apart); then *bad_byte is the offset where the parse stopped.
- * The caller frees the tree with cJSON_Delete. */
-cJSON *dsq__schema_parse(const char *text, size_t len, size_t *bad_byte);
+/* The arguments of a function as one GBNF expression appended to o: a
+ * JSON object valid against the parameters schema, the JSON text
+ * params_json (NUL-terminated; NULL, or a value that is not an object:
+ * any object), with "type": "object" added where it has no type; a $ref
+ * resolves inside it. path is the JSON pointer errors name it by
+ * (/tools/N/function/parameters). Errors as
+ * dsq_grammar_gbnf_from_json_schema, and DSQ_EINVAL for a "type" other
+ * than "object", or none beside a composition, $ref, enum or const
+ * (which could admit other values). */
+int dsq__schema_args_expr(dsq__conv_t *c, const char *params_json, const char *path,
+                          dsq__sbuf_t *o);
 
 #endif

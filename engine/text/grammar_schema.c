@@ -10,9 +10,13 @@
  * digits. A keyword this file cannot honour exactly is an error naming it
  * (DSQ_EUNSUPPORTED), never ignored.
  *
- * A schema's "pattern" goes to grammar_regex.c, numeric bounds to the
- * ranges of grammar_gbnf_text.c; grammar_tools.c runs each tool's
- * parameters through dsq__schema_expr. */
+ * Schemas arrive as JSON text and are parsed here (cJSON), so callers
+ * never hand the engine a parsed request and the parsed tree never
+ * leaves this file. A schema's "pattern" goes to grammar_regex.c, numeric
+ * bounds to the ranges of grammar_gbnf_text.c. The tool-call grammar
+ * (grammar_tools.c) has each function's arguments made here
+ * (dsq__schema_args_expr), all in one conversion, so their rules share
+ * one numbering. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -20,14 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/common/error.h"
 #include "grammar_gbnf_internal.h"
 
 #define MAX_SCHEMA_DEPTH 64
+#define MAX_REFS 256
 
 typedef dsq__sbuf_t sbuf_t;
 typedef dsq__bounds_t bounds_t;
-typedef dsq__conv_t conv_t;
 
 /* ---------------------------------------------------------- shared rules */
 
@@ -52,6 +58,22 @@ const char dsq__schema_base_rules[] =
     "jempty ::= \"\"\n";
 
 /* ------------------------------------------------------- converter state */
+
+struct dsq__conv {
+    const cJSON *root;
+    sbuf_t rules;                  /* rule definitions made so far          */
+    int n_rules;
+    struct {
+        const cJSON *target;
+        int rule;
+    } refs[MAX_REFS];
+    int n_refs;
+    char path[512];                /* JSON pointer of the schema at hand    */
+    char *err;
+    size_t err_len;
+    int depth;
+};
+typedef dsq__conv_t conv_t;
 
 static int fail(conv_t *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(conv_t *c, int rc, const char *fmt, ...)
@@ -92,6 +114,8 @@ static int add_rule(conv_t *c, const sbuf_t *body)
     dsq__sb_str(&c->rules, "\n");
     return id;
 }
+
+static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *out);
 
 /* Read minimum/maximum/exclusive* into whole inclusive bounds. */
 static int read_bounds(conv_t *c, const cJSON *s, bool integer, bounds_t *bd)
@@ -386,7 +410,7 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             path_push_i(c, (int)i);
             if (i)
                 dsq__sb_str(o, "\",\" ws ");
-            rc = dsq__schema_expr(c, cJSON_GetArrayItem(prefix, (int)i), o);
+            rc = schema_expr(c, cJSON_GetArrayItem(prefix, (int)i), o);
             path_pop(c, p0);
             if (rc)
                 return rc;
@@ -404,7 +428,7 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
     }
     if (items) {
         size_t p0 = path_push(c, "items");
-        rc = dsq__schema_expr(c, items, &it);
+        rc = schema_expr(c, items, &it);
         path_pop(c, p0);
         if (rc) {
             free(it.p);
@@ -468,7 +492,7 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         }
         sbuf_t v = {0};
         size_t p0 = path_push(c, "additionalProperties");
-        int rc = dsq__schema_expr(c, add, &v);
+        int rc = schema_expr(c, add, &v);
         path_pop(c, p0);
         if (rc || v.oom) {
             free(v.p);
@@ -548,7 +572,7 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             size_t p0 = path_push(c, p[i].additional ? "additionalProperties" : "properties");
             if (!p[i].additional)
                 path_push(c, p[i].name);
-            rc = dsq__schema_expr(c, p[i].schema, &b);
+            rc = schema_expr(c, p[i].schema, &b);
             path_pop(c, p0);
         } else {
             dsq__sb_str(&b, "jvalue ");
@@ -655,7 +679,7 @@ static int anyof_expr(conv_t *c, const cJSON *list, const char *key, sbuf_t *o)
         size_t p0 = path_push(c, key);
         path_push_i(c, i);
         dsq__sb_str(o, i ? "| " : "");
-        rc = dsq__schema_expr(c, b, o);
+        rc = schema_expr(c, b, o);
         path_pop(c, p0);
         if (rc)
             return rc;
@@ -703,7 +727,7 @@ static int typed_expr(conv_t *c, const cJSON *s, int type, sbuf_t *o)
     return fail(c, DSQ_EINVAL, "unknown type");
 }
 
-int dsq__schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
+static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
 {
     if (cJSON_IsTrue(s)) {
         dsq__sb_str(o, "jvalue ");
@@ -755,9 +779,8 @@ int dsq__schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
                 while (i < c->n_refs && c->refs[i].target != t)
                     i++;
                 if (i == c->n_refs) {
-                    if (c->n_refs == DSQ__SCHEMA_MAX_REFS) {
-                        rc = fail(c, DSQ_ERANGE, "more than %d '$ref' targets",
-                                  DSQ__SCHEMA_MAX_REFS);
+                    if (c->n_refs == MAX_REFS) {
+                        rc = fail(c, DSQ_ERANGE, "more than %d '$ref' targets", MAX_REFS);
                         goto out;
                     }
                     /* the rule's number first, so a recursive reference
@@ -769,7 +792,7 @@ int dsq__schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
                     char saved[sizeof(c->path)];
                     memcpy(saved, c->path, sizeof(saved));
                     snprintf(c->path, sizeof(c->path), "%s", ref->valuestring + 1);
-                    rc = dsq__schema_expr(c, t, &b);
+                    rc = schema_expr(c, t, &b);
                     memcpy(c->path, saved, sizeof(saved));
                     if (!rc && b.oom)
                         rc = fail(c, DSQ_ENOMEM, "out of memory");
@@ -797,7 +820,7 @@ int dsq__schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         } else {
             size_t p0 = path_push(c, "allOf");
             path_push(c, "0");
-            rc = dsq__schema_expr(c, cJSON_GetArrayItem(l, 0), o);
+            rc = schema_expr(c, cJSON_GetArrayItem(l, 0), o);
             path_pop(c, p0);
         }
         goto out;
@@ -908,7 +931,10 @@ out:
     return rc;
 }
 
-cJSON *dsq__schema_parse(const char *text, size_t len, size_t *bad_byte)
+/* text[0..len) parsed as one JSON value (whitespace around it allowed),
+ * or NULL when it is not JSON text (or out of memory: cJSON cannot tell
+ * the two apart); then *bad_byte is the offset where the parse stopped. */
+static cJSON *parse_json(const char *text, size_t len, size_t *bad_byte)
 {
     const char *end = NULL;
     cJSON *v = text ? cJSON_ParseWithLengthOpts(text, len, &end, false) : NULL;
@@ -931,7 +957,7 @@ static int gbnf_from_schema(const cJSON *schema, char **gbnf, char *err, size_t 
     conv_t c = {.root = schema, .err = err, .err_len = err_len};
     sbuf_t root = {0};
     dsq__sb_str(&root, "root ::= ");
-    int rc = dsq__schema_expr(&c, schema, &root);
+    int rc = schema_expr(&c, schema, &root);
     dsq__sb_str(&root, "\n");
     if (!rc)
         dsq__sb_add(&root, c.rules.p ? c.rules.p : "", c.rules.n);
@@ -959,7 +985,7 @@ int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char 
 {
     size_t bad = 0;
     *gbnf = NULL;
-    cJSON *schema = dsq__schema_parse(schema_json, len, &bad);
+    cJSON *schema = parse_json(schema_json, len, &bad);
     if (!schema) {
         snprintf(err, err_len, "the schema is not JSON text (the parse stopped at byte %zu)",
                  bad);
@@ -967,5 +993,77 @@ int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char 
     }
     int rc = gbnf_from_schema(schema, gbnf, err, err_len);
     cJSON_Delete(schema);
+    return rc;
+}
+
+/* ------------------------------------------------------ function arguments */
+
+dsq__conv_t *dsq__conv_create(char *err, size_t err_len)
+{
+    conv_t *c = calloc(1, sizeof(*c));
+    if (c) {
+        c->err = err;
+        c->err_len = err_len;
+    }
+    return c;
+}
+
+void dsq__conv_destroy(dsq__conv_t *c)
+{
+    if (!c)
+        return;
+    free(c->rules.p);
+    free(c);
+}
+
+const dsq__sbuf_t *dsq__conv_rules(const dsq__conv_t *c) { return &c->rules; }
+
+int dsq__schema_args_expr(dsq__conv_t *c, const char *params_json, const char *path,
+                          dsq__sbuf_t *o)
+{
+    char *err = c->err;
+    size_t err_len = c->err_len, bad = 0;
+    int rc = DSQ_OK;
+    cJSON *params = params_json ? parse_json(params_json, strlen(params_json), &bad) : NULL;
+    if (params_json && !params) {
+        snprintf(err, err_len, "%s: not JSON text (the parse stopped at byte %zu)", path, bad);
+        return DSQ_EINVAL;
+    }
+    /* each tool's parameters on their own: refs resolve inside them.
+     * The arguments are an object whatever the schema says of the
+     * type (none, or absent parameters: any object) */
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(params, "type");
+    if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "object"))) {
+        snprintf(err, err_len, "%s: the arguments are an object, so its \"type\" must be "
+                 "\"object\"", path);
+        rc = DSQ_EINVAL;
+    }
+    /* without "type", a composition, $ref, enum or const could admit
+     * values other than an object, which the grammar would then force
+     * and the parser refuse: refused here, as OpenAI does */
+    static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
+                                          "const"};
+    for (size_t k = 0; !ty && k < sizeof(decides) / sizeof(decides[0]); k++) {
+        if (cJSON_GetObjectItemCaseSensitive(params, decides[k])) {
+            snprintf(err, err_len, "%s: the arguments are an object, so it needs \"type\": "
+                     "\"object\" (it has '%s' and no \"type\")", path, decides[k]);
+            rc = DSQ_EINVAL;
+            break;
+        }
+    }
+    cJSON *any = params;
+    if (!rc && !cJSON_IsObject(params)) {   /* then ty is NULL: only objects have members */
+        cJSON_Delete(params);
+        any = cJSON_CreateObject();
+    }
+    if (!rc && (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))))
+        rc = DSQ_ENOMEM;
+    if (!rc) {
+        c->root = any;
+        c->n_refs = 0;
+        snprintf(c->path, sizeof(c->path), "%s", path);
+        rc = schema_expr(c, any, o);
+    }
+    cJSON_Delete(any);
     return rc;
 }

@@ -4,14 +4,17 @@
  * one of the request's functions, with arguments valid against that
  * function's parameters schema.
  *
- * Every tool's parameters go through the schema converter
- * (grammar_schema.c) in one conv, so their rules share one numbering and
- * one copy of the base rules; a $ref resolves inside the tool's own
- * parameters. */
+ * Every function's arguments are made by the schema converter
+ * (grammar_schema.c, dsq__schema_args_expr) in one conversion, so their
+ * rules share one numbering and one copy of the base rules; a $ref
+ * resolves inside the function's own parameters. This file adds the call
+ * syntax around them and never reads a schema. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "engine/common/error.h"
 #include "grammar_gbnf_internal.h"
@@ -28,66 +31,18 @@ int dsq_grammar_gbnf_for_tool_calls(const dsq_tool_fn_t *fns, int n_fns, const c
         snprintf(err, err_len, "no tool-call format to constrain to");
         return DSQ_EINVAL;
     }
-    conv_t c = {.err = err, .err_len = err_len};
+    conv_t *c = dsq__conv_create(err, err_len);
     sbuf_t calls = {0};
-    int rc = DSQ_OK, n = 0, i = 0;
-    while (i < n_fns) {
-        const char *nm = fns[i].name, *pj = fns[i].parameters_json;
+    int rc = c ? DSQ_OK : DSQ_ENOMEM, n = 0, i = 0;
+    while (!rc && i < n_fns) {
+        const char *nm = fns[i].name;
         i++;
         if (!nm || (name && strcmp(name, nm)))
             continue;
-        size_t bad = 0;
-        cJSON *params = pj ? dsq__schema_parse(pj, strlen(pj), &bad) : NULL;
-        if (pj && !params) {
-            snprintf(err, err_len, "/tools/%d/function/parameters: not JSON text (the parse "
-                     "stopped at byte %zu)", i - 1, bad);
-            rc = DSQ_EINVAL;
-            break;
-        }
-        /* each tool's parameters on their own: refs resolve inside them.
-         * The arguments are an object whatever the schema says of the
-         * type (none, or absent parameters: any object) */
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(params, "type");
-        if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "object"))) {
-            snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
-                     "object, so its \"type\" must be \"object\"", i - 1);
-            rc = DSQ_EINVAL;
-        }
-        /* without "type", a composition, $ref, enum or const could admit
-         * values other than an object, which the grammar would then force
-         * and the parser refuse: refused here, as OpenAI does */
-        static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
-                                              "const"};
-        for (size_t k = 0; !ty && k < sizeof(decides) / sizeof(decides[0]); k++) {
-            if (cJSON_GetObjectItemCaseSensitive(params, decides[k])) {
-                snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
-                         "object, so it needs \"type\": \"object\" (it has '%s' and no "
-                         "\"type\")", i - 1, decides[k]);
-                rc = DSQ_EINVAL;
-                break;
-            }
-        }
-        if (rc) {
-            cJSON_Delete(params);
-            break;
-        }
-        cJSON *any = params;
-        if (!cJSON_IsObject(params)) {   /* then ty is NULL: only objects have members */
-            cJSON_Delete(params);
-            any = cJSON_CreateObject();
-        }
-        if (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))) {
-            cJSON_Delete(any);
-            rc = DSQ_ENOMEM;
-            break;
-        }
-        params = any;
-        c.root = params;
-        c.n_refs = 0;
-        snprintf(c.path, sizeof(c.path), "/tools/%d/function/parameters", i - 1);
+        char path[64];
+        snprintf(path, sizeof(path), "/tools/%d/function/parameters", i - 1);
         sbuf_t args = {0};
-        rc = dsq__schema_expr(&c, params, &args);
-        cJSON_Delete(any);
+        rc = dsq__schema_args_expr(c, fns[i - 1].parameters_json, path, &args);
         if (rc) {
             free(args.p);
             break;
@@ -154,9 +109,10 @@ int dsq_grammar_gbnf_for_tool_calls(const dsq_tool_fn_t *fns, int n_fns, const c
         dsq__sb_str(&out, "call ::= ");
         dsq__sb_add(&out, calls.p, calls.n);
         dsq__sb_str(&out, "\n");
-        dsq__sb_add(&out, c.rules.p ? c.rules.p : "", c.rules.n);
+        const sbuf_t *rules = dsq__conv_rules(c);
+        dsq__sb_add(&out, rules->p ? rules->p : "", rules->n);
         dsq__sb_str(&out, dsq__schema_base_rules);
-        if (out.oom || calls.oom || c.rules.oom)
+        if (out.oom || calls.oom || rules->oom)
             rc = DSQ_ENOMEM;
         else if (out.n > DSQ_GRAMMAR_MAX_SOURCE) {
             snprintf(err, err_len, "the tools' grammar would be larger than %u bytes",
@@ -165,7 +121,7 @@ int dsq_grammar_gbnf_for_tool_calls(const dsq_tool_fn_t *fns, int n_fns, const c
         }
     }
     free(calls.p);
-    free(c.rules.p);
+    dsq__conv_destroy(c);
     if (rc) {
         if (rc == DSQ_ENOMEM)
             snprintf(err, err_len, "out of memory");
