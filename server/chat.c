@@ -275,21 +275,32 @@ int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
      * parses the arguments and maps null content to ""; that breaks
      * DeepSeek's template, so dsq tries each convention until one renders
      * and reports the failure of the messages as sent. */
-    for (int i = 0; i < 4; i++) {
+    /* the engine takes JSON text: the tools once, each try's messages */
+    char *tools_json = tools ? dsq_json_print(tools) : NULL;
+    if (tools && !tools_json)
+        rc = DSQ_ENOMEM;
+    for (int i = 0; rc != DSQ_ENOMEM && i < 4; i++) {
         cJSON *variant = NULL;
+        char *messages_json = NULL;
         if (objects[i] || empty[i]) {
             variant = messages_variant(messages, objects[i], empty[i]);
             if (!variant)
                 continue;
         }
-        rc = dsq_chat_template_render(c->t, variant ? variant : messages, tools,
-                                      add_generation_prompt, c->bos, c->eos, NULL, out,
-                                      out_len, variant ? why_next : why,
-                                      variant ? sizeof(why_next) : sizeof(why));
+        const cJSON *m = variant ? variant : messages;
+        if (m && !(messages_json = dsq_json_print(m)))
+            rc = DSQ_ENOMEM;
+        else
+            rc = dsq_chat_template_render(c->t, messages_json, tools_json,
+                                          add_generation_prompt, c->bos, c->eos, NULL, out,
+                                          out_len, variant ? why_next : why,
+                                          variant ? sizeof(why_next) : sizeof(why));
+        free(messages_json);
         cJSON_Delete(variant);
         if (!rc || rc == DSQ_ENOMEM)
             break;
     }
+    free(tools_json);
     if (rc == DSQ_ENOMEM)
         return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     if (rc)
