@@ -22,7 +22,7 @@ struct dsq_chat {
     char *bos, *eos;             /* token text, or NULL when none          */
     char *source;                /* the template's text, or NULL           */
     bool reasoning;
-    dsq_tool_parser_t tool_parser;   /* issue 22: --tool-call-parser */
+    dsq_tool_parser_t tool_parser;   /* --tool-call-parser */
 };
 
 static char *read_all(const char *path, size_t *len, char *err, size_t err_len)
@@ -111,9 +111,9 @@ dsq_chat_t *dsq_chat_create(const char *template_path,
             goto fail;
         }
     }
-    /* issue 22: the tool-call syntax, named or from the template; a
-     * template that shows none gets Hermes' <tool_call> JSON (what a
-     * constrained call is then written in) */
+    /* the tool-call syntax, named or from the template; a template that
+     * shows none gets Hermes' <tool_call> JSON (what a constrained call
+     * is then written in) */
     if (!tool_parser || !*tool_parser || !strcmp(tool_parser, "auto")) {
         c->tool_parser = dsq_tool_parser_detect(c->source);
         if (c->tool_parser == DSQ_TOOL_PARSER_NONE)
