@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "engine/text/chat_template.h"
+#include "engine/text/grammar.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "server/json_print.h"
 
 #define MAX_TEMPLATE_BYTES (4u << 20)
 
@@ -20,7 +22,7 @@ struct dsq_chat {
     char *bos, *eos;             /* token text, or NULL when none          */
     char *source;                /* the template's text, or NULL           */
     bool reasoning;
-    dsq_tool_parser_t tool_parser;   /* issue 22: --tool-call-parser */
+    dsq_tool_parser_t tool_parser;   /* --tool-call-parser */
 };
 
 static char *read_all(const char *path, size_t *len, char *err, size_t err_len)
@@ -109,9 +111,9 @@ dsq_chat_t *dsq_chat_create(const char *template_path,
             goto fail;
         }
     }
-    /* issue 22: the tool-call syntax, named or from the template; a
-     * template that shows none gets Hermes' <tool_call> JSON (what a
-     * constrained call is then written in) */
+    /* the tool-call syntax, named or from the template; a template that
+     * shows none gets Hermes' <tool_call> JSON (what a constrained call
+     * is then written in) */
     if (!tool_parser || !*tool_parser || !strcmp(tool_parser, "auto")) {
         c->tool_parser = dsq_tool_parser_detect(c->source);
         if (c->tool_parser == DSQ_TOOL_PARSER_NONE)
@@ -162,6 +164,39 @@ dsq_tool_parser_t dsq_chat_tool_parser(const dsq_chat_t *c)
 bool dsq_chat_has_reasoning(const dsq_chat_t *c)
 {
     return c && c->reasoning;
+}
+
+int dsq_chat_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+                                 dsq_tool_parser_t format, bool parallel, char **gbnf,
+                                 char *err, size_t err_len)
+{
+    const cJSON *t;
+    dsq_tool_fn_t *fns = NULL;
+    int n = 0, k = 0, rc = DSQ_OK;
+    *gbnf = NULL;
+    cJSON_ArrayForEach(t, tools)
+        n++;
+    if (n && !(fns = calloc((size_t)n, sizeof(*fns))))
+        rc = DSQ_ENOMEM;
+    /* one entry per tools[k], a named function or not, so that the
+     * engine's /tools/N pointers count as the request does */
+    for (t = fns ? tools->child : NULL; t; t = t->next, k++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        fns[k].name = cJSON_IsString(nm) ? nm->valuestring : NULL;
+        if (params && !(fns[k].parameters_json = dsq_json_print(params)))
+            rc = DSQ_ENOMEM;
+    }
+    if (rc)
+        snprintf(err, err_len, "out of memory");
+    else
+        rc = dsq_grammar_gbnf_for_tool_calls(fns, n, name, format, parallel, gbnf, err,
+                                             err_len);
+    for (k = 0; fns && k < n; k++)
+        free((char *)fns[k].parameters_json);
+    free(fns);
+    return rc;
 }
 
 /* A copy of messages for a template that wants the other convention of
@@ -240,21 +275,32 @@ int dsq_chat_render(const dsq_chat_t *c, const cJSON *messages,
      * parses the arguments and maps null content to ""; that breaks
      * DeepSeek's template, so dsq tries each convention until one renders
      * and reports the failure of the messages as sent. */
-    for (int i = 0; i < 4; i++) {
+    /* the engine takes JSON text: the tools once, each try's messages */
+    char *tools_json = tools ? dsq_json_print(tools) : NULL;
+    if (tools && !tools_json)
+        rc = DSQ_ENOMEM;
+    for (int i = 0; rc != DSQ_ENOMEM && i < 4; i++) {
         cJSON *variant = NULL;
+        char *messages_json = NULL;
         if (objects[i] || empty[i]) {
             variant = messages_variant(messages, objects[i], empty[i]);
             if (!variant)
                 continue;
         }
-        rc = dsq_chat_template_render(c->t, variant ? variant : messages, tools,
-                                      add_generation_prompt, c->bos, c->eos, NULL, out,
-                                      out_len, variant ? why_next : why,
-                                      variant ? sizeof(why_next) : sizeof(why));
+        const cJSON *m = variant ? variant : messages;
+        if (m && !(messages_json = dsq_json_print(m)))
+            rc = DSQ_ENOMEM;
+        else
+            rc = dsq_chat_template_render(c->t, messages_json, tools_json,
+                                          add_generation_prompt, c->bos, c->eos, NULL, out,
+                                          out_len, variant ? why_next : why,
+                                          variant ? sizeof(why_next) : sizeof(why));
+        free(messages_json);
         cJSON_Delete(variant);
         if (!rc || rc == DSQ_ENOMEM)
             break;
     }
+    free(tools_json);
     if (rc == DSQ_ENOMEM)
         return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     if (rc)

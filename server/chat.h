@@ -53,6 +53,18 @@ const char *dsq_chat_eos_text(const dsq_chat_t *c);
  * the output and written when tool_choice constrains decoding. */
 dsq_tool_parser_t dsq_chat_tool_parser(const dsq_chat_t *c);
 
+/* The tool-call grammar (dsq_grammar_gbnf_for_tool_calls,
+ * engine/text/grammar.h) of an OpenAI tools array as the request sent it
+ * (dsq_openai_parse_chat checked its shape; NULL: none): tools[i] goes to
+ * the engine as its function name and its parameters printed as JSON
+ * text, so errors name a tool by its index in the request
+ * (/tools/N/function/parameters). name, format, parallel, *gbnf, err and
+ * the return value as that function's; DSQ_ENOMEM also when the
+ * parameters cannot be printed. */
+int dsq_chat_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+                                 dsq_tool_parser_t format, bool parallel, char **gbnf,
+                                 char *err, size_t err_len);
+
 /* True when --reasoning-parser deepseek_r1 is on. */
 bool dsq_chat_has_reasoning(const dsq_chat_t *c);
 

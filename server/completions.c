@@ -690,11 +690,11 @@ enum MHD_Result dsq__do_chat(conn_t *c)
     if (q->tool_choice >= DSQ_TOOL_CHOICE_REQUIRED) {
         char why[320] = "", *gbnf = NULL;
         int rc = c->tools == DSQ_TOOL_PARSER_NONE ? DSQ_EINVAL
-               : dsq_grammar_gbnf_for_tool_calls(q->tools,
-                                                 q->tool_choice == DSQ_TOOL_CHOICE_NAMED
-                                                     ? q->tool_name : NULL,
-                                                 c->tools, q->parallel_tool_calls, &gbnf, why,
-                                                 sizeof(why));
+               : dsq_chat_gbnf_for_tool_calls(q->tools,
+                                              q->tool_choice == DSQ_TOOL_CHOICE_NAMED
+                                                  ? q->tool_name : NULL,
+                                              c->tools, q->parallel_tool_calls, &gbnf, why,
+                                              sizeof(why));
         if (c->tools == DSQ_TOOL_PARSER_NONE)
             snprintf(why, sizeof(why), "--tool-call-parser none: no call syntax to constrain "
                      "to");

@@ -14,6 +14,7 @@
 #include "engine/common/error.h"
 #include "engine/text/grammar.h"
 #include "server/json.h"
+#include "server/json_print.h"
 #include "server/openai_internal.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -882,7 +883,13 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
                                          rc ? je.message : "nested too deep");
             v = parsed;
         }
-        rc = dsq_grammar_gbnf_from_json_schema(v, &gbnf, msg, sizeof(msg));
+        {
+            char *text = dsq_json_print(v);   /* the engine parses it again */
+            rc = text ? dsq_grammar_gbnf_from_json_schema(text, strlen(text), &gbnf, msg,
+                                                          sizeof(msg))
+                      : DSQ_ENOMEM;
+            free(text);
+        }
         break;
     case SO_REGEX:
         if (!cJSON_IsString(v))

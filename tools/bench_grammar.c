@@ -127,12 +127,11 @@ int dsq__bench_grammar(int argc, char **argv)
     }
     if (sfile) {
         /* the schema's GBNF, as server/openai.c makes it */
-        cJSON *js = src ? cJSON_Parse(src) : NULL;
         char *gbnf = NULL;
-        int crc = js ? dsq_grammar_gbnf_from_json_schema(js, &gbnf, err, sizeof(err)) : DSQ_EINVAL;
-        if (!js)
-            snprintf(err, sizeof(err), "%s: not JSON", sfile);
-        cJSON_Delete(js);
+        int crc = src ? dsq_grammar_gbnf_from_json_schema(src, src_len, &gbnf, err, sizeof(err))
+                      : DSQ_ENOMEM;
+        if (!src)
+            snprintf(err, sizeof(err), "%s: out of memory", sfile);
         free(src);
         src = gbnf;
         src_len = gbnf ? strlen(gbnf) : 0;

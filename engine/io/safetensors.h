@@ -38,7 +38,7 @@ dsq_safetensors_t *dsq_safetensors_open_buffer(const void *buf, size_t size,
 void dsq_safetensors_close(dsq_safetensors_t *s);  /* NULL is a no-op */
 
 const char *dsq_safetensors_path(const dsq_safetensors_t *s);
-/* Tensors in header order (cJSON keeps the JSON order). */
+/* Tensors in header order (the JSON reader keeps the file's order). */
 int dsq_safetensors_n_tensors(const dsq_safetensors_t *s);
 const dsq_tensor_t *dsq_safetensors_tensor(const dsq_safetensors_t *s, int i);
 /* By file name (exact); NULL if absent. */

@@ -165,7 +165,7 @@ int dsq_pad_fit(const dsq_pad_sample_t *s, int n, dsq_pad_model_t *out, char *er
  * DSQ_EFORMAT with the first violation in err. */
 int dsq_pad_model_check(const dsq_pad_model_t *m, char *err, size_t err_len);
 
-/* JSON form (cJSON), format "dsq-padding-model" version 1:
+/* JSON form, format "dsq-padding-model" version 1:
  *   {"format": "dsq-padding-model", "version": 1, "backend": "cpu",
  *    "machine": "...", "date": "2026-11-30T12:00:00Z", "model": "...",
  *    "threads": 2, "context": 128, "exponent": 1.8, "k_us": 123.4,

@@ -2,7 +2,8 @@
  *
  * Owns: scopes, the tree-walking evaluator of the tree jinja.c builds,
  * operators, macro and builtin calls (raise_exception, namespace, dict,
- * range, strftime_now), cJSON input conversion and the render entry point.
+ * range, strftime_now), the JSON input (parsed with cJSON, then turned
+ * into values) and the render entry point.
  * Values live in jinja_value.c, filters/tests/methods in jinja_filters.c.
  * Semantics follow Jinja 3.1 with Python 3 values: an undefined value
  * prints as "", is false and iterates as empty, but attribute access,
@@ -17,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "chat_template.h"
 #include "chat_template_internal.h"
@@ -733,33 +736,61 @@ static int render_inner(dsq__jrender_t *r, const dsq_chat_template_t *t,
     return 0;
 }
 
+/* NUL-terminated JSON text as one value (whitespace around it), or NULL
+ * with err naming the argument and where its parse stopped. NULL text is
+ * NULL, without an error. */
+static cJSON *parse_arg(const char *text, const char *what, int *rc, char *err,
+                        size_t err_len)
+{
+    const char *end = NULL;
+    cJSON *v = text ? cJSON_ParseWithOpts(text, &end, true) : NULL;
+    if (text && !v) {
+        size_t at = end && end >= text ? (size_t)(end - text) : 0;
+        *rc = DSQ_EINVAL;
+        if (err && err_len)
+            snprintf(err, err_len, "chat template render: %s is not JSON text (the parse "
+                     "stopped at byte %zu)", what, at);
+    }
+    return v;
+}
+
 int dsq_chat_template_render(const dsq_chat_template_t *t,
-                             const cJSON *messages, const cJSON *tools,
+                             const char *messages_json, const char *tools_json,
                              bool add_generation_prompt, const char *bos,
-                             const char *eos, const cJSON *extra, char **out,
+                             const char *eos, const char *extra_json, char **out,
                              size_t *out_len, char *err, size_t err_len)
 {
-    int rc = DSQ_EINVAL;
+    int rc = DSQ_EINVAL, parse_rc = DSQ_OK;
     dsq__jrender_t *r = NULL;
     dsq__jbuf_t buf = {0};
+    cJSON *messages = NULL, *tools = NULL, *extra = NULL;
     if (err && err_len)
         err[0] = 0;
     if (out)
         *out = NULL;
     if (out_len)
         *out_len = 0;
+    if (t && out) {
+        messages = parse_arg(messages_json, "messages", &parse_rc, err, err_len);
+        if (!parse_rc)
+            tools = parse_arg(tools_json, "tools", &parse_rc, err, err_len);
+        if (!parse_rc)
+            extra = parse_arg(extra_json, "extra", &parse_rc, err, err_len);
+        if (parse_rc)
+            goto undo_json;
+    }
     if (!t || !out || !cJSON_IsArray(messages) ||
         (tools && !cJSON_IsArray(tools) && !cJSON_IsNull(tools)) ||
         (extra && !cJSON_IsObject(extra))) {
         if (err && err_len)
             snprintf(err, err_len, "chat template render: bad arguments "
                      "(messages must be an array, tools an array, extra an object)");
-        goto done;
+        goto undo_json;
     }
     r = calloc(1, sizeof(*r));
     if (!r) {
         rc = DSQ_ENOMEM;
-        goto done;
+        goto undo_json;
     }
     r->arena.limit_bytes = DSQ_CHAT_TEMPLATE_MAX_MEMORY_BYTES;
     r->err = err;
@@ -782,7 +813,10 @@ int dsq_chat_template_render(const dsq_chat_template_t *t,
 undo_arena:
     dsq__arena_free(&r->arena);
     free(r);
-done:
+undo_json:
+    cJSON_Delete(extra);
+    cJSON_Delete(tools);
+    cJSON_Delete(messages);
     return rc;
 }
 

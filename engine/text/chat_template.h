@@ -28,8 +28,8 @@
  * get). Anything else fails at create with "template line N: unsupported
  * ...". Known differences from Python: upper/lower/title map ASCII letters
  * only and "-" whitespace control strips ASCII whitespace only; a JSON
- * number that is integral is an int (cJSON cannot tell 1 from 1.0); a
- * string holding \u0000 ends there (cJSON strings are C strings); string
+ * number that is integral is an int (the JSON reader cannot tell 1 from
+ * 1.0); a string holding \u0000 ends there (strings are C strings); string
  * "%" formatting, str.format, loop.cycle, {% call %}, {% filter %},
  * {% include %}/{% extends %} are not supported.
  *
@@ -43,8 +43,6 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-
-#include <cjson/cJSON.h>
 
 #define DSQ_CHAT_TEMPLATE_MAX_STEPS 1000000
 #define DSQ_CHAT_TEMPLATE_MAX_OUTPUT_BYTES (16u << 20)
@@ -66,28 +64,30 @@ dsq_chat_template_t *dsq_chat_template_create(const char *src, size_t len,
 /* Free a template. NULL is a no-op. */
 void dsq_chat_template_destroy(dsq_chat_template_t *t);
 
-/* Render a conversation.
- * messages: JSON array of message objects ({"role", "content" (string, or
- *   array of {"type":"text","text":...} parts), optional "tool_calls",
+/* Render a conversation. The JSON inputs are NUL-terminated JSON text
+ * (one value, whitespace around it allowed), parsed here and read during
+ * the call only; the template sees the values they hold.
+ * messages_json: an array of message objects ({"role", "content" (string,
+ *   or array of {"type":"text","text":...} parts), optional "tool_calls",
  *   "reasoning_content", ...}); passed to the template as is. Required.
- * tools: JSON array of tool schemas, or NULL / JSON null (the template
+ * tools_json: an array of tool schemas, or NULL / "null" (the template
  *   sees None, as with transformers' tools=None; `documents` is None too).
  * add_generation_prompt: the template variable of that name.
  * bos, eos: NUL-terminated bos_token / eos_token, or NULL to leave the
  *   variable undefined (as transformers does for a tokenizer without one).
- * extra: JSON object whose members become further template variables
+ * extra_json: an object whose members become further template variables
  *   (e.g. {"enable_thinking": false}), or NULL.
  * out, out_len: on success *out is a malloc'd NUL-terminated string of
  *   *out_len bytes, owned by the caller (free()). On failure *out is NULL.
- * The JSON inputs are read, never modified, and must stay alive during the
- * call. Returns 0; DSQ_EINVAL when the template fails on this input
+ * Returns 0; DSQ_EINVAL when the template fails on this input
  * (raise_exception(), an undefined value used, a type error: the message
- * is in err, fit for a 400 reply) or an argument is NULL/not an array;
- * DSQ_ERANGE when a safety limit is hit; DSQ_ENOMEM. */
+ * is in err, fit for a 400 reply), a text is not JSON (err names it and
+ * the byte its parse stopped at) or an argument is NULL/of the wrong
+ * type; DSQ_ERANGE when a safety limit is hit; DSQ_ENOMEM. */
 int dsq_chat_template_render(const dsq_chat_template_t *t,
-                             const cJSON *messages, const cJSON *tools,
+                             const char *messages_json, const char *tools_json,
                              bool add_generation_prompt, const char *bos,
-                             const char *eos, const cJSON *extra, char **out,
+                             const char *eos, const char *extra_json, char **out,
                              size_t *out_len, char *err, size_t err_len);
 
 #endif

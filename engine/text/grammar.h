@@ -39,8 +39,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cjson/cJSON.h>
-
 #include "tokenizer.h"
 #include "tool_calls.h"
 
@@ -109,9 +107,11 @@ int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **
                              char *err, size_t err_len);
 
 /* GBNF text (for dsq_grammar_from_gbnf, start rule "root") whose
- * sentences are instances valid against the JSON Schema `schema` (2020-12
+ * sentences are instances valid against a JSON Schema (2020-12
  * Validation vocabulary, draft 4-7 spellings read too; engine/text/
- * grammar_schema.c). Supported: type (a name or a list), enum, const,
+ * grammar_schema.c), given as JSON text: schema_json[0..len), UTF-8, need
+ * not be NUL-terminated, one JSON value with whitespace around it; read
+ * during the call only. Supported: type (a name or a list), enum, const,
  * properties, required, additionalProperties, items, prefixItems (and
  * draft 4-7 tuple items), additionalItems, minItems, maxItems,
  * uniqueItems false, minLength, maxLength, pattern (the regex subset of
@@ -126,27 +126,42 @@ int dsq_grammar_from_choices(const char *const *choices, int n, dsq_grammar_t **
  * whitespace and digits. On success *gbnf is malloc'd text the caller
  * frees. Errors, with one line in err naming the keyword and its JSON
  * pointer: DSQ_EUNSUPPORTED (a keyword or combination outside that
- * subset), DSQ_EINVAL (a malformed schema, or one no instance satisfies),
+ * subset), DSQ_EINVAL (text that is not JSON: err gives the byte where the
+ * parse stopped; a malformed schema, or one no instance satisfies),
  * DSQ_ERANGE (nesting, counts or size beyond the grammar limits),
  * DSQ_ENOMEM. */
-int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
-                                      size_t err_len);
+int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char **gbnf,
+                                      char *err, size_t err_len);
+
+/* One function of a request's tools, OpenAI's {"type": "function",
+ * "function": {"name", "description", "parameters"}}, as server/ reads it
+ * out of the request. Both strings are NUL-terminated and borrowed for
+ * the call that takes them. */
+typedef struct dsq_tool_fn {
+    const char *name;             /* NULL: the entry has no usable name and
+                                     is never chosen (it still has its
+                                     index in the tools array)              */
+    const char *parameters_json;  /* the parameters JSON Schema as JSON
+                                     text; NULL: none (any object)          */
+} dsq_tool_fn_t;
 
 /* GBNF text whose sentences are tool calls in the model's own syntax
  * (tool_calls.h: DSQ_TOOL_PARSER_HERMES or _DEEPSEEK, as its chat template
- * writes them) of the functions in tools (OpenAI's array of {"type":
- * "function", "function": {"name", "parameters"}}), each call's arguments
- * a JSON object valid against that function's parameters schema (as
- * dsq_grammar_gbnf_from_json_schema, with "type": "object" added where the
- * schema has no type, composition, $ref, enum or const; no parameters: any object; a "type" other than
- * "object": DSQ_EINVAL). name:
+ * writes them) of the functions fns[0..n_fns) (fns[i] is tools[i] of the
+ * request), each call's arguments a JSON object valid against that
+ * function's parameters schema (as dsq_grammar_gbnf_from_json_schema,
+ * with "type": "object" added where the schema has no type, composition,
+ * $ref, enum or const; no parameters, or a JSON value that is not an
+ * object: any object; a "type" other than "object": DSQ_EINVAL). name:
  * only that function (tool_choice {"type": "function", ...}), NULL: any
  * (tool_choice "required"). parallel: 1 to DSQ_GRAMMAR_MAX_TOOL_CALLS
- * calls, else exactly one. *gbnf as above. Errors: those of the schema conversion (err names
- * the tool's parameters by JSON pointer, /tools/N/function/parameters),
- * DSQ_EINVAL (no such tool, no tools, format NONE), DSQ_ERANGE, DSQ_ENOMEM. */
+ * calls, else exactly one. *gbnf as above. Errors: those of the schema
+ * conversion (err names the tool's parameters by JSON pointer,
+ * /tools/N/function/parameters, N the index in fns), DSQ_EINVAL (no such
+ * tool, no tools, format NONE, parameters that are not JSON text),
+ * DSQ_ERANGE, DSQ_ENOMEM. */
 #define DSQ_GRAMMAR_MAX_TOOL_CALLS 8
-int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
+int dsq_grammar_gbnf_for_tool_calls(const dsq_tool_fn_t *fns, int n_fns, const char *name,
                                     dsq_tool_parser_t format, bool parallel, char **gbnf,
                                     char *err, size_t err_len);
 

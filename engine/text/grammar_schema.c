@@ -1,5 +1,4 @@
-/* JSON Schema and regular expressions -> GBNF (grammar.h), the text the
- * grammar compiler takes.
+/* JSON Schema -> GBNF (grammar.h), the text the grammar compiler takes.
  *
  * Every sentence of the grammar made from a schema is an instance that
  * validates against it (JSON Schema 2020-12, json-schema.org/draft/2020-12,
@@ -11,13 +10,13 @@
  * digits. A keyword this file cannot honour exactly is an error naming it
  * (DSQ_EUNSUPPORTED), never ignored.
  *
- * The regex dialect is the common subset of ECMA-262 (what JSON Schema's
- * "pattern" means) and Python's re: literals, ., classes with ranges and
- * negation, \d \w \s \D \W \S, escapes, groups (capturing, (?:...),
- * named), |, the quantifiers * + ? {m} {m,} {m,n} (lazy forms are the
- * same language), ^ at the start and $ at the end. Backreferences,
- * lookaround, word boundaries and inline flags are DSQ_EUNSUPPORTED. */
-#include <ctype.h>
+ * Schemas arrive as JSON text and are parsed here (cJSON), so callers
+ * never hand the engine a parsed request and the parsed tree never
+ * leaves this file. A schema's "pattern" goes to grammar_regex.c, numeric
+ * bounds to the ranges of grammar_gbnf_text.c. The tool-call grammar
+ * (grammar_tools.c) has each function's arguments made here
+ * (dsq__schema_args_expr), all in one conversion, so their rules share
+ * one numbering. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -25,104 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/common/error.h"
-#include "engine/common/hex.h"
-#include "grammar.h"
+#include "grammar_gbnf_internal.h"
 
 #define MAX_SCHEMA_DEPTH 64
 #define MAX_REFS 256
-#define MAX_RANGES 512
-#define UNBOUNDED UINT64_MAX
-#define MAX_INT_DIGITS 16
 
-/* ------------------------------------------------------------ text buffer */
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf_t;
-
-static void sb_add(sbuf_t *b, const char *s, size_t n)
-{
-    if (b->oom || !n)   /* s may be NULL when n is 0 (an empty piece) */
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_str(sbuf_t *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_fmt(sbuf_t *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof(tmp)) {
-        char *big = malloc((size_t)n + 1);
-        if (big) {
-            vsnprintf(big, (size_t)n + 1, fmt, ap2);
-            sb_add(b, big, (size_t)n);
-            free(big);
-        } else {
-            b->oom = true;
-        }
-    } else if (n > 0) {
-        sb_add(b, tmp, (size_t)n);
-    }
-    va_end(ap2);
-}
-
-/* A GBNF literal of n bytes: '"' and '\\' escaped, control bytes \xHH,
- * other bytes (UTF-8 included) as they are. */
-static void sb_lit(sbuf_t *b, const char *s, size_t n)
-{
-    sb_str(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            sb_add(b, e, 2);
-        } else if (c < 0x20 || c == 0x7f) {
-            sb_fmt(b, "\\x%02X", c);
-        } else {
-            sb_add(b, (const char *)&c, 1);
-        }
-    }
-    sb_str(b, "\"");
-}
-
-/* One code point inside a GBNF class. */
-static void sb_class_cp(sbuf_t *b, uint32_t c)
-{
-    if (c == ']' || c == '[' || c == '\\' || c == '^' || c == '-' || c == '"')
-        sb_fmt(b, "\\%c", (char)c);
-    else if (c < 0x20 || c == 0x7f)
-        sb_fmt(b, "\\x%02X", (unsigned)c);
-    else if (c < 0x80)
-        sb_fmt(b, "%c", (char)c);
-    else if (c <= 0xffff)
-        sb_fmt(b, "\\u%04X", (unsigned)c);
-    else
-        sb_fmt(b, "\\U%08X", (unsigned)c);
-}
+typedef dsq__sbuf_t sbuf_t;
+typedef dsq__bounds_t bounds_t;
 
 /* ---------------------------------------------------------- shared rules */
 
@@ -130,7 +41,7 @@ static void sb_class_cp(sbuf_t *b, uint32_t c)
  * json_object built-in; jchar1 is one code point (no \u escape of a
  * surrogate, whose pair would count as one character of a length bound
  * but two here). */
-static const char base_rules[] =
+const char dsq__schema_base_rules[] =
     "ws ::= [ \\t\\n\\r]{0,16}\n"
     "jhex ::= [0-9a-fA-F]\n"
     "jchar ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" jhex{4} )\n"
@@ -148,7 +59,7 @@ static const char base_rules[] =
 
 /* ------------------------------------------------------- converter state */
 
-typedef struct conv {
+struct dsq__conv {
     const cJSON *root;
     sbuf_t rules;                  /* rule definitions made so far          */
     int n_rules;
@@ -161,7 +72,8 @@ typedef struct conv {
     char *err;
     size_t err_len;
     int depth;
-} conv_t;
+};
+typedef dsq__conv_t conv_t;
 
 static int fail(conv_t *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(conv_t *c, int rc, const char *fmt, ...)
@@ -197,167 +109,13 @@ static void path_pop(conv_t *c, size_t n) { c->path[n] = 0; }
 static int add_rule(conv_t *c, const sbuf_t *body)
 {
     int id = c->n_rules++;
-    sb_fmt(&c->rules, "s%d ::= ", id);
-    sb_add(&c->rules, body->p ? body->p : "jempty", body->p ? body->n : 6);
-    sb_str(&c->rules, "\n");
+    dsq__sb_fmt(&c->rules, "s%d ::= ", id);
+    dsq__sb_add(&c->rules, body->p ? body->p : "jempty", body->p ? body->n : 6);
+    dsq__sb_str(&c->rules, "\n");
     return id;
 }
 
 static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *out);
-
-/* ------------------------------------------------------ integer ranges */
-
-static int n_digits(uint64_t v)
-{
-    int n = 1;
-    while (v >= 10) {
-        v /= 10;
-        n++;
-    }
-    return n;
-}
-
-static uint64_t pow10u(int n)
-{
-    uint64_t p = 1;
-    while (n-- > 0)
-        p *= 10;
-    return p;
-}
-
-static bool all_digit(const char *s, int n, char d)
-{
-    for (int i = 0; i < n; i++)
-        if (s[i] != d)
-            return false;
-    return true;
-}
-
-/* Numerals of n digits from a to b (digit strings, a <= b): the classic
- * split of a range into a prefix-fixed head, a free middle and a tail. */
-static void digit_range(sbuf_t *o, const char *a, const char *b, int n)
-{
-    if (n == 0)
-        return;
-    if (a[0] == b[0]) {
-        sb_fmt(o, "\"%c\" ", a[0]);
-        digit_range(o, a + 1, b + 1, n - 1);
-        return;
-    }
-    char nines[MAX_INT_DIGITS + 2], zeros[MAX_INT_DIGITS + 2];
-    memset(nines, '9', sizeof(nines));
-    memset(zeros, '0', sizeof(zeros));
-    bool a_free = all_digit(a + 1, n - 1, '0'), b_free = all_digit(b + 1, n - 1, '9');
-    char lo = a[0], hi = b[0];
-    bool first = true;
-    sb_str(o, "( ");
-    if (!a_free) {
-        sb_fmt(o, "\"%c\" ", a[0]);
-        digit_range(o, a + 1, nines, n - 1);
-        lo++;
-        first = false;
-    }
-    if (!b_free)
-        hi--;
-    if (lo <= hi) {
-        sb_str(o, first ? "" : "| ");
-        if (lo == hi)
-            sb_fmt(o, "\"%c\" ", lo);
-        else
-            sb_fmt(o, "[%c-%c] ", lo, hi);
-        if (n > 1)
-            sb_fmt(o, "[0-9]{%d} ", n - 1);
-        first = false;
-    }
-    if (!b_free) {
-        sb_str(o, first ? "" : "| ");
-        sb_fmt(o, "\"%c\" ", b[0]);
-        digit_range(o, zeros, b + 1, n - 1);
-    }
-    sb_str(o, ") ");
-}
-
-/* Decimal numerals without leading zeros of the values lo..hi (hi
- * UNBOUNDED: up to MAX_INT_DIGITS digits). */
-static void uint_range(sbuf_t *o, uint64_t lo, uint64_t hi)
-{
-    int nlo = n_digits(lo), nhi = hi == UNBOUNDED ? MAX_INT_DIGITS : n_digits(hi);
-    sb_str(o, "( ");
-    for (int len = nlo; len <= nhi; len++) {
-        uint64_t from = len == nlo ? lo : pow10u(len - 1);
-        uint64_t to = len == nhi && hi != UNBOUNDED ? hi : pow10u(len) - 1;
-        char a[24], b[24];
-        snprintf(a, sizeof(a), "%llu", (unsigned long long)from);
-        snprintf(b, sizeof(b), "%llu", (unsigned long long)to);
-        sb_str(o, len == nlo ? "" : "| ");
-        digit_range(o, a, b, len);
-    }
-    sb_str(o, ") ");
-}
-
-typedef struct bounds {
-    bool has_lo, has_hi;
-    int64_t lo, hi;                /* inclusive */
-} bounds_t;
-
-static void int_expr(sbuf_t *o, const bounds_t *bd)
-{
-    bool alt = false;
-    sb_str(o, "( ");
-    if (!bd->has_hi || bd->hi >= 0) {
-        uint64_t lo = bd->has_lo && bd->lo > 0 ? (uint64_t)bd->lo : 0;
-        uint_range(o, lo, bd->has_hi ? (uint64_t)bd->hi : UNBOUNDED);
-        alt = true;
-    }
-    if (!bd->has_lo || bd->lo < 0) {
-        /* -m with m >= 1 (no "-0") */
-        uint64_t mlo = bd->has_hi && bd->hi < 0 ? (uint64_t)-bd->hi : 1;
-        uint64_t mhi = bd->has_lo ? (uint64_t)-bd->lo : UNBOUNDED;
-        sb_str(o, alt ? "| \"-\" " : "\"-\" ");
-        uint_range(o, mlo, mhi);
-    }
-    sb_str(o, ") ");
-}
-
-/* Numbers (fraction allowed, no exponent) in [lo, hi], whole bounds. */
-static void num_expr(sbuf_t *o, const bounds_t *bd)
-{
-    bool alt = false;
-    sb_str(o, "( ");
-    if (!bd->has_hi || bd->hi >= 0) {
-        uint64_t lo = bd->has_lo && bd->lo > 0 ? (uint64_t)bd->lo : 0;
-        if (!bd->has_hi) {
-            uint_range(o, lo, UNBOUNDED);
-            sb_str(o, "jfrac? ");
-        } else {
-            uint64_t hi = (uint64_t)bd->hi;
-            if (lo < hi) {
-                uint_range(o, lo, hi - 1);
-                sb_str(o, "jfrac? | ");
-            }
-            sb_fmt(o, "\"%llu\" ", (unsigned long long)hi);
-        }
-        alt = true;
-    }
-    if (!bd->has_lo || bd->lo < 0) {
-        /* -m: m in [H, U], a fraction only below U */
-        uint64_t h = bd->has_hi && bd->hi < 0 ? (uint64_t)-bd->hi : 0;
-        sb_str(o, alt ? "| \"-\" ( " : "\"-\" ( ");
-        if (!bd->has_lo) {
-            uint_range(o, h, UNBOUNDED);
-            sb_str(o, "jfrac? ");
-        } else {
-            uint64_t u = (uint64_t)-bd->lo;
-            if (h < u) {
-                uint_range(o, h, u - 1);
-                sb_str(o, "jfrac? | ");
-            }
-            sb_fmt(o, "\"%llu\" ", (unsigned long long)u);
-        }
-        sb_str(o, ") ");
-    }
-    sb_str(o, ") ");
-}
 
 /* Read minimum/maximum/exclusive* into whole inclusive bounds. */
 static int read_bounds(conv_t *c, const cJSON *s, bool integer, bounds_t *bd)
@@ -403,784 +161,6 @@ static int read_bounds(conv_t *c, const cJSON *s, bool integer, bounds_t *bd)
     if (bd->has_lo && bd->has_hi && bd->lo > bd->hi)
         return fail(c, DSQ_EINVAL, "no %s lies within the bounds",
                     integer ? "integer" : "number");
-    return DSQ_OK;
-}
-
-/* ------------------------------------------------------------- regex */
-
-typedef struct range {
-    uint32_t lo, hi;
-} range_t;
-
-typedef struct cset {
-    range_t r[MAX_RANGES];
-    int n;
-} cset_t;
-
-static int range_cmp(const void *a, const void *b)
-{
-    const range_t *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
-static bool cset_add(cset_t *s, uint32_t lo, uint32_t hi)
-{
-    if (s->n == MAX_RANGES)
-        return false;
-    s->r[s->n++] = (range_t){lo, hi};
-    return true;
-}
-
-/* Sort and merge overlapping or adjacent ranges. */
-static void cset_norm(cset_t *s)
-{
-    if (s->n == 0)
-        return;
-    qsort(s->r, (size_t)s->n, sizeof(s->r[0]), range_cmp);
-    int k = 0;
-    for (int i = 1; i < s->n; i++) {
-        if (s->r[i].lo <= s->r[k].hi + 1) {
-            if (s->r[i].hi > s->r[k].hi)
-                s->r[k].hi = s->r[i].hi;
-        } else {
-            s->r[++k] = s->r[i];
-        }
-    }
-    s->n = k + 1;
-}
-
-static void cset_negate(cset_t *s)
-{
-    cset_norm(s);
-    cset_t t = {.n = 0};
-    uint32_t next = 0;
-    for (int i = 0; i < s->n; i++) {
-        if (s->r[i].lo > next)
-            cset_add(&t, next, s->r[i].lo - 1);
-        next = s->r[i].hi + 1;
-    }
-    if (next <= 0x10ffff)
-        cset_add(&t, next, 0x10ffff);
-    *s = t;
-}
-
-static bool cset_has(const cset_t *s, uint32_t c)
-{
-    for (int i = 0; i < s->n; i++)
-        if (c >= s->r[i].lo && c <= s->r[i].hi)
-            return true;
-    return false;
-}
-
-/* Remove [lo, hi] from a normalised set. */
-static void cset_remove(cset_t *s, uint32_t lo, uint32_t hi)
-{
-    cset_t t = {.n = 0};
-    for (int i = 0; i < s->n; i++) {
-        range_t r = s->r[i];
-        if (r.hi < lo || r.lo > hi) {
-            cset_add(&t, r.lo, r.hi);
-            continue;
-        }
-        if (r.lo < lo)
-            cset_add(&t, r.lo, lo - 1);
-        if (r.hi > hi)
-            cset_add(&t, hi + 1, r.hi);
-    }
-    *s = t;
-}
-
-/* Render a set as GBNF. json: inside a JSON string, so '"' and '\\' are
- * written as their escapes, \n \r \t as "\\n"..., other control characters
- * are left out (a subset of the set: still sound). */
-static void cset_emit(sbuf_t *o, cset_t s, bool json)
-{
-    cset_norm(&s);
-    bool alt = false;
-    sb_str(o, "( ");
-    if (json) {
-        static const struct {
-            uint32_t c;
-            const char *esc;
-        } e[] = {{'"', "\"\\\\\\\"\""}, {'\\', "\"\\\\\\\\\""}, {'\n', "\"\\\\n\""},
-                 {'\r', "\"\\\\r\""}, {'\t', "\"\\\\t\""}};
-        for (size_t i = 0; i < sizeof(e) / sizeof(e[0]); i++) {
-            if (cset_has(&s, e[i].c)) {
-                sb_str(o, alt ? "| " : "");
-                sb_str(o, e[i].esc);
-                sb_str(o, " ");
-                alt = true;
-            }
-        }
-        /* the other control characters as JSON writes them (RFC 8259
-         * section 7: \u00XX), so a pattern that needs one still matches */
-        for (uint32_t c = 0; c < 0x20; c++) {
-            if (c != '\n' && c != '\r' && c != '\t' && cset_has(&s, c)) {
-                sb_fmt(o, "%s\"\\\\u%04x\" ", alt ? "| " : "", (unsigned)c);
-                alt = true;
-            }
-        }
-        cset_remove(&s, 0, 0x1f);
-        cset_remove(&s, '"', '"');
-        cset_remove(&s, '\\', '\\');
-    }
-    if (s.n > 0) {
-        sb_str(o, alt ? "| [" : "[");
-        for (int i = 0; i < s.n; i++) {
-            sb_class_cp(o, s.r[i].lo);
-            if (s.r[i].hi > s.r[i].lo) {
-                sb_str(o, "-");
-                sb_class_cp(o, s.r[i].hi);
-            }
-        }
-        sb_str(o, "] ");
-        alt = true;
-    }
-    if (!alt)
-        sb_str(o, "[] ");   /* nothing: a class no character matches */
-    sb_str(o, ") ");
-}
-
-typedef struct rx {
-    const char *s;
-    size_t n, i;
-    bool json;
-    bool uni;                      /* the last escape was \d \w \s or a complement */
-    bool want_ne;                  /* build each piece's ne (rx_piece_t)     */
-    struct {
-        size_t at, len;            /* a group name, as bytes of s           */
-    } *names;
-    int n_names, cap_names;
-    int depth;
-    char *err;
-    size_t err_len;
-} rx_t;
-
-static int rx_fail(rx_t *x, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int rx_fail(rx_t *x, int rc, const char *fmt, ...)
-{
-    char msg[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (x->err && x->err_len)
-        snprintf(x->err, x->err_len, "regex at offset %zu: %s", x->i, msg);
-    return rc;
-}
-
-/* Next UTF-8 code point of the pattern; -1 on invalid UTF-8. */
-static int32_t rx_cp(rx_t *x)
-{
-    const unsigned char *p = (const unsigned char *)x->s + x->i;
-    size_t left = x->n - x->i;
-    uint32_t c = p[0];
-    int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
-            : (c & 0xf8) == 0xf0 ? 4 : 0;
-    if (!len || (size_t)len > left)
-        return -1;
-    if (len > 1) {
-        c &= 0xff >> (len + 1);
-        for (int k = 1; k < len; k++) {
-            if ((p[k] & 0xc0) != 0x80)
-                return -1;
-            c = c << 6 | (p[k] & 0x3f);
-        }
-    }
-    x->i += (size_t)len;
-    return (int32_t)c;
-}
-
-/* The escape after a backslash as a set (one character or a shorthand
- * class). */
-static int rx_escape(rx_t *x, cset_t *set)
-{
-    if (x->i >= x->n)
-        return rx_fail(x, DSQ_EINVAL, "a trailing backslash");
-    char e = x->s[x->i++];
-    set->n = 0;
-    switch (e) {
-    case 'd': case 'D':
-        cset_add(set, '0', '9');
-        break;
-    case 'w': case 'W':
-        cset_add(set, '0', '9');
-        cset_add(set, 'A', 'Z');
-        cset_add(set, '_', '_');
-        cset_add(set, 'a', 'z');
-        break;
-    case 's': case 'S':
-        cset_add(set, '\t', '\r');
-        cset_add(set, ' ', ' ');
-        break;
-    case 'n': cset_add(set, '\n', '\n'); return DSQ_OK;
-    case 't': cset_add(set, '\t', '\t'); return DSQ_OK;
-    case 'r': cset_add(set, '\r', '\r'); return DSQ_OK;
-    case 'f': cset_add(set, '\f', '\f'); return DSQ_OK;
-    case 'v': cset_add(set, '\v', '\v'); return DSQ_OK;
-    case 'x': case 'u': {
-        int nd = e == 'x' ? 2 : 4;
-        uint32_t v = 0;
-        for (int k = 0; k < nd; k++) {
-            int h = x->i < x->n ? dsq_hex_value(x->s[x->i]) : -1;
-            if (h < 0)
-                return rx_fail(x, DSQ_EINVAL, "\\%c needs %d hex digits", e, nd);
-            v = v << 4 | (uint32_t)h;
-            x->i++;
-        }
-        cset_add(set, v, v);
-        return DSQ_OK;
-    }
-    case 'b': case 'B': case 'A': case 'Z': case 'z': case 'G':
-        return rx_fail(x, DSQ_EUNSUPPORTED, "\\%c (an anchor) is not supported", e);
-    default:
-        if (e >= '0' && e <= '9')
-            return rx_fail(x, DSQ_EUNSUPPORTED, "backreferences (\\%c) are not supported", e);
-        if (isalpha((unsigned char)e))
-            return rx_fail(x, DSQ_EUNSUPPORTED, "the escape \\%c is not supported", e);
-        if ((unsigned char)e >= 0x80) {
-            x->i--;
-            int32_t c = rx_cp(x);
-            if (c < 0)
-                return rx_fail(x, DSQ_EINVAL, "invalid UTF-8");
-            cset_add(set, (uint32_t)c, (uint32_t)c);
-            return DSQ_OK;
-        }
-        cset_add(set, (uint32_t)(unsigned char)e, (uint32_t)(unsigned char)e);
-        return DSQ_OK;
-    }
-    x->uni = true;
-    if (isupper((unsigned char)e)) {
-        cset_negate(set);
-        /* inside a schema the reference is Python's re in Unicode mode
-         * (jsonschema), whose \d \w \s also hold non-ASCII characters:
-         * their complements keep to ASCII, so they stay a subset */
-        if (x->json)
-            cset_remove(set, 0x80, 0x10ffff);
-    }
-    return DSQ_OK;
-}
-
-/* [...] after the '['. */
-static int rx_class(rx_t *x, cset_t *set)
-{
-    bool neg = x->i < x->n && x->s[x->i] == '^';
-    if (neg)
-        x->i++;
-    set->n = 0;
-    bool first = true, uni = false;
-    for (;;) {
-        if (x->i >= x->n)
-            return rx_fail(x, DSQ_EINVAL, "an unterminated [");
-        if (x->s[x->i] == ']' && !first) {
-            x->i++;
-            break;
-        }
-        first = false;
-        cset_t one = {.n = 0};
-        uint32_t lo;
-        if (x->s[x->i] == '[' && x->i + 1 < x->n && x->s[x->i + 1] == ':')
-            return rx_fail(x, DSQ_EUNSUPPORTED, "POSIX classes [:name:] are not supported");
-        if (x->s[x->i] == '\\') {
-            x->i++;
-            x->uni = false;
-            int rc = rx_escape(x, &one);
-            if (rc)
-                return rc;
-            uni |= x->uni;
-        } else {
-            int32_t c = rx_cp(x);
-            if (c < 0)
-                return rx_fail(x, DSQ_EINVAL, "invalid UTF-8");
-            cset_add(&one, (uint32_t)c, (uint32_t)c);
-        }
-        bool single = one.n == 1 && one.r[0].lo == one.r[0].hi;
-        lo = one.r[0].lo;
-        if (!single && x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']')
-            return rx_fail(x, DSQ_EINVAL, "a range starts at a class shorthand");
-        if (single && x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']') {
-            x->i++;
-            cset_t two = {.n = 0};
-            if (x->s[x->i] == '\\') {
-                x->i++;
-                int rc = rx_escape(x, &two);
-                if (rc)
-                    return rc;
-                if (two.n != 1 || two.r[0].lo != two.r[0].hi)
-                    return rx_fail(x, DSQ_EINVAL, "a range ends in a class shorthand");
-            } else {
-                int32_t c = rx_cp(x);
-                if (c < 0)
-                    return rx_fail(x, DSQ_EINVAL, "invalid UTF-8");
-                cset_add(&two, (uint32_t)c, (uint32_t)c);
-            }
-            if (two.r[0].lo < lo)
-                return rx_fail(x, DSQ_EINVAL, "a range out of order");
-            if (!cset_add(set, lo, two.r[0].lo))
-                return rx_fail(x, DSQ_ERANGE, "a class of too many ranges");
-            continue;
-        }
-        for (int k = 0; k < one.n; k++)
-            if (!cset_add(set, one.r[k].lo, one.r[k].hi))
-                return rx_fail(x, DSQ_ERANGE, "a class of too many ranges");
-    }
-    if (neg) {
-        cset_negate(set);
-        if (x->json && uni)   /* as for \D above */
-            cset_remove(set, 0x80, 0x10ffff);
-    }
-    return DSQ_OK;
-}
-
-typedef struct rx_piece rx_piece_t;
-static int rx_alt(rx_t *x, rx_piece_t *out);
-
-/* One atom's set into o. Outside a JSON string U+0000 cannot be generated
- * (outputs are C strings): a class keeps its other characters, a NUL
- * alone is refused rather than dropped from the language. */
-static int rx_emit(rx_t *x, sbuf_t *o, cset_t set)
-{
-    if (!x->json && cset_has(&set, 0)) {
-        cset_remove(&set, 0, 0);
-        if (set.n == 0)
-            return rx_fail(x, DSQ_EUNSUPPORTED, "U+0000 (NUL) cannot be generated");
-    }
-    cset_emit(o, set, x->json);
-    return DSQ_OK;
-}
-
-/* Whether a counted repetition {m}, {m,}, {,n} or {m,n} starts at s[j]
- * (otherwise Python reads the '{' as a literal). */
-static bool rx_counted_at(const rx_t *x, size_t j)
-{
-    if (j >= x->n || x->s[j] != '{')
-        return false;
-    j++;
-    bool digits = false;
-    while (j < x->n && isdigit((unsigned char)x->s[j]))
-        j++, digits = true;
-    if (j < x->n && x->s[j] == ',') {
-        j++;
-        while (j < x->n && isdigit((unsigned char)x->s[j]))
-            j++, digits = true;
-    }
-    return digits && j < x->n && x->s[j] == '}';
-}
-
-/* A quantifier after an atom, if any: *m and *n (-1: unbounded) of the
- * repetition, m = n = 1 when there is none. */
-static int rx_quant(rx_t *x, long *m, long *n)
-{
-    *m = *n = 1;
-    if (x->i >= x->n)
-        return DSQ_OK;
-    char q = x->s[x->i];
-    if (q == '*' || q == '+' || q == '?') {
-        x->i++;
-        *m = q == '+';
-        *n = q == '?' ? 1 : -1;
-    } else if (q == '{') {
-        size_t j = x->i + 1;
-        long lo = -1, hi;
-        char *end;
-        if (j < x->n && isdigit((unsigned char)x->s[j])) {
-            lo = strtol(x->s + j, &end, 10);
-            j = (size_t)(end - x->s);
-        } else if (j < x->n && x->s[j] == ',') {
-            lo = 0;   /* {,n}: Python's {0,n} */
-        }
-        if (lo < 0)
-            return DSQ_OK;   /* a literal '{' (Python's reading) */
-        hi = lo;
-        if (j < x->n && x->s[j] == ',') {
-            j++;
-            hi = -1;
-            if (j < x->n && isdigit((unsigned char)x->s[j])) {
-                hi = strtol(x->s + j, &end, 10);
-                j = (size_t)(end - x->s);
-            }
-        }
-        if (j >= x->n || x->s[j] != '}')
-            return DSQ_OK;
-        x->i = j + 1;
-        if (lo > DSQ_GRAMMAR_MAX_REPEAT || hi > DSQ_GRAMMAR_MAX_REPEAT)
-            return rx_fail(x, DSQ_ERANGE, "a repetition above %d", DSQ_GRAMMAR_MAX_REPEAT);
-        if (hi >= 0 && hi < lo)
-            return rx_fail(x, DSQ_EINVAL, "a repetition {%ld,%ld} out of order", lo, hi);
-        *m = lo;
-        *n = hi;
-    } else {
-        return DSQ_OK;
-    }
-    if (x->i < x->n && x->s[x->i] == '?')
-        x->i++;   /* lazy: the same language */
-    else if (x->i < x->n && x->s[x->i] == '+')
-        return rx_fail(x, DSQ_EUNSUPPORTED, "possessive quantifiers are not supported");
-    if (x->i < x->n && ((strchr("*+?", x->s[x->i]) && x->s[x->i]) || rx_counted_at(x, x->i)))
-        return rx_fail(x, DSQ_EINVAL, "a quantifier follows a quantifier");
-    return DSQ_OK;
-}
-
-/* Whether a quantifier starts at s[j]. */
-static bool rx_quant_at(const rx_t *x, size_t j)
-{
-    return j < x->n && (x->s[j] == '*' || x->s[j] == '+' || x->s[j] == '?' ||
-                        rx_counted_at(x, j));
-}
-
-/* A part of the regex as GBNF: full is its language L; when L holds the
- * empty string (nullable), ne is L without it (only where x->want_ne
- * asked for it), and ne_void says that L is the empty string alone.
- * The grammar refuses a repetition of what can match empty (its
- * recursion would consume nothing), so X* of a nullable X is written
- * (X without the empty string)*: the same language. Each full and ne is
- * one item or a concatenation (safe to follow by more items), except a
- * sequence's or alternation's ne, which may be an alternation. */
-struct rx_piece {
-    sbuf_t full, ne;
-    bool nullable, ne_void;
-};
-
-static void rx_piece_free(rx_piece_t *p)
-{
-    free(p->full.p);
-    free(p->ne.p);
-    *p = (rx_piece_t){0};
-}
-
-/* The GBNF suffix of a repetition {m,n} (n -1: unbounded). */
-static void rx_suffix(sbuf_t *o, long m, long n)
-{
-    if (m == 0 && n < 0)
-        sb_str(o, "* ");
-    else if (m == 1 && n < 0)
-        sb_str(o, "+ ");
-    else if (m == 0 && n == 1)
-        sb_str(o, "? ");
-    else if (n < 0)
-        sb_fmt(o, "{%ld,} ", m);
-    else if (m != 1 || n != 1)
-        sb_fmt(o, "{%ld,%ld} ", m, n);
-}
-
-/* a (one atom: a single item) repeated {m,n} into q; a is consumed. */
-static void rx_repeat(rx_t *x, rx_piece_t *a, long m, long n, rx_piece_t *q)
-{
-    *q = (rx_piece_t){0};
-    if (m == 1 && n == 1) {
-        *q = *a;
-        *a = (rx_piece_t){0};
-        return;
-    }
-    if (n == 0 || (a->nullable && a->ne_void)) {   /* the empty string alone */
-        sb_str(&q->full, "jempty ");
-        q->nullable = q->ne_void = true;
-        rx_piece_free(a);
-        return;
-    }
-    /* (X | empty){m,n} is X{0,n} for X without the empty string */
-    const sbuf_t *body = a->nullable ? &a->ne : &a->full;
-    if (a->nullable)
-        m = 0;
-    sb_add(&q->full, body->p, body->n);
-    rx_suffix(&q->full, m, n);
-    if (m == 0) {
-        q->nullable = true;
-        if (x->want_ne) {
-            sb_add(&q->ne, body->p, body->n);
-            rx_suffix(&q->ne, 1, n);
-        }
-    }
-    rx_piece_free(a);
-}
-
-/* A group name (?P<name>...) or (?<name>...) at s[i] up to its '>':
- * an identifier, not used before (Python's re: "redefinition of group
- * name"); *i ends past the '>'. */
-static int rx_group_name(rx_t *x, size_t *i)
-{
-    const char *gt = memchr(x->s + *i, '>', x->n - *i);
-    if (!gt)
-        return rx_fail(x, DSQ_EINVAL, "an unterminated group name");
-    size_t at = *i, len = (size_t)(gt - x->s) - at;
-    bool ok = len > 0 && !isdigit((unsigned char)x->s[at]);
-    for (size_t k = 0; ok && k < len; k++) {
-        unsigned char ch = (unsigned char)x->s[at + k];
-        ok = isalnum(ch) || ch == '_' || ch >= 0x80;
-    }
-    if (!ok)
-        return rx_fail(x, DSQ_EINVAL, "a group name must be an identifier");
-    /* a group parsed again (rx_seq) meets its own name at the same offset */
-    for (int k = 0; k < x->n_names; k++) {
-        if (x->names[k].at == at)
-            goto known;
-        if (x->names[k].len == len && !memcmp(x->s + x->names[k].at, x->s + at, len))
-            return rx_fail(x, DSQ_EINVAL, "redefinition of group name '%.*s'",
-                           (int)(len > 60 ? 60 : len), x->s + at);
-    }
-    if (x->n_names == x->cap_names) {
-        int nc = x->cap_names ? x->cap_names * 2 : 8;
-        void *q = realloc(x->names, (size_t)nc * sizeof(*x->names));
-        if (!q)
-            return DSQ_ENOMEM;
-        x->names = q;
-        x->cap_names = nc;
-    }
-    x->names[x->n_names].at = at;
-    x->names[x->n_names++].len = len;
-known:
-    *i = (size_t)(gt - x->s) + 1;
-    return DSQ_OK;
-}
-
-/* A group's alternation after its '(' (and ?: or name) into a; x->i ends
- * past the ')'. */
-static int rx_group(rx_t *x, rx_piece_t *a)
-{
-    /* ~12 KiB of stack a level (the class sets): 16 levels fit an HTTP
-     * worker thread's stack with room to spare */
-    if (++x->depth > 16)
-        return rx_fail(x, DSQ_ERANGE, "groups nested too deep");
-    rx_piece_t in = {0};
-    int rc = rx_alt(x, &in);
-    x->depth--;
-    if (!rc && (x->i >= x->n || x->s[x->i] != ')'))
-        rc = rx_fail(x, DSQ_EINVAL, "an unterminated (");
-    if (!rc) {
-        x->i++;
-        sb_str(&a->full, "( ");
-        sb_add(&a->full, in.full.p, in.full.n);
-        sb_str(&a->full, ") ");
-        a->nullable = in.nullable;
-        a->ne_void = in.ne_void;
-        if (in.nullable && !in.ne_void && x->want_ne) {
-            sb_str(&a->ne, "( ");
-            sb_add(&a->ne, in.ne.p, in.ne.n);
-            sb_str(&a->ne, ") ");
-        }
-    }
-    rx_piece_free(&in);
-    return rc;
-}
-
-/* One alternative: atoms with their quantifiers, up to | or ) or the end. */
-static int rx_seq(rx_t *x, rx_piece_t *out)
-{
-    rx_piece_t *ps = NULL;
-    int np = 0, cap = 0, rc = DSQ_OK;
-    while (!rc && x->i < x->n && x->s[x->i] != '|' && x->s[x->i] != ')') {
-        rx_piece_t a = {0};
-        char ch = x->s[x->i];
-        if (ch == '(') {
-            x->i++;
-            if (x->i < x->n && x->s[x->i] == '?') {
-                if (x->i + 1 < x->n && x->s[x->i + 1] == ':') {
-                    x->i += 2;
-                } else if (x->i + 2 < x->n && (x->s[x->i + 1] == '<' || x->s[x->i + 1] == 'P') &&
-                           x->s[x->i + 1 + (x->s[x->i + 1] == 'P')] == '<' &&
-                           x->s[x->i + 2] != '=' && x->s[x->i + 2] != '!') {
-                    size_t j = x->i + 2 + (x->s[x->i + 1] == 'P');
-                    rc = rx_group_name(x, &j);
-                    if (!rc)
-                        x->i = j;
-                } else {
-                    rc = rx_fail(x, DSQ_EUNSUPPORTED,
-                                 "lookaround and inline flags (?...) are not supported");
-                }
-            }
-            size_t body = x->i;
-            if (!rc)
-                rc = rx_group(x, &a);
-            /* repeated and able to match empty: the body again, now with
-             * its language without the empty string (want_ne reaches
-             * every group inside, so this happens once per outer group) */
-            if (!rc && a.nullable && !a.ne_void && !x->want_ne && rx_quant_at(x, x->i)) {
-                size_t after = x->i;
-                rx_piece_free(&a);
-                x->i = body;
-                x->want_ne = true;
-                rc = rx_group(x, &a);
-                x->want_ne = false;
-                if (!rc && x->i != after)
-                    rc = rx_fail(x, DSQ_EINVAL, "an unterminated (");
-            }
-        } else if (ch == '[') {
-            x->i++;
-            cset_t set;
-            rc = rx_class(x, &set);
-            if (!rc)
-                rc = rx_emit(x, &a.full, set);
-        } else if (ch == '.') {
-            x->i++;
-            cset_t set = {.n = 0};
-            cset_add(&set, '\n', '\n');
-            cset_negate(&set);
-            rc = rx_emit(x, &a.full, set);
-        } else if (ch == '\\') {
-            x->i++;
-            cset_t set;
-            rc = rx_escape(x, &set);
-            if (!rc)
-                rc = rx_emit(x, &a.full, set);
-        } else if (ch == '*' || ch == '+' || ch == '?') {
-            rc = rx_fail(x, DSQ_EINVAL, "'%c' has nothing to repeat", ch);
-        } else if (ch == '^' || ch == '$') {
-            rc = rx_fail(x, DSQ_EUNSUPPORTED,
-                         "'%c' is supported only at the start (^) or end ($) of the pattern",
-                         ch);
-        } else {
-            int32_t c = rx_cp(x);
-            if (c < 0) {
-                rc = rx_fail(x, DSQ_EINVAL, "invalid UTF-8");
-            } else {
-                cset_t set = {.n = 0};
-                cset_add(&set, (uint32_t)c, (uint32_t)c);
-                rc = rx_emit(x, &a.full, set);
-            }
-        }
-        long m, n;
-        if (!rc)
-            rc = rx_quant(x, &m, &n);
-        if (!rc && np == cap) {
-            int nc = cap ? cap * 2 : 8;
-            rx_piece_t *q = realloc(ps, (size_t)nc * sizeof(*q));
-            if (q) {
-                ps = q;
-                cap = nc;
-            } else {
-                rc = DSQ_ENOMEM;
-            }
-        }
-        if (!rc)
-            rx_repeat(x, &a, m, n, &ps[np++]);
-        rx_piece_free(&a);
-    }
-    /* the concatenation (pieces of the empty string alone left out); the
-     * empty string is in it when it is in every piece, and then its
-     * non-empty strings are those where some piece i is the first to be
-     * non-empty: ne_i followed by the rest as they are */
-    out->nullable = true;
-    for (int i = 0; !rc && i < np; i++) {
-        out->nullable &= ps[i].nullable;
-        if (!ps[i].ne_void)
-            sb_add(&out->full, ps[i].full.p, ps[i].full.n);
-    }
-    if (!out->full.p)
-        sb_str(&out->full, "jempty ");
-    out->ne_void = out->nullable;
-    for (int i = 0; i < np; i++)
-        out->ne_void &= ps[i].ne_void;
-    bool first = true;
-    for (int i = 0; !rc && out->nullable && x->want_ne && i < np; i++) {
-        if (ps[i].ne_void)
-            continue;
-        sb_str(&out->ne, first ? "" : "| ");
-        first = false;
-        sb_add(&out->ne, ps[i].ne.p, ps[i].ne.n);
-        for (int j = i + 1; j < np; j++)
-            if (!ps[j].ne_void)
-                sb_add(&out->ne, ps[j].full.p, ps[j].full.n);
-        if (out->ne.n > DSQ_GRAMMAR_MAX_SOURCE)
-            rc = rx_fail(x, DSQ_ERANGE, "a repetition of a group that can match the empty "
-                         "string would make a grammar above %u bytes", DSQ_GRAMMAR_MAX_SOURCE);
-    }
-    for (int i = 0; i < np; i++)
-        rx_piece_free(&ps[i]);
-    free(ps);
-    if (!rc && (out->full.oom || out->ne.oom))
-        rc = DSQ_ENOMEM;
-    return rc;
-}
-
-static int rx_alt(rx_t *x, rx_piece_t *out)
-{
-    rx_piece_t s = {0};
-    int rc = rx_seq(x, &s);
-    bool first = true;
-    out->ne_void = true;
-    for (;;) {
-        if (rc)
-            break;
-        sb_str(&out->full, first ? "" : "| ");
-        sb_add(&out->full, s.full.p, s.full.n);
-        out->nullable |= s.nullable;
-        /* the non-empty strings: each alternative's */
-        const sbuf_t *ne = s.nullable ? (s.ne_void ? NULL : &s.ne) : &s.full;
-        if (ne && x->want_ne) {
-            sb_str(&out->ne, out->ne_void ? "" : "| ");
-            sb_add(&out->ne, ne->p, ne->n);
-        }
-        if (ne)
-            out->ne_void = false;
-        first = false;
-        rx_piece_free(&s);
-        if (x->i >= x->n || x->s[x->i] != '|')
-            break;
-        x->i++;
-        rc = rx_seq(x, &s);
-    }
-    rx_piece_free(&s);
-    if (!out->nullable)   /* ne is full then, and never read */
-        out->ne_void = false;
-    if (!rc && (out->full.oom || out->ne.oom))
-        rc = DSQ_ENOMEM;
-    return rc;
-}
-
-/* The pattern as one GBNF expression into o. json: characters as they are
- * written inside a JSON string; *start / *end: whether ^ / $ anchored it. */
-static int regex_expr(const char *re, size_t len, bool json, sbuf_t *o, bool *start, bool *end,
-                      char *err, size_t err_len)
-{
-    rx_t x = {.s = re, .n = len, .json = json, .err = err, .err_len = err_len};
-    *start = len > 0 && re[0] == '^';
-    if (*start)
-        x.i = 1;
-    *end = false;
-    if (len > x.i && re[len - 1] == '$') {
-        size_t bs = 0;   /* an escaped \$ is a literal */
-        for (size_t k = len - 1; k > x.i && re[k - 1] == '\\'; k--)
-            bs++;
-        if (bs % 2 == 0) {
-            *end = true;
-            x.n = len - 1;
-        }
-    }
-    rx_piece_t top = {0};
-    int rc = rx_alt(&x, &top);
-    if (!rc && x.i < x.n)
-        rc = rx_fail(&x, DSQ_EINVAL, "an unmatched )");
-    sb_str(o, "( ");
-    sb_add(o, top.full.p, top.full.n);
-    sb_str(o, ") ");
-    rx_piece_free(&top);
-    free(x.names);
-    if (!rc && o->oom)
-        rc = DSQ_ENOMEM;
-    return rc;
-}
-
-int dsq_grammar_gbnf_from_regex(const char *re, size_t len, char **gbnf, char *err,
-                                size_t err_len)
-{
-    *gbnf = NULL;
-    if (len > DSQ_GRAMMAR_MAX_SOURCE / 8) {
-        snprintf(err, err_len, "the regex is longer than %u bytes", DSQ_GRAMMAR_MAX_SOURCE / 8);
-        return DSQ_ERANGE;
-    }
-    sbuf_t o = {0};
-    bool s, e;
-    sb_str(&o, "root ::= ");
-    int rc = regex_expr(re, len, false, &o, &s, &e, err, err_len);
-    sb_str(&o, "\n");
-    sb_str(&o, "jempty ::= \"\"\n");
-    if (!rc && o.oom)
-        rc = DSQ_ENOMEM;
-    if (rc) {
-        free(o.p);
-        return rc;
-    }
-    *gbnf = o.p;
     return DSQ_OK;
 }
 
@@ -1257,28 +237,28 @@ static int value_literal(conv_t *c, const cJSON *v, sbuf_t *o)
 {
     if (cJSON_IsObject(v) || cJSON_IsArray(v)) {
         bool obj = cJSON_IsObject(v);
-        sb_str(o, obj ? "\"{\" ws " : "\"[\" ws ");
+        dsq__sb_str(o, obj ? "\"{\" ws " : "\"[\" ws ");
         const cJSON *e;
         int i = 0;
         cJSON_ArrayForEach(e, v) {
             if (i++)
-                sb_str(o, "\",\" ws ");
+                dsq__sb_str(o, "\",\" ws ");
             if (obj) {
                 cJSON *k = cJSON_CreateString(e->string);
                 char *kt = k ? cJSON_PrintUnformatted(k) : NULL;
                 cJSON_Delete(k);
                 if (!kt)
                     return fail(c, DSQ_ENOMEM, "out of memory");
-                sb_lit(o, kt, strlen(kt));
+                dsq__sb_lit(o, kt, strlen(kt));
                 free(kt);
-                sb_str(o, " ws \":\" ws ");
+                dsq__sb_str(o, " ws \":\" ws ");
             }
             int rc = value_literal(c, e, o);
             if (rc)
                 return rc;
-            sb_str(o, "ws ");
+            dsq__sb_str(o, "ws ");
         }
-        sb_str(o, obj ? "\"}\" " : "\"]\" ");
+        dsq__sb_str(o, obj ? "\"}\" " : "\"]\" ");
         return DSQ_OK;
     }
     if (cJSON_IsNumber(v)) {
@@ -1293,15 +273,15 @@ static int value_literal(conv_t *c, const cJSON *v, sbuf_t *o)
             if (strtod(num, NULL) == v->valuedouble)
                 break;
         }
-        sb_lit(o, num, strlen(num));
-        sb_str(o, " ");
+        dsq__sb_lit(o, num, strlen(num));
+        dsq__sb_str(o, " ");
         return DSQ_OK;
     }
     char *txt = cJSON_PrintUnformatted(v);
     if (!txt)
         return fail(c, DSQ_ENOMEM, "out of memory");
-    sb_lit(o, txt, strlen(txt));
-    sb_str(o, " ");
+    dsq__sb_lit(o, txt, strlen(txt));
+    dsq__sb_str(o, " ");
     free(txt);
     return DSQ_OK;
 }
@@ -1331,22 +311,22 @@ static int string_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             return fail(c, DSQ_EINVAL, "'pattern' must be a string");
         bool st, en;
         char msg[200] = "";
-        sb_str(o, "\"\\\"\" ");
+        dsq__sb_str(o, "\"\\\"\" ");
         /* JSON Schema's pattern is a search: unanchored ends match anything */
         sbuf_t body = {0};
-        rc = regex_expr(pat->valuestring, strlen(pat->valuestring), true, &body, &st, &en, msg,
-                        sizeof(msg));
+        rc = dsq__regex_expr(pat->valuestring, strlen(pat->valuestring), true, &body, &st, &en, msg,
+                             sizeof(msg));
         if (rc) {
             free(body.p);
             return fail(c, rc, "'pattern': %s", msg);
         }
         if (!st)
-            sb_str(o, "jchar* ");
-        sb_add(o, body.p, body.n);
+            dsq__sb_str(o, "jchar* ");
+        dsq__sb_add(o, body.p, body.n);
         free(body.p);
         if (!en)
-            sb_str(o, "jchar* ");
-        sb_str(o, "\"\\\"\" ");
+            dsq__sb_str(o, "jchar* ");
+        dsq__sb_str(o, "\"\\\"\" ");
         return DSQ_OK;
     }
     if (fmt) {
@@ -1372,7 +352,7 @@ static int string_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             return fail(c, DSQ_EINVAL, "'format' must be a string");
         for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
             if (!strcmp(fmt->valuestring, f[i].name)) {
-                sb_fmt(o, "\"\\\"\" ( %s ) \"\\\"\" ", f[i].gbnf);
+                dsq__sb_fmt(o, "\"\\\"\" ( %s ) \"\\\"\" ", f[i].gbnf);
                 return DSQ_OK;
             }
         }
@@ -1380,7 +360,7 @@ static int string_expr(conv_t *c, const cJSON *s, sbuf_t *o)
                     "date, time, date-time, uuid, email, ipv4)", fmt->valuestring);
     }
     if (mn < 0 && mx < 0) {
-        sb_str(o, "jstring ");
+        dsq__sb_str(o, "jstring ");
         return DSQ_OK;
     }
     if (mn < 0)
@@ -1388,9 +368,9 @@ static int string_expr(conv_t *c, const cJSON *s, sbuf_t *o)
     if (mx >= 0 && mx < mn)
         return fail(c, DSQ_EINVAL, "maxLength %ld is below minLength %ld", mx, mn);
     if (mx < 0)
-        sb_fmt(o, "\"\\\"\" jchar1{%ld,} \"\\\"\" ", mn);
+        dsq__sb_fmt(o, "\"\\\"\" jchar1{%ld,} \"\\\"\" ", mn);
     else
-        sb_fmt(o, "\"\\\"\" jchar1{%ld,%ld} \"\\\"\" ", mn, mx);
+        dsq__sb_fmt(o, "\"\\\"\" jchar1{%ld,%ld} \"\\\"\" ", mn, mx);
     return DSQ_OK;
 }
 
@@ -1413,7 +393,7 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         prefix = items;
         items = NULL;
     }
-    sb_str(o, "\"[\" ws ");
+    dsq__sb_str(o, "\"[\" ws ");
     if (prefix) {
         if (!cJSON_IsArray(prefix))
             return fail(c, DSQ_EINVAL, "'prefixItems' must be an array");
@@ -1429,21 +409,21 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             size_t p0 = path_push(c, pkey);
             path_push_i(c, (int)i);
             if (i)
-                sb_str(o, "\",\" ws ");
+                dsq__sb_str(o, "\",\" ws ");
             rc = schema_expr(c, cJSON_GetArrayItem(prefix, (int)i), o);
             path_pop(c, p0);
             if (rc)
                 return rc;
-            sb_str(o, "ws ");
+            dsq__sb_str(o, "ws ");
         }
-        sb_str(o, "\"]\" ");
+        dsq__sb_str(o, "\"]\" ");
         return DSQ_OK;
     }
     sbuf_t it = {0};
     if (items && cJSON_IsFalse(items)) {
         if (mn > 0)
             return fail(c, DSQ_EINVAL, "'items' false with minItems %ld", mn);
-        sb_str(o, "\"]\" ");
+        dsq__sb_str(o, "\"]\" ");
         return DSQ_OK;
     }
     if (items) {
@@ -1455,7 +435,7 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             return rc;
         }
     } else {
-        sb_str(&it, "jvalue ");
+        dsq__sb_str(&it, "jvalue ");
     }
     if (it.oom) {
         free(it.p);
@@ -1464,20 +444,20 @@ static int array_expr(conv_t *c, const cJSON *s, sbuf_t *o)
     int r = add_rule(c, &it);
     free(it.p);
     if (mx == 0) {
-        sb_str(o, "\"]\" ");
+        dsq__sb_str(o, "\"]\" ");
         return DSQ_OK;
     }
     if (mn == 0)
-        sb_str(o, "( ");
-    sb_fmt(o, "s%d ws ( \",\" ws s%d ws )", r, r);
+        dsq__sb_str(o, "( ");
+    dsq__sb_fmt(o, "s%d ws ( \",\" ws s%d ws )", r, r);
     long lo = mn > 0 ? mn - 1 : 0;
     if (mx < 0)
-        sb_fmt(o, "{%ld,} ", lo);
+        dsq__sb_fmt(o, "{%ld,} ", lo);
     else
-        sb_fmt(o, "{%ld,%ld} ", lo, mx - 1);
+        dsq__sb_fmt(o, "{%ld,%ld} ", lo, mx - 1);
     if (mn == 0)
-        sb_str(o, ")? ");
-    sb_str(o, "\"]\" ");
+        dsq__sb_str(o, ")? ");
+    dsq__sb_str(o, "\"]\" ");
     return DSQ_OK;
 }
 
@@ -1503,11 +483,11 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         /* a map: every value of the additionalProperties schema; none when
          * it is false; any JSON object when absent or true */
         if (!add || cJSON_IsTrue(add)) {
-            sb_str(o, "jobject ");
+            dsq__sb_str(o, "jobject ");
             return DSQ_OK;
         }
         if (cJSON_IsFalse(add)) {
-            sb_str(o, "\"{\" ws \"}\" ");
+            dsq__sb_str(o, "\"{\" ws \"}\" ");
             return DSQ_OK;
         }
         sbuf_t v = {0};
@@ -1520,8 +500,8 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         }
         int r = add_rule(c, &v);
         free(v.p);
-        sb_fmt(o, "\"{\" ws ( jstring ws \":\" ws s%d ws ( \",\" ws jstring ws \":\" ws s%d ws )*"
-                  " )? \"}\" ", r, r);
+        dsq__sb_fmt(o, "\"{\" ws ( jstring ws \":\" ws s%d ws ( \",\" ws jstring ws \":\" ws s%d "
+                       "ws )* )? \"}\" ", r, r);
         return DSQ_OK;
     }
     /* declared properties in order, then required names not declared
@@ -1585,9 +565,9 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             rc = fail(c, DSQ_ENOMEM, "out of memory");
             break;
         }
-        sb_lit(&b, key, strlen(key));
+        dsq__sb_lit(&b, key, strlen(key));
         free(key);
-        sb_str(&b, " ws \":\" ws ");
+        dsq__sb_str(&b, " ws \":\" ws ");
         if (p[i].schema) {
             size_t p0 = path_push(c, p[i].additional ? "additionalProperties" : "properties");
             if (!p[i].additional)
@@ -1595,7 +575,7 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             rc = schema_expr(c, p[i].schema, &b);
             path_pop(c, p0);
         } else {
-            sb_str(&b, "jvalue ");
+            dsq__sb_str(&b, "jvalue ");
         }
         if (!rc && b.oom)
             rc = fail(c, DSQ_ENOMEM, "out of memory");
@@ -1606,19 +586,19 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
     for (int i = n - 1; i >= 0 && !rc; i--) {
         sbuf_t a = {0}, f = {0};
         if (p[i].required)
-            sb_fmt(&a, "\",\" ws s%d ws ", kv[i]);
+            dsq__sb_fmt(&a, "\",\" ws s%d ws ", kv[i]);
         else
-            sb_fmt(&a, "( \",\" ws s%d ws )? ", kv[i]);
+            dsq__sb_fmt(&a, "( \",\" ws s%d ws )? ", kv[i]);
         if (i + 1 < n)
-            sb_fmt(&a, "s%d ", ra[i + 1]);
+            dsq__sb_fmt(&a, "s%d ", ra[i + 1]);
         ra[i] = add_rule(c, &a);
-        sb_fmt(&f, "s%d ws ", kv[i]);
+        dsq__sb_fmt(&f, "s%d ws ", kv[i]);
         if (i + 1 < n)
-            sb_fmt(&f, "s%d ", ra[i + 1]);
+            dsq__sb_fmt(&f, "s%d ", ra[i + 1]);
         if (!p[i].required)
-            sb_fmt(&f, "| %s ", i + 1 < n ? "" : "jempty");
+            dsq__sb_fmt(&f, "| %s ", i + 1 < n ? "" : "jempty");
         if (!p[i].required && i + 1 < n)
-            sb_fmt(&f, "s%d ", rf[i + 1]);
+            dsq__sb_fmt(&f, "s%d ", rf[i + 1]);
         if (a.oom || f.oom)
             rc = fail(c, DSQ_ENOMEM, "out of memory");
         rf[i] = add_rule(c, &f);
@@ -1626,7 +606,7 @@ static int object_expr(conv_t *c, const cJSON *s, sbuf_t *o)
         free(f.p);
     }
     if (!rc)
-        sb_fmt(o, "\"{\" ws s%d \"}\" ", rf[0]);
+        dsq__sb_fmt(o, "\"{\" ws s%d \"}\" ", rf[0]);
     free(kv);
     free(p);
     return rc;
@@ -1692,20 +672,20 @@ static int anyof_expr(conv_t *c, const cJSON *list, const char *key, sbuf_t *o)
             seen |= bits;
         }
     }
-    sb_str(o, "( ");
+    dsq__sb_str(o, "( ");
     int i = 0, rc = DSQ_OK;
     const cJSON *b;
     cJSON_ArrayForEach(b, list) {
         size_t p0 = path_push(c, key);
         path_push_i(c, i);
-        sb_str(o, i ? "| " : "");
+        dsq__sb_str(o, i ? "| " : "");
         rc = schema_expr(c, b, o);
         path_pop(c, p0);
         if (rc)
             return rc;
         i++;
     }
-    sb_str(o, ") ");
+    dsq__sb_str(o, ") ");
     return DSQ_OK;
 }
 
@@ -1724,8 +704,8 @@ static const char *constraining_sibling(const cJSON *s, const char *self)
 static int typed_expr(conv_t *c, const cJSON *s, int type, sbuf_t *o)
 {
     switch (type) {
-    case JT_NULL: sb_str(o, "\"null\" "); return DSQ_OK;
-    case JT_BOOL: sb_str(o, "( \"true\" | \"false\" ) "); return DSQ_OK;
+    case JT_NULL: dsq__sb_str(o, "\"null\" "); return DSQ_OK;
+    case JT_BOOL: dsq__sb_str(o, "( \"true\" | \"false\" ) "); return DSQ_OK;
     case JT_OBJECT: return object_expr(c, s, o);
     case JT_ARRAY: return array_expr(c, s, o);
     case JT_STRING: return string_expr(c, s, o);
@@ -1736,11 +716,11 @@ static int typed_expr(conv_t *c, const cJSON *s, int type, sbuf_t *o)
         if (rc)
             return rc;
         if (!bd.has_lo && !bd.has_hi)
-            sb_str(o, type == JT_INTEGER ? "jint " : "jnumber ");
+            dsq__sb_str(o, type == JT_INTEGER ? "jint " : "jnumber ");
         else if (type == JT_INTEGER)
-            int_expr(o, &bd);
+            dsq__int_expr(o, &bd);
         else
-            num_expr(o, &bd);
+            dsq__num_expr(o, &bd);
         return DSQ_OK;
     }
     }
@@ -1750,7 +730,7 @@ static int typed_expr(conv_t *c, const cJSON *s, int type, sbuf_t *o)
 static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
 {
     if (cJSON_IsTrue(s)) {
-        sb_str(o, "jvalue ");
+        dsq__sb_str(o, "jvalue ");
         return DSQ_OK;
     }
     if (cJSON_IsFalse(s))
@@ -1817,14 +797,14 @@ static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
                     if (!rc && b.oom)
                         rc = fail(c, DSQ_ENOMEM, "out of memory");
                     if (!rc) {
-                        sb_fmt(&c->rules, "s%d ::= ", c->refs[i].rule);
-                        sb_add(&c->rules, b.p, b.n);
-                        sb_str(&c->rules, "\n");
+                        dsq__sb_fmt(&c->rules, "s%d ::= ", c->refs[i].rule);
+                        dsq__sb_add(&c->rules, b.p, b.n);
+                        dsq__sb_str(&c->rules, "\n");
                     }
                     free(b.p);
                 }
                 if (!rc)
-                    sb_fmt(o, "s%d ", c->refs[i].rule);
+                    dsq__sb_fmt(o, "s%d ", c->refs[i].rule);
             }
         }
         goto out;
@@ -1897,19 +877,19 @@ static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             rc = fail(c, DSQ_EINVAL, "'enum' must be a non-empty array");
             goto out;
         }
-        sb_str(o, "( ");
+        dsq__sb_str(o, "( ");
         int n = 0;
         const cJSON *v = en ? en->child : cn;
         for (; v; v = en ? v->next : NULL) {
             int vt = value_types(v);
             if (types != -1 && !(vt & types) && !((vt & JT_INTEGER) && (types & JT_NUMBER)))
                 continue;
-            sb_str(o, n ? "| " : "");
+            dsq__sb_str(o, n ? "| " : "");
             if ((rc = value_literal(c, v, o)))
                 goto out;
             n++;
         }
-        sb_str(o, ") ");
+        dsq__sb_str(o, ") ");
         if (n == 0)
             rc = fail(c, DSQ_EINVAL, "no '%s' value has the schema's type",
                       en ? "enum" : "const");
@@ -1932,37 +912,56 @@ static int schema_expr(conv_t *c, const cJSON *s, sbuf_t *o)
             if (cJSON_HasObjectItem(s, implied[i].key))
                 types |= implied[i].type;
         if (!types) {
-            sb_str(o, "jvalue ");
+            dsq__sb_str(o, "jvalue ");
             goto out;
         }
     }
     int n = 0;
-    sb_str(o, "( ");
+    dsq__sb_str(o, "( ");
     for (int b = JT_NULL; b <= JT_NUMBER && !rc; b <<= 1) {
         if (!(types & b))
             continue;
-        sb_str(o, n ? "| " : "");
+        dsq__sb_str(o, n ? "| " : "");
         rc = typed_expr(c, s, b, o);
         n++;
     }
-    sb_str(o, ") ");
+    dsq__sb_str(o, ") ");
 out:
     c->depth--;
     return rc;
 }
 
-int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *err,
-                                      size_t err_len)
+/* text[0..len) parsed as one JSON value (whitespace around it allowed),
+ * or NULL when it is not JSON text (or out of memory: cJSON cannot tell
+ * the two apart); then *bad_byte is the offset where the parse stopped. */
+static cJSON *parse_json(const char *text, size_t len, size_t *bad_byte)
 {
-    *gbnf = NULL;
+    const char *end = NULL;
+    cJSON *v = text ? cJSON_ParseWithLengthOpts(text, len, &end, false) : NULL;
+    size_t at = end && end >= text ? (size_t)(end - text) : 0;
+    /* cJSON stops after the value; only whitespace may follow it */
+    while (v && at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
+                             text[at] == '\r'))
+        at++;
+    if (v && at < len) {
+        cJSON_Delete(v);
+        v = NULL;
+    }
+    if (!v)
+        *bad_byte = at;
+    return v;
+}
+
+static int gbnf_from_schema(const cJSON *schema, char **gbnf, char *err, size_t err_len)
+{
     conv_t c = {.root = schema, .err = err, .err_len = err_len};
     sbuf_t root = {0};
-    sb_str(&root, "root ::= ");
+    dsq__sb_str(&root, "root ::= ");
     int rc = schema_expr(&c, schema, &root);
-    sb_str(&root, "\n");
+    dsq__sb_str(&root, "\n");
     if (!rc)
-        sb_add(&root, c.rules.p ? c.rules.p : "", c.rules.n);
-    sb_str(&root, base_rules);
+        dsq__sb_add(&root, c.rules.p ? c.rules.p : "", c.rules.n);
+    dsq__sb_str(&root, dsq__schema_base_rules);
     if (!rc && (root.oom || c.rules.oom))
         rc = DSQ_ENOMEM;
     if (!rc && root.n > DSQ_GRAMMAR_MAX_SOURCE) {
@@ -1981,150 +980,90 @@ int dsq_grammar_gbnf_from_json_schema(const cJSON *schema, char **gbnf, char *er
     return DSQ_OK;
 }
 
-/* ------------------------------------------------------------ tool calls */
-
-int dsq_grammar_gbnf_for_tool_calls(const cJSON *tools, const char *name,
-                                    dsq_tool_parser_t format, bool parallel, char **gbnf,
-                                    char *err, size_t err_len)
+int dsq_grammar_gbnf_from_json_schema(const char *schema_json, size_t len, char **gbnf,
+                                      char *err, size_t err_len)
 {
+    size_t bad = 0;
     *gbnf = NULL;
-    if (format != DSQ_TOOL_PARSER_DEEPSEEK && format != DSQ_TOOL_PARSER_HERMES) {
-        snprintf(err, err_len, "no tool-call format to constrain to");
+    cJSON *schema = parse_json(schema_json, len, &bad);
+    if (!schema) {
+        snprintf(err, err_len, "the schema is not JSON text (the parse stopped at byte %zu)",
+                 bad);
         return DSQ_EINVAL;
     }
-    conv_t c = {.err = err, .err_len = err_len};
-    sbuf_t calls = {0};
-    int rc = DSQ_OK, n = 0, i = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
-        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-        i++;
-        if (!cJSON_IsString(nm) || (name && strcmp(name, nm->valuestring)))
-            continue;
-        /* each tool's parameters on their own: refs resolve inside them.
-         * The arguments are an object whatever the schema says of the
-         * type (none, or absent parameters: any object) */
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(params, "type");
-        if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "object"))) {
-            snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
-                     "object, so its \"type\" must be \"object\"", i - 1);
+    int rc = gbnf_from_schema(schema, gbnf, err, err_len);
+    cJSON_Delete(schema);
+    return rc;
+}
+
+/* ------------------------------------------------------ function arguments */
+
+dsq__conv_t *dsq__conv_create(char *err, size_t err_len)
+{
+    conv_t *c = calloc(1, sizeof(*c));
+    if (c) {
+        c->err = err;
+        c->err_len = err_len;
+    }
+    return c;
+}
+
+void dsq__conv_destroy(dsq__conv_t *c)
+{
+    if (!c)
+        return;
+    free(c->rules.p);
+    free(c);
+}
+
+const dsq__sbuf_t *dsq__conv_rules(const dsq__conv_t *c) { return &c->rules; }
+
+int dsq__schema_args_expr(dsq__conv_t *c, const char *params_json, const char *path,
+                          dsq__sbuf_t *o)
+{
+    char *err = c->err;
+    size_t err_len = c->err_len, bad = 0;
+    int rc = DSQ_OK;
+    cJSON *params = params_json ? parse_json(params_json, strlen(params_json), &bad) : NULL;
+    if (params_json && !params) {
+        snprintf(err, err_len, "%s: not JSON text (the parse stopped at byte %zu)", path, bad);
+        return DSQ_EINVAL;
+    }
+    /* each tool's parameters on their own: refs resolve inside them.
+     * The arguments are an object whatever the schema says of the
+     * type (none, or absent parameters: any object) */
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(params, "type");
+    if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "object"))) {
+        snprintf(err, err_len, "%s: the arguments are an object, so its \"type\" must be "
+                 "\"object\"", path);
+        rc = DSQ_EINVAL;
+    }
+    /* without "type", a composition, $ref, enum or const could admit
+     * values other than an object, which the grammar would then force
+     * and the parser refuse: refused here, as OpenAI does */
+    static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
+                                          "const"};
+    for (size_t k = 0; !ty && k < sizeof(decides) / sizeof(decides[0]); k++) {
+        if (cJSON_GetObjectItemCaseSensitive(params, decides[k])) {
+            snprintf(err, err_len, "%s: the arguments are an object, so it needs \"type\": "
+                     "\"object\" (it has '%s' and no \"type\")", path, decides[k]);
             rc = DSQ_EINVAL;
             break;
         }
-        /* without "type", a composition, $ref, enum or const could admit
-         * values other than an object, which the grammar would then force
-         * and the parser refuse: refused here, as OpenAI does */
-        static const char *const decides[] = {"anyOf", "oneOf", "allOf", "$ref", "enum",
-                                              "const"};
-        for (size_t k = 0; !ty && k < sizeof(decides) / sizeof(decides[0]); k++) {
-            if (cJSON_GetObjectItemCaseSensitive(params, decides[k])) {
-                snprintf(err, err_len, "/tools/%d/function/parameters: the arguments are an "
-                         "object, so it needs \"type\": \"object\" (it has '%s' and no "
-                         "\"type\")", i - 1, decides[k]);
-                rc = DSQ_EINVAL;
-                break;
-            }
-        }
-        if (rc)
-            break;
-        cJSON *any = cJSON_IsObject(params) ? cJSON_Duplicate(params, 1) : cJSON_CreateObject();
-        if (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))) {
-            cJSON_Delete(any);
-            rc = DSQ_ENOMEM;
-            break;
-        }
-        params = any;
-        c.root = params;
-        c.n_refs = 0;
-        snprintf(c.path, sizeof(c.path), "/tools/%d/function/parameters", i - 1);
-        sbuf_t args = {0};
-        rc = schema_expr(&c, params, &args);
-        cJSON_Delete(any);
-        if (rc) {
-            free(args.p);
-            break;
-        }
-        /* the name as the template writes it: a JSON string (Hermes) or
-         * bare (DeepSeek) */
-        sb_str(&calls, n ? "| " : "");
-        if (format == DSQ_TOOL_PARSER_HERMES) {
-            cJSON *ks = cJSON_CreateString(nm->valuestring);
-            char *kt = ks ? cJSON_PrintUnformatted(ks) : NULL;
-            cJSON_Delete(ks);
-            if (!kt) {
-                free(args.p);
-                rc = DSQ_ENOMEM;
-                break;
-            }
-            sbuf_t head = {0};
-            sb_str(&head, "<tool_call>\n{\"name\": ");
-            sb_str(&head, kt);
-            sb_str(&head, ", \"arguments\": ");
-            free(kt);
-            sb_lit(&calls, head.p ? head.p : "", head.n);
-            free(head.p);
-            sb_str(&calls, " ");
-            sb_add(&calls, args.p ? args.p : "", args.n);
-            sb_lit(&calls, "}\n</tool_call>", 14);
-        } else {
-            sbuf_t head = {0};
-            sb_str(&head, "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-                          "function<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>");
-            sb_str(&head, nm->valuestring);
-            sb_str(&head, "\n```json\n");
-            sb_lit(&calls, head.p ? head.p : "", head.n);
-            free(head.p);
-            sb_str(&calls, " ");
-            sb_add(&calls, args.p ? args.p : "", args.n);
-            static const char tail[] = "\n```<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81"
-                                       "end\xef\xbd\x9c>";
-            sb_lit(&calls, tail, sizeof(tail) - 1);
-        }
-        sb_str(&calls, " ");
-        free(args.p);
-        n++;
     }
-    if (!rc && n == 0) {
-        snprintf(err, err_len, name ? "no tool named '%.80s' in 'tools'" : "'tools' is empty",
-                 name ? name : "");
-        rc = DSQ_EINVAL;
+    cJSON *any = params;
+    if (!rc && !cJSON_IsObject(params)) {   /* then ty is NULL: only objects have members */
+        cJSON_Delete(params);
+        any = cJSON_CreateObject();
     }
-    sbuf_t out = {0};
+    if (!rc && (!any || (!ty && !cJSON_AddStringToObject(any, "type", "object"))))
+        rc = DSQ_ENOMEM;
     if (!rc) {
-        /* parallel: at most DSQ_GRAMMAR_MAX_TOOL_CALLS calls, so a model
-         * that repeats itself still ends */
-        char sep[48] = "";
-        if (parallel)
-            snprintf(sep, sizeof(sep), "( \"\\n\" call ){0,%d}", DSQ_GRAMMAR_MAX_TOOL_CALLS - 1);
-        if (format == DSQ_TOOL_PARSER_HERMES)
-            sb_fmt(&out, "root ::= call %s\n", sep);
-        else
-            sb_fmt(&out, "root ::= \"<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
-                         "begin\xef\xbd\x9c>\" call %s \"<\xef\xbd\x9ctool\xe2\x96\x81"
-                         "calls\xe2\x96\x81" "end\xef\xbd\x9c>\"\n", sep);
-        sb_str(&out, "call ::= ");
-        sb_add(&out, calls.p, calls.n);
-        sb_str(&out, "\n");
-        sb_add(&out, c.rules.p ? c.rules.p : "", c.rules.n);
-        sb_str(&out, base_rules);
-        if (out.oom || calls.oom || c.rules.oom)
-            rc = DSQ_ENOMEM;
-        else if (out.n > DSQ_GRAMMAR_MAX_SOURCE) {
-            snprintf(err, err_len, "the tools' grammar would be larger than %u bytes",
-                     DSQ_GRAMMAR_MAX_SOURCE);
-            rc = DSQ_ERANGE;
-        }
+        c->root = any;
+        c->n_refs = 0;
+        snprintf(c->path, sizeof(c->path), "%s", path);
+        rc = schema_expr(c, any, o);
     }
-    free(calls.p);
-    free(c.rules.p);
-    if (rc) {
-        if (rc == DSQ_ENOMEM)
-            snprintf(err, err_len, "out of memory");
-        free(out.p);
-        return rc;
-    }
-    *gbnf = out.p;
-    return DSQ_OK;
+    cJSON_Delete(any);
+    return rc;
 }

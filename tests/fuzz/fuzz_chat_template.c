@@ -64,22 +64,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             msgs = NULL;
         }
     }
-    if (!msgs)
-        msgs = cJSON_Parse(default_messages);
-    cJSON *tools = cJSON_Parse(tools_json);
-    cJSON *extra = cJSON_Parse(extra_json);
+    /* the renderer takes JSON text: the input's array printed again */
+    char *msgs_json = msgs ? cJSON_PrintUnformatted(msgs) : NULL;
     for (int pass = 0; pass < 2; pass++) {
         char *out = NULL;
         size_t out_len = 0;
-        int rc = dsq_chat_template_render(t, msgs, pass ? tools : NULL, pass == 0,
-                                          "<s>", pass ? NULL : "</s>", extra, &out,
+        int rc = dsq_chat_template_render(t, msgs_json ? msgs_json : default_messages,
+                                          pass ? tools_json : NULL, pass == 0,
+                                          "<s>", pass ? NULL : "</s>", extra_json, &out,
                                           &out_len, err, sizeof(err));
         if (rc == 0 && (!out || strlen(out) > out_len))
             abort(); /* output must be NUL-terminated at out_len (may hold NULs) */
         free(out);
     }
-    cJSON_Delete(extra);
-    cJSON_Delete(tools);
+    free(msgs_json);
     cJSON_Delete(msgs);
     dsq_chat_template_destroy(t);
     return 0;

@@ -25,6 +25,17 @@
 #include "engine/text/chat_template.h"
 #include "engine/common/error.h"
 #include "engine/io/gguf.h"
+#include "server/json_print.h"
+
+/* v as the JSON text the renderer takes, printed as dsqd prints it
+ * (malloc'd; NULL for NULL). */
+static char *json_text(const cJSON *v)
+{
+    char *t = v ? dsq_json_print(v) : NULL;
+    if (v && !t)
+        fail_msg("out of memory printing JSON");
+    return t;
+}
 
 static char *slurp(const char *path, size_t *n)
 {
@@ -165,9 +176,13 @@ static bool check_case(const dsq_chat_template_t *t, const char *name,
     char *out = NULL;
     size_t out_n = 0;
     char err[512];
-    int rc = dsq_chat_template_render(t, msgs, cJSON_IsNull(tools) ? NULL : tools,
-                                      agp, bos, eos, extra, &out, &out_n, err,
+    char *mj = json_text(msgs), *tj = json_text(cJSON_IsNull(tools) ? NULL : tools);
+    char *ej = json_text(extra);
+    int rc = dsq_chat_template_render(t, mj, tj, agp, bos, eos, ej, &out, &out_n, err,
                                       sizeof(err));
+    free(mj);
+    free(tj);
+    free(ej);
     bool ok;
     if (expected) {
         const char *want = cJSON_GetStringValue(expected);
@@ -289,9 +304,11 @@ static int render_src(const char *src, char **out, char *err, size_t err_len)
     if (!t)
         return 1;
     cJSON *m = one_user("hello");
+    char *mj = json_text(m);
     size_t n;
-    int rc = dsq_chat_template_render(t, m, NULL, true, "<s>", NULL, NULL, out, &n,
+    int rc = dsq_chat_template_render(t, mj, NULL, true, "<s>", NULL, NULL, out, &n,
                                       err, err_len);
+    free(mj);
     cJSON_Delete(m);
     dsq_chat_template_destroy(t);
     return rc;
@@ -385,11 +402,13 @@ static void test_render_errors(void **state)
     size_t n;
     char err[128];
     cJSON *obj = cJSON_CreateObject();
-    assert_int_equal(dsq_chat_template_render(t, obj, NULL, false, NULL, NULL, NULL, &out, &n,
+    char *oj = json_text(obj);
+    assert_int_equal(dsq_chat_template_render(t, oj, NULL, false, NULL, NULL, NULL, &out, &n,
                                               err, sizeof(err)), DSQ_EINVAL);
     assert_null(out);
     assert_int_equal(dsq_chat_template_render(t, NULL, NULL, false, NULL, NULL, NULL, &out, &n,
                                               err, sizeof(err)), DSQ_EINVAL);
+    free(oj);
     cJSON_Delete(obj);
     dsq_chat_template_destroy(t);
     dsq_chat_template_destroy(NULL);
@@ -424,6 +443,7 @@ static void test_mutations(void **state)
         fail_msg("missing test data file %s", path);
     const char alphabet[] = "{}%#-+()[]'\"|.,:~=<>!*/ \nabcdefinorst0123456789_\\";
     cJSON *m = one_user("hi");
+    char *mj = json_text(m);
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     int loaded = 0;
     char *buf = malloc(n + 1);
@@ -443,13 +463,14 @@ static void test_mutations(void **state)
         loaded++;
         char *out = NULL;
         size_t on;
-        int rc = dsq_chat_template_render(t, m, NULL, true, "<s>", "</s>", NULL, &out, &on,
+        int rc = dsq_chat_template_render(t, mj, NULL, true, "<s>", "</s>", NULL, &out, &on,
                                           err, sizeof(err));
         assert_true(rc == 0 ? out != NULL : out == NULL);
         free(out);
         dsq_chat_template_destroy(t);
     }
     print_message("# mutations: %d/400 still loaded\n", loaded);
+    free(mj);
     cJSON_Delete(m);
     free(buf);
     free(src);
@@ -466,14 +487,16 @@ static void *render_thread(void *p)
 {
     thr_arg_t *a = p;
     cJSON *m = one_user("concurrent ✓");
+    char *mj = json_text(m);
     for (int i = 0; i < 200; i++) {
         char *out = NULL, err[128];
         size_t n;
-        if (dsq_chat_template_render(a->t, m, NULL, true, NULL, NULL, NULL, &out, &n, err,
+        if (dsq_chat_template_render(a->t, mj, NULL, true, NULL, NULL, NULL, &out, &n, err,
                                      sizeof(err)) != 0 || strcmp(out, a->want) != 0)
             a->bad++;
         free(out);
     }
+    free(mj);
     cJSON_Delete(m);
     return NULL;
 }

@@ -1,5 +1,5 @@
-/* tests for engine/text/grammar_schema.c: JSON Schema and regexes turned
- * into GBNF, compiled and matched (grammar.h).
+/* tests for engine/text/grammar_schema.c and grammar_regex.c: JSON
+ * Schema and regexes turned into GBNF, compiled and matched (grammar.h).
  *
  *  - Against independent references: tests/golden/schema_cases.jsonl
  *    (tests/ref/make_schema_golden.py) gives, per schema, instances
@@ -53,6 +53,8 @@ static dsq_grammar_t *compile_gbnf(char *gbnf, const char *what)
     return g;
 }
 
+static char *exact_json(const cJSON *v);
+
 static void test_golden(void **state)
 {
     (void)state;
@@ -70,7 +72,9 @@ static void test_golden(void **state)
         const cJSON *schema = cJSON_GetObjectItem(o, "schema");
         if (schema) {
             char *stxt = cJSON_PrintUnformatted(schema);
-            int rc = dsq_grammar_gbnf_from_json_schema(schema, &gbnf, err, sizeof(err));
+            char *sj = exact_json(schema);
+            int rc = dsq_grammar_gbnf_from_json_schema(sj, strlen(sj), &gbnf, err, sizeof(err));
+            free(sj);
             if (rc)
                 fail_msg("schema %s: %s", stxt, err);
             dsq_grammar_t *g = compile_gbnf(gbnf, stxt);
@@ -221,7 +225,9 @@ static void test_official_suite(void **state)
             const char *desc = cJSON_GetObjectItem(g, "description")->valuestring;
             char err[320] = "", *gbnf = NULL;
             n_schemas++;
-            int rc = dsq_grammar_gbnf_from_json_schema(schema, &gbnf, err, sizeof(err));
+            char *sj = exact_json(schema);
+            int rc = dsq_grammar_gbnf_from_json_schema(sj, strlen(sj), &gbnf, err, sizeof(err));
+            free(sj);
             if (rc) {
                 if (rc != DSQ_EUNSUPPORTED && rc != DSQ_EINVAL)
                     fail_msg("%s: %s: error %d: %s", names[fi], desc, rc, err);
@@ -328,7 +334,8 @@ static void test_unsupported_schemas(void **state)
         cJSON *s = cJSON_Parse(bad[i].schema);
         assert_non_null(s);
         char err[256] = "", *gbnf = NULL;
-        int rc = dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err));
+        int rc = dsq_grammar_gbnf_from_json_schema(bad[i].schema, strlen(bad[i].schema), &gbnf,
+                                                   err, sizeof(err));
         if (rc != bad[i].rc || !strstr(err, bad[i].msg))
             fail_msg("%s: got %d \"%s\", want %d with \"%s\"", bad[i].schema, rc, err,
                      bad[i].rc, bad[i].msg);
@@ -345,7 +352,8 @@ static void test_unsupported_schemas(void **state)
     cJSON *s = cJSON_Parse(deep);
     assert_non_null(s);
     char err[256], *gbnf = NULL;
-    assert_int_equal(dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)),
+    assert_int_equal(dsq_grammar_gbnf_from_json_schema(deep, strlen(deep), &gbnf, err,
+                                                       sizeof(err)),
                      DSQ_ERANGE);
     assert_non_null(strstr(err, "nested deeper"));
     cJSON_Delete(s);
@@ -450,10 +458,11 @@ static void test_nullable_repetitions(void **state)
         dsq_grammar_free(g);
     }
     /* inside a schema too (pattern is a search there: anchored here) */
-    cJSON *s = cJSON_Parse("{\"type\":\"string\",\"pattern\":\"^(a|)*$\"}");
+    const char *stext = "{\"type\":\"string\",\"pattern\":\"^(a|)*$\"}";
+    cJSON *s = cJSON_Parse(stext);
     assert_non_null(s);
     char err[256] = "", *gbnf = NULL;
-    if (dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)))
+    if (dsq_grammar_gbnf_from_json_schema(stext, strlen(stext), &gbnf, err, sizeof(err)))
         fail_msg("pattern ^(a|)*$: %s", err);
     dsq_grammar_t *g = compile_gbnf(gbnf, "pattern ^(a|)*$");
     assert_true(sentence(g, "\"\""));
@@ -485,7 +494,8 @@ static void test_required_undeclared(void **state)
         cJSON *s = cJSON_Parse(cases[i].schema);
         assert_non_null(s);
         char err[256] = "", *gbnf = NULL;
-        if (dsq_grammar_gbnf_from_json_schema(s, &gbnf, err, sizeof(err)))
+        if (dsq_grammar_gbnf_from_json_schema(cases[i].schema, strlen(cases[i].schema), &gbnf,
+                                              err, sizeof(err)))
             fail_msg("%s: %s", cases[i].schema, err);
         dsq_grammar_t *g = compile_gbnf(gbnf, cases[i].schema);
         for (int k = 0; k < 3; k++) {
@@ -499,6 +509,39 @@ static void test_required_undeclared(void **state)
     }
 }
 
+/* The schema arrives as JSON text: text that is not one JSON value is
+ * refused with the byte the parse stopped at; the length bounds the
+ * text (no NUL needed), and whitespace may surround the value. */
+static void test_schema_text(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *msg;
+    } bad[] = {
+        {"", "not JSON text (the parse stopped at byte 0)"},
+        {"{\"type\":", "not JSON text"},
+        {"{\"type\":\"integer\"} x", "not JSON text (the parse stopped at byte 19)"},
+        {"{\"type\":\"integer\"}{}", "not JSON text (the parse stopped at byte 18)"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[256] = "", *gbnf = NULL;
+        int rc = dsq_grammar_gbnf_from_json_schema(bad[i].text, strlen(bad[i].text), &gbnf, err,
+                                                   sizeof(err));
+        if (rc != DSQ_EINVAL || !strstr(err, bad[i].msg))
+            fail_msg("'%s': got %d \"%s\", want %d with \"%s\"", bad[i].text, rc, err,
+                     DSQ_EINVAL, bad[i].msg);
+        assert_null(gbnf);
+    }
+    /* 6 bytes of a longer buffer, whitespace around the value */
+    char err[256] = "", *gbnf = NULL;
+    assert_int_equal(dsq_grammar_gbnf_from_json_schema(" true \"junk", 6, &gbnf, err,
+                                                       sizeof(err)), DSQ_OK);
+    dsq_grammar_t *g = compile_gbnf(gbnf, "true");
+    assert_true(sentence(g, "[1, {\"a\": null}]"));
+    dsq_grammar_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_bad_regexes),
         cmocka_unit_test(test_nullable_repetitions),
         cmocka_unit_test(test_required_undeclared),
+        cmocka_unit_test(test_schema_text),
     };
     return cmocka_run_group_tests_name("grammar_schema", tests, NULL, NULL);
 }

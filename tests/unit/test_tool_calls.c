@@ -8,10 +8,11 @@
  *    broken arguments, no name). Each must parse to the recorded calls
  *    (names equal, arguments equal as JSON) and content; a malformed one
  *    to no calls and the whole text as content.
- *  - The tool-call grammar (tool_choice required / named): the templates'
- *    own renderings of calls are sentences of it (exactly one call unless
- *    parallel), a call of another function or with arguments off its
- *    schema is not.
+ *  - The tool-call grammar (tool_choice required / named; the request's
+ *    tools handed to the engine by server/chat.c, as dsqd does): the
+ *    templates' own renderings of calls are sentences of it (exactly one
+ *    call unless parallel), a call of another function or with arguments
+ *    off its schema is not.
  *  - The parser is picked from a chat template's text; names map to
  *    parsers; the streaming hold-back offset covers a marker's prefix.
  *  - The calls go back into the templates (server/chat.c): an assistant
@@ -101,7 +102,7 @@ static dsq_grammar_t *tool_grammar(const char *tools_json, const char *name,
     cJSON *tools = cJSON_Parse(tools_json);
     assert_non_null(tools);
     char err[256], *gbnf = NULL;
-    int rc = dsq_grammar_gbnf_for_tool_calls(tools, name, f, parallel, &gbnf, err, sizeof(err));
+    int rc = dsq_chat_gbnf_for_tool_calls(tools, name, f, parallel, &gbnf, err, sizeof(err));
     if (rc)
         fail_msg("tool grammar: %s", err);
     cJSON_Delete(tools);
@@ -206,21 +207,21 @@ static void test_tool_grammar(void **state)
      * a type other than object */
     cJSON *tools = cJSON_Parse(typed);
     char err[256], *gbnf = NULL;
-    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, "x", DSQ_TOOL_PARSER_HERMES, true,
-                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_int_equal(dsq_chat_gbnf_for_tool_calls(tools, "x", DSQ_TOOL_PARSER_HERMES, true,
+                                                  &gbnf, err, sizeof(err)), DSQ_EINVAL);
     assert_non_null(strstr(err, "no tool named 'x'"));
     cJSON_Delete(tools);
     tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
                         "{\"type\":\"object\",\"patternProperties\":{}}}}]");
-    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_DEEPSEEK, true,
-                                                     &gbnf, err, sizeof(err)), DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_chat_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_DEEPSEEK, true,
+                                                  &gbnf, err, sizeof(err)), DSQ_EUNSUPPORTED);
     assert_non_null(strstr(err, "/tools/0/function/parameters"));
     assert_null(gbnf);
     cJSON_Delete(tools);
     tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
                         "{\"type\":\"string\"}}}]");
-    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_HERMES, false,
-                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_int_equal(dsq_chat_gbnf_for_tool_calls(tools, NULL, DSQ_TOOL_PARSER_HERMES, false,
+                                                  &gbnf, err, sizeof(err)), DSQ_EINVAL);
     assert_non_null(strstr(err, "must be \"object\""));
     assert_null(gbnf);
     cJSON_Delete(tools);
@@ -366,11 +367,44 @@ static void test_calls_render_back(void **state)
     free(dir);
 }
 
+/* The engine's own form of the tools: fns[i] is tools[i], an entry
+ * without a name is skipped but keeps its index, and parameters that are
+ * not JSON text are refused naming that index. */
+static void test_tool_grammar_fns(void **state)
+{
+    (void)state;
+    const dsq_tool_fn_t fns[] = {
+        {NULL, NULL},
+        {"w", "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},"
+              "\"required\":[\"n\"]}"},
+        {"bad", "{\"type\":"},
+    };
+    char err[256] = "", *gbnf = NULL;
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(fns, 2, NULL, DSQ_TOOL_PARSER_HERMES, false,
+                                                     &gbnf, err, sizeof(err)), DSQ_OK);
+    dsq_grammar_t *g = NULL;
+    assert_int_equal(dsq_grammar_from_gbnf(gbnf, strlen(gbnf), NULL, &g, err, sizeof(err)),
+                     DSQ_OK);
+    free(gbnf);
+    assert_true(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"n\": 7}}\n</tool_call>"));
+    assert_false(sentence(g, "<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>"));
+    dsq_grammar_free(g);
+    gbnf = NULL;
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(fns, 3, NULL, DSQ_TOOL_PARSER_HERMES, false,
+                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_non_null(strstr(err, "/tools/2/function/parameters: not JSON text"));
+    assert_null(gbnf);
+    assert_int_equal(dsq_grammar_gbnf_for_tool_calls(fns, 1, NULL, DSQ_TOOL_PARSER_HERMES, false,
+                                                     &gbnf, err, sizeof(err)), DSQ_EINVAL);
+    assert_non_null(strstr(err, "'tools' is empty"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_tool_grammar),
+        cmocka_unit_test(test_tool_grammar_fns),
         cmocka_unit_test(test_detect_names_and_prefix),
         cmocka_unit_test(test_calls_render_back),
     };
