@@ -12,7 +12,12 @@ kernels/, meson's include_directories), and then:
      RANKS below (a folder may include only folders of a lower rank; the
      folders of one rank never include each other), so there is no circle;
   4. engine/ never includes server/ or tools/, and kernels/ includes no
-     engine header but engine/common/ (error codes and logging).
+     engine header but engine/common/ (error codes and logging);
+  5. no header under engine/ or server/ includes a CUDA header, and no
+     public engine header (not *_internal.h) includes cJSON: request JSON
+     is the server's, the engine takes plain structs or text;
+  6. no source file is over MAX_LINES lines (one room per concern: split
+     it long before, at ~1,500).
 
 usage: check_layout.py [REPO_ROOT]   (default: this file's repo)
 Prints one line per violation and exits 1 if there is any, else prints the
@@ -37,6 +42,10 @@ RANK = {f: i for i, fs in enumerate(RANKS) for f in fs}
 SOURCE_DIRS = ['engine', 'server', 'tools', 'tests', 'kernels']
 EXTS = ('.c', '.h', '.cu', '.cuh', '.inc')
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<([^>]+)>', re.M)
+# A hard stop, not the habit: STYLE.md asks for a split at ~1,500 lines.
+MAX_LINES = 1800
+SIZE_EXTS = EXTS + ('.py', '.sh')
 
 
 def main():
@@ -58,6 +67,19 @@ def main():
                 for m in INCLUDE.finditer(text):
                     n_includes += 1
                     check(path, m.group(1), errors, edges)
+                check_headers(path, text, errors)
+    for top in SOURCE_DIRS + ['scripts']:
+        for dirpath, _, names in os.walk(top):
+            for name in sorted(names):
+                path = os.path.join(dirpath, name)
+                if not name.endswith(SIZE_EXTS) or dirpath.startswith(
+                        os.path.join('tests', 'golden')):
+                    continue
+                with open(path, encoding='utf-8', errors='replace') as fh:
+                    n = sum(1 for _ in fh)
+                if n > MAX_LINES:
+                    errors.append(f'{path}: {n} lines, over the {MAX_LINES}-line stop '
+                                  f'(split it by concern; STYLE.md asks ~1,500)')
     engine_dirs = sorted(d for d in os.listdir('engine')
                          if os.path.isdir(os.path.join('engine', d)))
     for d in engine_dirs:
@@ -76,6 +98,22 @@ def main():
         print(f'engine/{a} -> engine/{b}  ({edges[(a, b)]} includes)')
     print(f'layout: ok ({n_files} files, {n_includes} quoted includes)')
     return 0
+
+
+def check_headers(path, text, errors):
+    """Rule 5: what headers under engine/ and server/ may pull in."""
+    top, _ = folder_of(path)
+    if top not in ('engine', 'server') or not path.endswith(('.h', '.inc')):
+        return
+    for m in SYSTEM_INCLUDE.finditer(text):
+        inc = m.group(1)
+        if inc.startswith(('cuda', 'cublas', 'cuda_runtime')):
+            errors.append(f'{path}: #include <{inc}>: no CUDA header under {top}/ '
+                          f'(kernels/cuda owns CUDA; kernels.h is plain C)')
+        if (top == 'engine' and inc == 'cjson/cJSON.h'
+                and not path.endswith('_internal.h')):
+            errors.append(f'{path}: #include <{inc}>: a public engine header takes '
+                          f'plain structs or JSON text, not cJSON')
 
 
 def folder_of(path):
