@@ -57,7 +57,7 @@ static void cuda_destroy(dsq_backend_t *be)
         return;
     if (c->n_blocks)
         dsq_log(DSQ_LOG_WARN, "backend=cuda event=destroy leaked_blocks=%zu "
-                "leaked_bytes=%zu", c->n_blocks, dsq_backend_allocated_bytes(be));
+                "leaked_bytes=%zu", c->n_blocks, atomic_load(&be->allocated));
     cudaStreamSynchronize(c->stream);
     for (size_t i = 0; i < c->n_blocks; i++)
         cudaFree(c->blocks[i].p);

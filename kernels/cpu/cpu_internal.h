@@ -61,7 +61,7 @@ static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
     *i1 = *i0 + q + (tid < r ? 1 : 0);
 }
 
-/* ------------------------------------------ product tiling (matmul.c)
+/* ------------------------------------ product tiling (matmul_tiles.c)
  *
  * Both product paths (matmul.c's int8 activations, matmul_f32act.c's fp32
  * ones) split y[m][n] the same way: tiles of DSQ__MM_TILE_M activation rows

@@ -10,13 +10,11 @@
  * exactly W·x̂ (x̂ = the dequantised activations) up to fp32 rounding, so the
  * only approximation is |x - x̂| <= d/2 per element.
  *
- * Work split: the thread pool (threadpool.c) hands each thread a contiguous
- * static range of tiles of (64 activation rows x 16 weight rows), so the
- * result never depends on the thread count or timing, and a matmul under
- * ~128k multiply-adds runs inline without a dispatch. Inside a tile the kernel walks 4 activation rows at a time against one
- * weight row, so each unpacked weight chunk is reused 4 times from
- * registers and the tile's weights stay in L1 across the m loop (prefill),
- * while decode (m <= 8) streams every weight byte exactly once.
+ * Work split: matmul_tiles.c (tiles of 64 activation rows x 16 weight
+ * rows over the thread pool; a matmul under ~128k multiply-adds runs
+ * inline). Inside a tile the kernel walks 4 activation rows at a time
+ * against one weight row, so each unpacked weight chunk is reused 4 times
+ * from registers.
  */
 #include "cpu_internal.h"
 
@@ -30,9 +28,6 @@
 
 #include "engine/common/error.h"
 
-#define TILE_N DSQ__MM_TILE_N
-#define TILE_M DSQ__MM_TILE_M
-#define MR DSQ__MM_MR
 
 /* ------------------------------------------------------------ scalar tiles */
 
@@ -339,46 +334,6 @@ static int check_weight(const dsq_weight_t *w)
 static void quant_range(void *p, int64_t r0, int64_t r1)
 {
     quantize_any(p, r0, r1);
-}
-
-struct tiles_ctx {
-    float *y;
-    const dsq_weight_t *w;
-    int64_t m, tn;
-    dsq__mm_block_fn fn;
-    void *fn_ctx;
-};
-
-/* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
- * weight rows (t % tn) * TILE_N.. */
-static void run_tiles(void *p, int64_t t0, int64_t t1)
-{
-    const struct tiles_ctx *c = p;
-    const int64_t n = c->w->n, m = c->m;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t im = t / c->tn, in = t % c->tn;
-        int64_t n0 = in * TILE_N, n1 = n0 + TILE_N < n ? n0 + TILE_N : n;
-        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
-        for (int64_t r = mb0; r < mb1; r += MR) {
-            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
-            c->fn(c->fn_ctx, r, r1, n0, n1);
-            if (c->w->bias)
-                for (int64_t i = r; i < r1; i++)
-                    for (int64_t j = n0; j < n1; j++)
-                        c->y[i * n + j] += c->w->bias[j];
-        }
-    }
-}
-
-void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
-                       dsq__mm_block_fn fn, void *ctx)
-{
-    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx};
-    c.tn = (w->n + TILE_N - 1) / TILE_N;
-    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
-    /* at least min_work multiply-adds per thread, in whole tiles */
-    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
-    dsq__parallel_for(n_tiles, min_work / tile_work + 1, run_tiles, &c);
 }
 
 struct mm_ctx {

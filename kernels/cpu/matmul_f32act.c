@@ -7,7 +7,7 @@
  * the int8 path (one convert + two FMAs per 8 weights instead of one
  * integer dot per 32), which is why it is an option (dsq_act_dtype_t).
  *
- * Same tiling as matmul.c (dsq__mm_run_tiles: tiles of 64 activation rows
+ * Same tiling as matmul.c (matmul_tiles.c: tiles of 64 activation rows
  * x 16 weight rows split statically over the thread pool, so results do not
  * depend on the thread count; 4 activation rows per pass so each
  * dequantised weight vector is reused from registers). Scalar kernels are

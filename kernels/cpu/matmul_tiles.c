@@ -1,0 +1,54 @@
+/* The work split both product paths share (matmul.c's int8 activations,
+ * matmul_f32act.c's fp32 ones): y[m][n] in tiles of DSQ__MM_TILE_M
+ * activation rows x DSQ__MM_TILE_N weight rows, handed out as contiguous
+ * static ranges over the thread pool so that results never depend on the
+ * thread count or timing, and a product under the caller's minimum work
+ * runs inline without a dispatch. Each tile is walked DSQ__MM_MR
+ * activation rows at a time, so the kernel reuses an unpacked weight
+ * chunk from registers while the tile's weights stay in L1 (prefill), and
+ * decode (m <= 4) streams every weight byte once. */
+#include "cpu_internal.h"
+
+#define TILE_N DSQ__MM_TILE_N
+#define TILE_M DSQ__MM_TILE_M
+#define MR DSQ__MM_MR
+
+struct tiles_ctx {
+    float *y;
+    const dsq_weight_t *w;
+    int64_t m, tn;
+    dsq__mm_block_fn fn;
+    void *fn_ctx;
+};
+
+/* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
+ * weight rows (t % tn) * TILE_N.. */
+static void run_tiles(void *p, int64_t t0, int64_t t1)
+{
+    const struct tiles_ctx *c = p;
+    const int64_t n = c->w->n, m = c->m;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t im = t / c->tn, in = t % c->tn;
+        int64_t n0 = in * TILE_N, n1 = n0 + TILE_N < n ? n0 + TILE_N : n;
+        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
+        for (int64_t r = mb0; r < mb1; r += MR) {
+            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
+            c->fn(c->fn_ctx, r, r1, n0, n1);
+            if (c->w->bias)
+                for (int64_t i = r; i < r1; i++)
+                    for (int64_t j = n0; j < n1; j++)
+                        c->y[i * n + j] += c->w->bias[j];
+        }
+    }
+}
+
+void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
+                       dsq__mm_block_fn fn, void *ctx)
+{
+    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx};
+    c.tn = (w->n + TILE_N - 1) / TILE_N;
+    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
+    /* at least min_work multiply-adds per thread, in whole tiles */
+    int64_t tile_work = TILE_N * w->k * (m < TILE_M ? m : TILE_M);
+    dsq__parallel_for(n_tiles, min_work / tile_work + 1, run_tiles, &c);
+}
