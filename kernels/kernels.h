@@ -31,10 +31,13 @@ typedef enum dsq_wformat {
                            channel, symmetric; w = q*s                          */
     DSQ_WFMT_INT8G,     /* dsq native group-wise 8-bit, see below (GGUF Q5_0,
                            Q5_1, Q5_K, Q6_K)                                   */
+    DSQ_WFMT_INT4_X8,   /* INT4 with rows interleaved in tiles of 8: the CPU
+                           products' layout (see below); made from an INT4
+                           weight in place by dsq_weight_interleave_x8      */
 } dsq_wformat_t;
 
 /* Number of dsq_wformat_t values (size of per-format tables). */
-#define DSQ_WFMT_COUNT 7
+#define DSQ_WFMT_COUNT 8
 
 /* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
  * scale s (see dsq_scale_mode_t for where s and z/m are stored):
@@ -108,6 +111,17 @@ typedef enum dsq_act_dtype {
  *     order). With group_size 16 a chunk's low nibbles are one group and
  *     its high nibbles the next.
  *   - scales/zeros or sub_scales/sub_zeros/super per dsq_scale_mode_t.
+ * DSQ_WFMT_INT4_X8 byte layout: the same nibbles, scales and zeros as
+ * DSQ_WFMT_INT4 in the F16 scale mode (group_size 32, 64 or 128; any
+ * zp_mode), in the same number of bytes, with the rows taken 8 at a time
+ * (n % 8 == 0): for tile t (rows 8t..8t+7) and 32-weight chunk c, 128
+ * bytes of qweight at (t * k_pad/32 + c) * 128, where byte 32p + 4r + i
+ * (p < 4, r < 8, i < 4) is byte 4p + i of row 8t + r's native chunk c
+ * (so its low nibble is weight 4p + i of the chunk, its high nibble weight
+ * 16 + 4p + i); scales and zeros fp16 [n/8][groups][8], entry (t, g, r)
+ * for row 8t + r. One 32-byte load then holds 4 weights of each of 8 rows,
+ * so a SIMD product keeps one row per 32-bit lane and needs no horizontal
+ * sum (the idea of llama.cpp's Q4_0_8x8 repacking).
  * DSQ_WFMT_INT8G byte layout: data int8 [n][k_pad] (padding 0), groups of
  * group_size 16 or 32 along k, zp_mode SYM or MIN, scales as for INT4.
  * GGUF sources: Q5_0 -> SYM q-16, F16 s = d; Q5_1 -> MIN, F16 (d, m);
@@ -163,6 +177,15 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
 size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_size);
 /* (F16 INT/MIN modes: zeros take the same bytes as scales.) These two only
  * describe the F16 scale mode; dsq_weight_layout describes every layout. */
+
+/* Turn a DSQ_WFMT_INT4 weight (F16 scale mode, group_size 32/64/128,
+ * n % 8 == 0) into DSQ_WFMT_INT4_X8 in place: its data, scales and zeros
+ * arrays are rewritten (they must be writable memory the caller owns, not
+ * a file mapping) and w->format changes; sizes and pointers stay. Tile by
+ * tile, with a 8-row scratch of its own (no allocation beyond it).
+ * Returns 0, DSQ_EINVAL (another format or layout, n % 8 != 0: w is left
+ * as it was) or DSQ_ENOMEM. */
+int dsq_weight_interleave_x8(dsq_weight_t *w);
 
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
  * with the format's reference formula above (INT4/INT8G: per zp_mode, with

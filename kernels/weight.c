@@ -7,6 +7,7 @@
 #include "kernels.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/common/error.h"
@@ -22,7 +23,8 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_F16:
     case DSQ_WFMT_BF16: return un * uk * 2;
     case DSQ_WFMT_Q8_0: return un * ((uk + 31) / 32) * 34;
-    case DSQ_WFMT_INT4: return un * ((uk + 31) / 32) * 16;
+    case DSQ_WFMT_INT4:
+    case DSQ_WFMT_INT4_X8: return un * ((uk + 31) / 32) * 16;
     case DSQ_WFMT_INT8: return un * uk;
     case DSQ_WFMT_INT8G: return un * ((uk + 31) / 32) * 32;
     }
@@ -35,6 +37,7 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
         return 0;
     switch (f) {
     case DSQ_WFMT_INT4:
+    case DSQ_WFMT_INT4_X8:
         if (group_size <= 0)
             return 0;
         return (size_t)n * (size_t)((k + group_size - 1) / group_size) * 2;
@@ -60,6 +63,19 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
     memset(b, 0, sizeof(*b));
     const size_t n = (size_t)w->n, kp = (size_t)((w->k + 31) / 32 * 32);
     const int gs = w->group_size;
+    if (w->format == DSQ_WFMT_INT4_X8) {
+        /* the F16-mode INT4 layout's arrays, rows regrouped 8 at a time */
+        if (w->n % 8 || w->scale_mode != DSQ_SCALE_F16 || (gs != 32 && gs != 64 && gs != 128))
+            return DSQ_EINVAL;
+        if (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_INT &&
+            w->zp_mode != DSQ_ZP_MIN && w->zp_mode != DSQ_ZP_LUT)
+            return DSQ_EINVAL;
+        b->data = n * kp / 2;
+        b->scales = n * (size_t)((w->k + gs - 1) / gs) * 2;
+        b->zeros = w->zp_mode == DSQ_ZP_INT || w->zp_mode == DSQ_ZP_MIN ? b->scales : 0;
+        b->total = b->data + b->scales + b->zeros;
+        return DSQ_OK;
+    }
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
         if (w->scale_mode != DSQ_SCALE_F16)
             return DSQ_EINVAL;
@@ -104,7 +120,8 @@ int dsq_weight_check(const dsq_weight_t *w)
         return DSQ_EINVAL;
     if (w->format == DSQ_WFMT_INT8 && !w->scales)
         return DSQ_EINVAL;
-    if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G)
+    if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
+        w->format != DSQ_WFMT_INT4_X8)
         return DSQ_OK;
     if (w->scale_mode == DSQ_SCALE_SUPER)
         return w->sub_scales && w->super && (!b.zeros || w->sub_zeros) ? DSQ_OK
@@ -116,6 +133,9 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
 {
     dsq_weight_bytes_t b;
     if (!out || dsq_weight_layout(w, &b) != DSQ_OK || r0 < 0 || n < 1 || r0 + n > w->n)
+        return DSQ_EINVAL;
+    /* an interleaved weight keeps whole tiles contiguous, not rows */
+    if (w->format == DSQ_WFMT_INT4_X8 && (r0 % 8 || n % 8))
         return DSQ_EINVAL;
     const size_t rn = (size_t)w->n, o = (size_t)r0;
     dsq_weight_t v = *w;
@@ -134,5 +154,51 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
     if (w->bias)
         v.bias = w->bias + r0;
     *out = v;
+    return DSQ_OK;
+}
+
+/* Rows [r0, r0 + 8) of one array of `per_row` bytes a row: from row-major
+ * (native) to tile order, where unit u (of `unit` bytes) of row r goes to
+ * position u * 8 + r (scales, zeros: unit 2; qweight: unit 4 within each
+ * 16-byte chunk, handled by the caller through chunk-sized calls). */
+static void tile_transpose(uint8_t *tile, uint8_t *tmp, size_t per_row, size_t unit)
+{
+    memcpy(tmp, tile, 8 * per_row);
+    const size_t units = per_row / unit;
+    for (size_t r = 0; r < 8; r++)
+        for (size_t u = 0; u < units; u++)
+            memcpy(tile + (u * 8 + r) * unit, tmp + r * per_row + u * unit, unit);
+}
+
+int dsq_weight_interleave_x8(dsq_weight_t *w)
+{
+    if (!w || w->format != DSQ_WFMT_INT4 || dsq_weight_check(w) != DSQ_OK)
+        return DSQ_EINVAL;
+    dsq_weight_t x = *w;
+    x.format = DSQ_WFMT_INT4_X8;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    const size_t tiles = (size_t)w->n / 8, row_data = b.data / (size_t)w->n,
+                 row_sc = b.scales / (size_t)w->n;
+    uint8_t *tmp = malloc(8 * (row_data > row_sc ? row_data : row_sc));
+    if (!tmp)
+        return DSQ_ENOMEM;
+    uint8_t *data = (uint8_t *)w->data, *sc = (uint8_t *)w->scales, *zr = (uint8_t *)w->zeros;
+    const size_t chunks = row_data / 16;
+    for (size_t t = 0; t < tiles; t++) {
+        /* qweight: [8 rows][chunks][4 units of 4 bytes] -> [chunks][4][8 rows][4] */
+        uint8_t *td = data + t * 8 * row_data;
+        memcpy(tmp, td, 8 * row_data);
+        for (size_t c = 0; c < chunks; c++)
+            for (size_t p = 0; p < 4; p++)
+                for (size_t r = 0; r < 8; r++)
+                    memcpy(td + c * 128 + p * 32 + r * 4, tmp + r * row_data + c * 16 + p * 4, 4);
+        tile_transpose(sc + t * 8 * row_sc, tmp, row_sc, 2);
+        if (zr && b.zeros)
+            tile_transpose(zr + t * 8 * row_sc, tmp, row_sc, 2);
+    }
+    free(tmp);
+    w->format = DSQ_WFMT_INT4_X8;
     return DSQ_OK;
 }

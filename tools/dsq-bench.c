@@ -19,6 +19,8 @@
  * Weights are random: timing does not depend on values. */
 #include "dsq_config.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,26 +41,98 @@ static double cpu_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The machine's ceiling for a weight-streaming step: bytes/s that n
+ * threads read from DRAM (a STREAM-like sum over a buffer far larger than
+ * the caches, each thread its own slice, best of 5 passes). */
+typedef unsigned long long bw_vec_t __attribute__((vector_size(32)));
+
+typedef struct bw_job {
+    const bw_vec_t *p;
+    size_t n;
+    bw_vec_t sum;
+} bw_job_t;
+
+static void *bw_read(void *arg)
+{
+    bw_job_t *j = arg;
+    bw_vec_t a = {0}, b = {0}, c = {0}, d = {0};
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        a += j->p[i];
+        b += j->p[i + 1];
+        c += j->p[i + 2];
+        d += j->p[i + 3];
+    }
+    j->sum = a + b + c + d;
+    return NULL;
+}
+
+double dsq__bench_read_bandwidth(int threads)
+{
+    const size_t bytes = (size_t)1 << 30, nv = bytes / sizeof(bw_vec_t);
+    bw_vec_t *buf = aligned_alloc(64, bytes);
+    if (!buf || threads < 1 || threads > 64) {
+        free(buf);
+        return 0.0;
+    }
+    memset(buf, 1, bytes);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; pass++) {
+        pthread_t th[64];
+        bw_job_t jobs[64];
+        double t0 = dsq_clock_now_s();
+        for (int t = 0; t < threads; t++) {
+            jobs[t] = (bw_job_t){buf + nv / threads * t, nv / threads, {0}};
+            if (t > 0)
+                pthread_create(&th[t], NULL, bw_read, &jobs[t]);
+        }
+        bw_read(&jobs[0]);
+        for (int t = 1; t < threads; t++)
+            pthread_join(th[t], NULL);
+        double el = dsq_clock_now_s() - t0;
+        volatile unsigned long long sink = jobs[0].sum[0];
+        (void)sink;
+        double bw = (double)(nv / threads * threads * sizeof(bw_vec_t)) / el;
+        best = bw > best ? bw : best;
+    }
+    free(buf);
+    return best;
+}
+
+/* matmul: the product kernels alone at a model's layer shapes. */
 static int bench_matmul(int argc, char **argv)
 {
-    static const int64_t shapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+    static const int64_t small[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+    /* DeepSeek-Coder-6.7B / DeepSeek-LLM-7B: q/k/v/o, gate/up, down, lm_head */
+    static const int64_t big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008},
+                                     {32256, 4096}};
     static const int64_t ms[] = {1, 512};
     int max_threads = 2;
     double min_s = 0.3;
+    bool use_big = false, x8 = false, probe = false;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             max_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
             min_s = atof(argv[++i]);
+        else if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc)
+            use_big = strcmp(argv[++i], "6.7b") == 0;
+        else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
+            x8 = strcmp(argv[++i], "x8") == 0;
+        else if (strcmp(argv[i], "--bandwidth") == 0)
+            probe = true;
     }
+    const int64_t(*shapes)[2] = use_big ? big : small;
     printf("# isa=%s; n x k; format; m; threads; wall ms/call, GB/s (weights), GFLOP/s;"
            " then the same from process CPU time (all threads)\n",
            dsq_cpu_isa());
+    for (int t = 1; probe && t <= max_threads; t++)
+        printf("# DRAM read bandwidth, %d thread(s): %.1f GB/s\n", t,
+               dsq__bench_read_bandwidth(t) * 1e-9);
     int rc = 0;
-    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]) && rc == 0; si++) {
+    for (size_t si = 0; si < 4 && rc == 0; si++) {
         const int64_t n = shapes[si][0], k = shapes[si][1];
         dsq_weight_t w = {.n = n, .k = k, .group_size = 32};
-        if (n == 49152) {
+        if (n == 49152 || n == 32256) {
             w.format = DSQ_WFMT_Q8_0;
         } else {
             w.format = DSQ_WFMT_INT4;
@@ -90,7 +164,11 @@ static int bench_matmul(int argc, char **argv)
             w.data = data;
             w.scales = sb ? sc : NULL;
             w.zeros = sb ? zr : NULL;
-            for (size_t mi = 0; mi < 2; mi++)
+            if (x8 && w.format == DSQ_WFMT_INT4)
+                rc = dsq_weight_interleave_x8(&w);
+            const char *fmt = w.format == DSQ_WFMT_Q8_0 ? "Q8_0"
+                            : w.format == DSQ_WFMT_INT4_X8 ? "INT4x8/g32" : "INT4/g32";
+            for (size_t mi = 0; mi < 2 && rc == 0; mi++)
                 for (int t = 1; t <= max_threads; t++) {
                     dsq_cpu_set_threads(t);
                     int64_t m = ms[mi];
@@ -106,9 +184,8 @@ static int bench_matmul(int argc, char **argv)
                     /* CPU seconds per call per thread: on a shared machine
                      * this is what the kernel costs when it runs */
                     double cpu = (cpu_s() - c0) / iters / t;
-                    printf("%6lld x %4lld  %-10s m=%-4lld t=%d  %9.3f ms  %7.2f GB/s  %8.2f GFLOP/s | cpu/thread %8.3f ms  %7.2f GB/s  %8.2f GFLOP/s\n",
-                           (long long)n, (long long)k,
-                           w.format == DSQ_WFMT_Q8_0 ? "Q8_0" : "INT4/g32", (long long)m, t,
+                    printf("%6lld x %5lld  %-10s m=%-4lld t=%d  %9.3f ms  %7.2f GB/s  %8.2f GFLOP/s | cpu/thread %8.3f ms  %7.2f GB/s  %8.2f GFLOP/s\n",
+                           (long long)n, (long long)k, fmt, (long long)m, t,
                            per * 1e3, (double)(db + 2 * sb) / per * 1e-9,
                            2.0 * (double)m * (double)n * (double)k / per * 1e-9,
                            cpu * 1e3, (double)(db + 2 * sb) / cpu / t * 1e-9,
@@ -276,7 +353,8 @@ int main(int argc, char **argv)
         }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: dsq-bench [--help] [--version]\n"
-                   "       dsq-bench matmul [--threads N] [--seconds S]\n"
+                   "       dsq-bench matmul [--threads N] [--seconds S] [--shapes 135m|6.7b]"
+                   " [--layout native|x8] [--bandwidth]\n"
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
                    " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"

@@ -145,7 +145,8 @@ static inline float dsq__bf2f(uint16_t h)
 static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
                                  int64_t groups, float *s, float *c)
 {
-    const int64_t i = row * groups + g;
+    const int64_t i = w->format == DSQ_WFMT_INT4_X8 ? ((row / 8) * groups + g) * 8 + row % 8
+                                                    : row * groups + g;
     float sg, cg = 0.0f;
     if (w->scale_mode == DSQ_SCALE_SUPER) {
         const uint16_t *sb = w->super + 2 * (row * (w->k / 256) + g * w->group_size / 256);
@@ -161,7 +162,7 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
         else if (w->zp_mode == DSQ_ZP_MIN)
             cg = dsq__h2f(w->zeros[i]);
     }
-    if (w->zp_mode == DSQ_ZP_SYM && w->format == DSQ_WFMT_INT4)
+    if (w->zp_mode == DSQ_ZP_SYM && w->format != DSQ_WFMT_INT8G)
         cg = -8.0f * sg;
     *s = sg;
     *c = cg;
@@ -175,6 +176,18 @@ static inline bool dsq__int4_classic(const dsq_weight_t *w)
 {
     return w->format == DSQ_WFMT_INT4 && w->scale_mode == DSQ_SCALE_F16 &&
            w->group_size >= 32 && w->zp_mode != DSQ_ZP_LUT;
+}
+
+/* Byte j (< 16) of 32-weight chunk c of row `row` of an INT4 weight, in
+ * the native chunk order (kernels.h: low nibble weight j, high nibble
+ * weight j + 16) whether the rows are native or interleaved (INT4_X8). */
+static inline uint8_t dsq__int4_byte(const dsq_weight_t *w, int64_t nb, int64_t row,
+                                     int64_t c, int j)
+{
+    const uint8_t *d = (const uint8_t *)w->data;
+    if (w->format == DSQ_WFMT_INT4_X8)
+        return d[((row / 8) * nb + c) * 128 + (j / 4) * 32 + (row % 8) * 4 + j % 4];
+    return d[(row * nb + c) * 16 + j];
 }
 
 /* Activations of one matmul call, quantised per 32-block (see top). */

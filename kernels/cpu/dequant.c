@@ -59,23 +59,26 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
         break;
     }
     case DSQ_WFMT_INT4:
+    case DSQ_WFMT_INT4_X8:
     case DSQ_WFMT_INT8G: {
         if (dsq_weight_check(w) != DSQ_OK) {
             rc = DSQ_EINVAL;
             break;
         }
         const int64_t gs = w->group_size, nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
-        const bool int4 = w->format == DSQ_WFMT_INT4;
-        const uint8_t *r4 = (const uint8_t *)w->data + row * nb * 16;
+        const bool int4 = w->format != DSQ_WFMT_INT8G;
         const int8_t *r8 = (const int8_t *)w->data + row * nb * 32;
         for (int64_t g = 0; g < groups; g++) {
             float s, c;
             dsq__group_sc(w, row, g, groups, &s, &c);
+            const int64_t zi = w->format == DSQ_WFMT_INT4_X8
+                                   ? ((row / 8) * groups + g) * 8 + row % 8
+                                   : row * groups + g;
             const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
             for (int64_t j = g * gs; j < j1; j++) {
                 int q;
                 if (int4) {
-                    const uint8_t b = r4[(j / 32) * 16 + (j % 16)];
+                    const uint8_t b = dsq__int4_byte(w, nb, row, j / 32, (int)(j % 16));
                     q = (j % 32) < 16 ? (b & 15) : (b >> 4);
                 } else {
                     q = r8[j];
@@ -86,8 +89,8 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
                 case DSQ_ZP_SYM: out[j] = int4 ? (float)(q - 8) * s : (float)q * s; break;
                 case DSQ_ZP_INT:
                     out[j] = w->scale_mode == DSQ_SCALE_SUPER
-                                 ? (float)(q - w->sub_zeros[row * groups + g]) * s
-                                 : ((float)q - dsq__h2f(w->zeros[row * groups + g])) * s;
+                                 ? (float)(q - w->sub_zeros[zi]) * s
+                                 : ((float)q - dsq__h2f(w->zeros[zi])) * s;
                     break;
                 case DSQ_ZP_LUT: out[j] = (float)dsq_iq4nl_values[q] * s; break;
                 default: out[j] = (float)q * s + c; break;

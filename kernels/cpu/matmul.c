@@ -31,7 +31,8 @@
 
 /* ------------------------------------------------------------ scalar tiles */
 
-/* Every INT4 layout (kernels.h): per group, s and c from dsq__group_sc,
+/* Every INT4 layout (kernels.h; INT4_X8 too, byte by byte through
+ * dsq__int4_byte): per group, s and c from dsq__group_sc,
  * acc += s * sum_chunks d_c * dot(v(q), x^) and c * gsum. Group 16 is half
  * a 32-chunk (low nibbles, then high nibbles). */
 static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
@@ -43,6 +44,8 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     int8_t v[16];
     for (int q = 0; q < 16; q++)
         v[q] = lut ? dsq_iq4nl_values[q] : (int8_t)q;
+    const bool x8 = w->format == DSQ_WFMT_INT4_X8;
+    uint8_t chunk[16];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wr = (const uint8_t *)w->data + n * nb * 16;
         for (int64_t r = m0; r < m1; r++) {
@@ -66,6 +69,11 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                     const int64_t c1 = c0 + gs / 32 < nb ? c0 + gs / 32 : nb;
                     for (int64_t c = c0; c < c1; c++) {
                         const uint8_t *wc = wr + c * 16;
+                        if (x8) {
+                            for (int j = 0; j < 16; j++)
+                                chunk[j] = dsq__int4_byte(w, nb, n, c, j);
+                            wc = chunk;
+                        }
                         const int8_t *xc = xr + c * 32;
                         int32_t dot = 0;
                         for (int j = 0; j < 16; j++)
@@ -186,6 +194,7 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT4] = tile_int4;
     tab[DSQ_WFMT_INT8] = tile_int8;
     tab[DSQ_WFMT_INT8G] = tile_int8g;
+    tab[DSQ_WFMT_INT4_X8] = tile_int4;
     tab[DSQ__MM_INT4_GEN] = tile_int4;
 }
 
@@ -358,7 +367,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
-    const bool quantised = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G ||
+    const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
+    const bool quantised = int4 || w->format == DSQ_WFMT_INT8G ||
                            w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
     if (w->act == DSQ_ACT_F32 && quantised)
         return dsq__matmul_f32act(y, x, m, w);
@@ -370,7 +380,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (quantised) {
         size_t qb = (size_t)(m * xq.k_pad + 63) / 64 * 64;
         size_t fb = (size_t)(m * xq.nb) * sizeof(float);
-        if (w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G) {
+        if (int4 || w->format == DSQ_WFMT_INT8G) {
             xq.n_groups = (w->k + w->group_size - 1) / w->group_size;
             xq.cpg = w->group_size / 32;        /* 0: group 16 */
         }

@@ -26,6 +26,7 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8_vnni(__m256i a, __
 }
 
 #define DOT_U8S8(a, b) dot_u8s8_vnni((a), (b))
+#define X8_VNNI 1
 #define TAB_FN mm_avx512_base
 #include "matmul_x86.inc"
 

@@ -527,7 +527,7 @@ FA_TILE(tile_int8_neon, int8_rows_neon, )
 /* ----------------------------------------------------------------- driver */
 
 /* Any layout (the k-quant SUPER scales, group 16, the IQ4 codebook,
- * INT8G): each weight row is dequantised by dsq_weight_dequant_row (the
+ * INT8G, the interleaved INT4_X8): each weight row is dequantised by dsq_weight_dequant_row (the
  * format's own formula) into a scratch row, then dotted with the fp32
  * activations. Not yet vectorised (docs/benchmarks.md). */
 static void tile_generic(float *y, int64_t ldy, const fa_t *a, int64_t m0, int64_t m1,
@@ -572,7 +572,8 @@ static void fa_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
 static fa_tile_fn pick(const dsq_weight_t *w)
 {
     const dsq_wformat_t f = w->format;
-    if (f == DSQ_WFMT_INT8G || (f == DSQ_WFMT_INT4 && !dsq__int4_classic(w)))
+    if (f == DSQ_WFMT_INT8G || f == DSQ_WFMT_INT4_X8 ||
+        (f == DSQ_WFMT_INT4 && !dsq__int4_classic(w)))
         return tile_generic;
     dsq__isa_t isa = dsq__cpu_isa_level();
     (void)isa;

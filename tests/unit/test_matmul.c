@@ -50,7 +50,7 @@ static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
 {
     const int64_t n = b->w.n, k = b->w.k, nb = (k + 31) / 32;
     const bool quant = b->w.format == DSQ_WFMT_INT4 || b->w.format == DSQ_WFMT_Q8_0 ||
-                       b->w.format == DSQ_WFMT_INT8;
+                       b->w.format == DSQ_WFMT_INT8 || b->w.format == DSQ_WFMT_INT4_X8;
     float *x = malloc((size_t)(m * k) * 4);
     for (int64_t i = 0; i < m * k; i++)
         x[i] = rndf(-1, 1) * (i % 17 == 0 ? 4.0f : 1.0f);
@@ -127,6 +127,57 @@ static void test_int4(void **state)
             run_format(DSQ_WFMT_INT4, (dsq_zp_mode_t)z, gsz[g], 37, 172, z == 1);
             run_format(DSQ_WFMT_INT4, (dsq_zp_mode_t)z, gsz[g], 24, 576, z != 1);
         }
+}
+
+/* INT4_X8 (8 rows interleaved, the x86 CPU layout): built as INT4, then
+ * interleaved in place; every ISA level against the FP64 reference of the
+ * same weights, and each row dequantises to what the native row did. */
+static void test_int4_x8(void **state)
+{
+    (void)state;
+    const int gsz[3] = {32, 64, 128};
+    const int64_t shapes[3][2] = {{40, 172}, {24, 576}, {16, 4096}};
+    for (int z = 0; z < 3; z++)
+        for (int g = 0; g < 3; g++)
+            for (int s = 0; s < 3; s++) {
+                const int64_t n = shapes[s][0], k = shapes[s][1];
+                built_t b = build(DSQ_WFMT_INT4, (dsq_zp_mode_t)z, gsz[g], n, k, (z + s) % 2);
+                float *native = malloc((size_t)(n * k) * sizeof(float));
+                float *row = malloc((size_t)k * sizeof(float));
+                for (int64_t r = 0; r < n; r++)
+                    assert_int_equal(dsq_weight_dequant_row(&b.w, r, native + r * k), DSQ_OK);
+                assert_int_equal(dsq_weight_interleave_x8(&b.w), DSQ_OK);
+                assert_int_equal(b.w.format, DSQ_WFMT_INT4_X8);
+                for (int64_t r = 0; r < n; r++) {
+                    assert_int_equal(dsq_weight_dequant_row(&b.w, r, row), DSQ_OK);
+                    assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
+                }
+                double ma = 0.0, mr = 0.0;
+                for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+                    check(&b, ms[i], &ma, &mr);
+                printf("# INT4_X8 zp %d gs %3d n %3lld k %4lld: max abs err %.3g, max "
+                       "err/tolerance %.3g\n", z, gsz[g], (long long)n, (long long)k, ma, mr);
+                free(native);
+                free(row);
+                free_built(&b);
+            }
+    /* what cannot be interleaved is left as it was */
+    built_t b = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 20, 64, 0);
+    assert_int_equal(dsq_weight_interleave_x8(&b.w), DSQ_EINVAL);   /* n % 8 */
+    assert_int_equal(b.w.format, DSQ_WFMT_INT4);
+    assert_int_equal(dsq_weight_interleave_x8(NULL), DSQ_EINVAL);
+    free_built(&b);
+    b = build(DSQ_WFMT_Q8_0, 0, 32, 8, 64, 0);
+    assert_int_equal(dsq_weight_interleave_x8(&b.w), DSQ_EINVAL);   /* not INT4 */
+    free_built(&b);
+    /* row views of an interleaved weight are whole tiles */
+    b = build(DSQ_WFMT_INT4, DSQ_ZP_SYM, 32, 24, 64, 0);
+    assert_int_equal(dsq_weight_interleave_x8(&b.w), DSQ_OK);
+    dsq_weight_t v;
+    assert_int_equal(dsq_weight_rows(&b.w, 8, 16, &v), DSQ_OK);
+    assert_int_equal(dsq_weight_rows(&b.w, 4, 8, &v), DSQ_EINVAL);
+    assert_int_equal(dsq_weight_rows(&b.w, 8, 4, &v), DSQ_EINVAL);
+    free_built(&b);
 }
 
 static void test_q8_0(void **state)
@@ -257,6 +308,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_int4),
+        cmocka_unit_test(test_int4_x8),
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_int8),
         cmocka_unit_test(test_float),
