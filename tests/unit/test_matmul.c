@@ -146,8 +146,37 @@ static void test_int4_x8(void **state)
                 float *row = malloc((size_t)k * sizeof(float));
                 for (int64_t r = 0; r < n; r++)
                     assert_int_equal(dsq_weight_dequant_row(&b.w, r, native + r * k), DSQ_OK);
+                /* the native scalar kernel's results, to compare bit for bit */
+                float *xs = malloc((size_t)(70 * k) * sizeof(float));
+                float *yref = malloc((size_t)(70 * n) * sizeof(float));
+                float *yx8 = malloc((size_t)(70 * n) * sizeof(float));
+                for (int64_t i = 0; i < 70 * k; i++)
+                    xs[i] = rndf(-1, 1);
+                if (!best_isa)
+                    best_isa = dsq_cpu_isa();
+                assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
+                assert_int_equal(dsq_cpu_matmul(yref, xs, 70, &b.w), DSQ_OK);
                 assert_int_equal(dsq_weight_interleave_x8(&b.w), DSQ_OK);
                 assert_int_equal(b.w.format, DSQ_WFMT_INT4_X8);
+                /* every ISA level's INT4_X8 kernel does the scalar kernel's
+                 * fp32 operations in its order: the same bits */
+                for (int i = 0; i < N_ISAS; i++) {
+                    if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
+                        continue;
+                    for (int64_t mm = 1; mm <= 70; mm += 23) {
+                        memset(yx8, 0xff, (size_t)(mm * n) * sizeof(float));
+                        assert_int_equal(dsq_cpu_matmul(yx8, xs, mm, &b.w), DSQ_OK);
+                        for (int64_t e = 0; e < mm * n; e++)
+                            if (memcmp(&yx8[e], &yref[e], sizeof(float)) != 0)
+                                fail_msg("INT4_X8 isa %s zp %d gs %d m %lld: y[%lld] = %.9g, "
+                                         "the native scalar kernel's %.9g", isas[i], z,
+                                         gsz[g], (long long)mm, (long long)e, yx8[e], yref[e]);
+                    }
+                }
+                assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+                free(xs);
+                free(yref);
+                free(yx8);
                 for (int64_t r = 0; r < n; r++) {
                     assert_int_equal(dsq_weight_dequant_row(&b.w, r, row), DSQ_OK);
                     assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
