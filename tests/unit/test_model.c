@@ -264,8 +264,10 @@ static char *golden_path(const char *name)
 
 /* Greedy continuations vs llama.cpp. Tolerance (stated in the golden file):
  * ids must match exactly up to the first step where llama.cpp's own top-2
- * logit gap is < 0.25 (first_close_step); at that step either of its two
- * top ids is accepted and later steps are not compared. */
+ * logit gap is < 0.25 (first_close_step); at that step any id llama.cpp
+ * had within 0.25 of its top logit (close_ids) is accepted, since another
+ * fp32 summation order legitimately picks another of them, and later steps
+ * are not compared. */
 static void test_smollm2_greedy(void **state)
 {
     (void)state;
@@ -277,7 +279,8 @@ static void test_smollm2_greedy(void **state)
     runner_open(&r, model, NULL, NULL, 0);
     FILE *f = fopen(gold, "r");
     static char line[65536];
-    int32_t pids[4096], ref[256], got[256], alt[256];
+    int32_t pids[4096], ref[256], got[256], alt[256], close_ids[64];
+    int n_close = 0;
     float top2[256][2];
     int n_p = 0, n_ref = 0, n_cases = 0, n_ties = 0, close_step = -1;
     const char *name = "?";
@@ -303,6 +306,8 @@ static void test_smollm2_greedy(void **state)
             }
         } else if (strncmp(line, "first_close_step:", 17) == 0) {
             close_step = atoi(line + 17);
+        } else if (strncmp(line, "close_ids:", 10) == 0) {
+            n_close = parse_ids(line + 10, close_ids, 64);
         } else if (strcmp(line, "end") == 0) {
             assert_true(n_p > 0 && n_ref > 0 && close_step >= 0);
             int n = greedy(&r, pids, n_p, n_ref, -1, got, top2);
@@ -322,14 +327,21 @@ static void test_smollm2_greedy(void **state)
                 if (first_diff < close_step)
                     fail_msg("%s diverges at token %d, before llama.cpp's first near-tie "
                              "step %d", name, first_diff, close_step);
-                if (first_diff == close_step && got[first_diff] != alt[first_diff])
-                    fail_msg("%s: at the near-tie step %d our token %d is neither of "
-                             "llama.cpp's top-2 (%d, %d)", name, first_diff,
-                             got[first_diff], ref[first_diff], alt[first_diff]);
+                /* at the near tie, any id llama.cpp had within the close gap
+                 * of its top logit: another fp32 summation order may pick it */
+                bool near = false;
+                for (int j = 0; j < n_close; j++)
+                    near = near || got[first_diff] == close_ids[j];
+                if (first_diff == close_step && !near)
+                    fail_msg("%s: at the near-tie step %d our token %d is none of "
+                             "llama.cpp's near-tied ids (top %d, runner-up %d, %d in all)",
+                             name, first_diff, got[first_diff], ref[first_diff],
+                             alt[first_diff], n_close);
                 n_ties++;
             }
             n_cases++;
             close_step = -1;
+            n_close = 0;
         }
     }
     fclose(f);
