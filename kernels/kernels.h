@@ -187,6 +187,12 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
  * as it was) or DSQ_ENOMEM. */
 int dsq_weight_interleave_x8(dsq_weight_t *w);
 
+/* Whether dsq_cpu_matmul on this CPU runs w faster as DSQ_WFMT_INT4_X8:
+ * an INT4 weight that dsq_weight_interleave_x8 accepts, int8 activations
+ * (w->act), a codebook-free zp_mode, and an ISA level with an INT4_X8
+ * kernel (x86 AVX2 and up). */
+bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
+
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
  * with the format's reference formula above (INT4/INT8G: per zp_mode, with
  * s = d*a computed first in SUPER mode, so each weight is the same fp32

@@ -257,6 +257,8 @@ static int bench_cpu(int argc, char **argv)
             mo.activation_dtype = strcmp(argv[++i], "fp32") == 0 ? DSQ_ACT_F32 : DSQ_ACT_INT8;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
+            mo.rows_layout = strcmp(argv[++i], "rows") == 0;
         else if (strcmp(argv[i], "--prompt-tokens") == 0 && i + 1 < argc)
             n_pp = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gen-tokens") == 0 && i + 1 < argc)
@@ -271,7 +273,7 @@ static int bench_cpu(int argc, char **argv)
     if (!path || n_pp < 0 || n_tg < 0 || reps < 1) {
         fprintf(stderr, "usage: dsq-bench cpu --model PATH [--threads N] "
                         "[--prompt-tokens 512] [--gen-tokens 128] [--reps 3] "
-                        "[--activation-dtype int8|fp32]\n");
+                        "[--activation-dtype int8|fp32] [--layout x8|rows]\n");
         return 2;
     }
     if (threads > 0 && dsq_cpu_set_threads(threads) != 0) {
@@ -354,9 +356,10 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: dsq-bench [--help] [--version]\n"
                    "       dsq-bench matmul [--threads N] [--seconds S] [--shapes 135m|6.7b]"
-                   " [--layout native|x8] [--bandwidth]\n"
+                   " [--layout rows|x8] [--bandwidth]\n"
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
-                   " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]\n"
+                   " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]"
+                   " [--layout x8|rows]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
                    "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-schema FILE | --json-object]"

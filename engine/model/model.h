@@ -45,6 +45,11 @@ typedef struct dsq_model_opts {
                                   KV cache passed to forward must then be in
                                   its memory too. deepseek2 needs a host
                                   backend (for now).                         */
+    bool rows_layout;          /* keep INT4 weights in row order on the host
+                                  instead of the CPU products' interleaved
+                                  layout (dsq_cpu_weight_prefers_x8): for
+                                  measuring the layout, dsq-bench cpu
+                                  --layout rows; results are bitwise equal   */
 } dsq_model_opts_t;
 
 /* Build the model from an open model file (which must outlive the model:

@@ -201,8 +201,8 @@ static int load_absorbed(dsq_ds2_t *g, const dsq_model_file_t *f,
     int rc;
     float *row = NULL;
     snprintf(base, sizeof(base), "blk.%lld.attn_kv_b", (long long)l);
-    rc = dsq__model_load_linear(g->m, f, opts, base, H * (dn + dv), kvl, true, &L->wkv_b,
-                                err, err_len);
+    rc = dsq__model_load_linear_rows(g->m, f, opts, base, H * (dn + dv), kvl, true,
+                                     &L->wkv_b, err, err_len);
     if (rc)
         return rc;
     snprintf(name, sizeof(name), "%s.weight", base);

@@ -81,11 +81,20 @@ struct dsq_model {
 
 /* Load the linear weight base + ".weight" (or AWQ/GPTQ parts) of shape
  * [n, k] (n outputs) into *w; RTN INT4 when quantize is true and opts ask
- * for int4. Storage is owned by m. Returns 0 or a DSQ_E* with err set. */
+ * for int4. On the host backend an INT4 weight may come back as
+ * DSQ_WFMT_INT4_X8 (dsq_cpu_weight_prefers_x8), whose row views must be
+ * whole tiles of 8 rows. Storage is owned by m. Returns 0 or a DSQ_E* with
+ * err set. */
 int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
                            const dsq_model_opts_t *opts, const char *base,
                            int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
                            char *err, size_t err_len);
+/* As dsq__model_load_linear, but the weight keeps whole rows (never
+ * interleaved): for a graph that takes row views at any offset. */
+int dsq__model_load_linear_rows(dsq_model_t *m, const dsq_model_file_t *f,
+                                const dsq_model_opts_t *opts, const char *base,
+                                int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                                char *err, size_t err_len);
 /* As dsq__model_load_linear, for a graph that applies GPTQ act-order
  * permutations: *perm_out is the weight's permutation of its k inputs
  * (NULL for none; owned by m, shared between consecutive weights with

@@ -126,7 +126,7 @@ static int keep_perm(dsq_model_t *m, int32_t *perm, int64_t k, const int32_t **o
  * NULL refuses such weights (callers that cannot apply one). */
 static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
                          const dsq_model_opts_t *opts, const char *base, int64_t n,
-                         int64_t k, bool quantize, dsq_weight_t *w,
+                         int64_t k, bool quantize, bool row_views, dsq_weight_t *w,
                          const int32_t **perm_out, char *err, size_t err_len)
 {
     char name[160];
@@ -200,6 +200,13 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
     free(perm);
     if (rc == DSQ_OK && opts)
         w->act = opts->activation_dtype;
+    /* On the host, an INT4 weight the model owns is regrouped in place into
+     * the CPU products' interleaved layout when the CPU has a kernel for it
+     * (same bytes). Not for weights the graph takes row views of, which
+     * need whole rows (an interleaved weight keeps whole tiles of 8). */
+    if (rc == DSQ_OK && storage && !row_views && !(opts && opts->rows_layout) &&
+        dsq_backend_is_host(m->be) && dsq_cpu_weight_prefers_x8(w))
+        rc = dsq_weight_interleave_x8(w);
     if (rc == DSQ_OK) {
         size_t b = weight_bytes(w);
         m->weight_bytes += b;
@@ -217,7 +224,15 @@ int dsq__model_load_linear(dsq_model_t *m, const dsq_model_file_t *f,
                            int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
                            char *err, size_t err_len)
 {
-    return load_linear_p(m, f, opts, base, n, k, quantize, w, NULL, err, err_len);
+    return load_linear_p(m, f, opts, base, n, k, quantize, false, w, NULL, err, err_len);
+}
+
+int dsq__model_load_linear_rows(dsq_model_t *m, const dsq_model_file_t *f,
+                                const dsq_model_opts_t *opts, const char *base,
+                                int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
+                                char *err, size_t err_len)
+{
+    return load_linear_p(m, f, opts, base, n, k, quantize, true, w, NULL, err, err_len);
 }
 
 int dsq__model_load_linear_perm(dsq_model_t *m, const dsq_model_file_t *f,
@@ -225,7 +240,8 @@ int dsq__model_load_linear_perm(dsq_model_t *m, const dsq_model_file_t *f,
                                 int64_t n, int64_t k, bool quantize, dsq_weight_t *w,
                                 const int32_t **perm_out, char *err, size_t err_len)
 {
-    return load_linear_p(m, f, opts, base, n, k, quantize, w, perm_out, err, err_len);
+    return load_linear_p(m, f, opts, base, n, k, quantize, false, w, perm_out, err,
+                         err_len);
 }
 
 int dsq__model_load_vec(dsq_model_t *m, const dsq_model_file_t *f, const char *name,

@@ -333,6 +333,19 @@ static void quantize_any(dsq__xq_t *xq, int64_t r0, int64_t r1)
     quantize_rows(xq, r0, r1);
 }
 
+bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
+{
+    if (!w || w->format != DSQ_WFMT_INT4 || w->act != DSQ_ACT_INT8 ||
+        w->zp_mode == DSQ_ZP_LUT || dsq_weight_check(w) != DSQ_OK)
+        return false;
+    dsq_weight_t x = *w;
+    x.format = DSQ_WFMT_INT4_X8;
+    dsq_weight_bytes_t b;
+    const dsq__isa_t isa = dsq__cpu_isa_level();
+    return dsq_weight_layout(&x, &b) == DSQ_OK && isa >= DSQ__ISA_AVX2 &&
+           isa <= DSQ__ISA_AVX512;
+}
+
 /* ----------------------------------------------------------------- driver */
 
 static int check_weight(const dsq_weight_t *w)
