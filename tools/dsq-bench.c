@@ -248,6 +248,7 @@ static int bench_cpu(int argc, char **argv)
 {
     const char *path = NULL;
     int threads = 0, n_pp = 512, n_tg = 128, reps = 3;
+    bool probe = false;
     dsq_model_opts_t mo = {0};
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -259,6 +260,8 @@ static int bench_cpu(int argc, char **argv)
             threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
             mo.rows_layout = strcmp(argv[++i], "rows") == 0;
+        else if (strcmp(argv[i], "--bandwidth") == 0)
+            probe = true;
         else if (strcmp(argv[i], "--prompt-tokens") == 0 && i + 1 < argc)
             n_pp = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gen-tokens") == 0 && i + 1 < argc)
@@ -273,7 +276,7 @@ static int bench_cpu(int argc, char **argv)
     if (!path || n_pp < 0 || n_tg < 0 || reps < 1) {
         fprintf(stderr, "usage: dsq-bench cpu --model PATH [--threads N] "
                         "[--prompt-tokens 512] [--gen-tokens 128] [--reps 3] "
-                        "[--activation-dtype int8|fp32] [--layout x8|rows]\n");
+                        "[--activation-dtype int8|fp32] [--layout x8|rows] [--bandwidth]\n");
         return 2;
     }
     if (threads > 0 && dsq_cpu_set_threads(threads) != 0) {
@@ -292,8 +295,13 @@ static int bench_cpu(int argc, char **argv)
     if (model) {
         const dsq_model_config_t *c = dsq_model_config(model);
         int n_max = n_pp > n_tg ? n_pp : n_tg;
-        kv = dsq_kv_create((int)c->n_layer, (int)c->n_head_kv, (int)c->head_dim, 16,
-                           n_max / 16 + 2, DSQ_KV_F16, err, sizeof(err));
+        /* the cache the architecture keeps (MLA: one latent + rope key per
+         * token, no V) */
+        int n_kv = 0, hd = 0;
+        bool has_v = true;
+        dsq_model_kv_shape(model, &n_kv, &hd, &has_v);
+        kv = dsq_kv_create_ex((int)c->n_layer, n_kv, hd, 16, n_max / 16 + 2, DSQ_KV_F16,
+                              has_v, err, sizeof(err));
         logits = malloc((size_t)c->n_vocab * sizeof(float));
         ids = malloc((size_t)(n_max + 1) * sizeof(int32_t));
         uint32_t seed = 42;
@@ -304,9 +312,16 @@ static int bench_cpu(int argc, char **argv)
         fprintf(stderr, "dsq-bench cpu: %s\n", err[0] ? err : "out of memory");
         goto out;
     }
-    printf("# dsq-bench cpu: model %s, isa %s, threads %d, weights %.1f MiB\n", path,
-           dsq_cpu_isa(), dsq_cpu_get_threads(),
-           (double)dsq_model_weight_bytes(model) / (1024.0 * 1024.0));
+    const size_t per_tok = dsq_model_decode_bytes(model);
+    printf("# dsq-bench cpu: model %s, isa %s, threads %d, weights %.1f MiB, "
+           "read per decode token %.1f MiB\n", path, dsq_cpu_isa(), dsq_cpu_get_threads(),
+           (double)dsq_model_weight_bytes(model) / (1024.0 * 1024.0),
+           (double)per_tok / (1024.0 * 1024.0));
+    /* the decode ceiling: DRAM read bandwidth over the bytes a token reads */
+    const double bw = probe ? dsq__bench_read_bandwidth(dsq_cpu_get_threads()) : 0.0;
+    if (probe)
+        printf("# DRAM read bandwidth (%d threads): %.1f GB/s; decode ceiling %.1f tok/s\n",
+               dsq_cpu_get_threads(), bw * 1e-9, per_tok ? bw / (double)per_tok : 0.0);
     printf("# test      tokens  best tok/s  mean tok/s  (reps %d)\n", reps);
     for (int test = 0; test < 2; test++) {
         const int n = test == 0 ? n_pp : n_tg;
@@ -315,8 +330,10 @@ static int bench_cpu(int argc, char **argv)
         double best = 0, sum = 0;
         for (int r = -1; r < reps; r++) {       /* r = -1: warm-up */
             double t0 = dsq_clock_now_s();
-            if (cpu_steps(model, kv, ids, n, test == 0, logits) != 0) {
-                fprintf(stderr, "dsq-bench cpu: forward failed\n");
+            int frc = cpu_steps(model, kv, ids, n, test == 0, logits);
+            if (frc != 0) {
+                fprintf(stderr, "dsq-bench cpu: %s of %d tokens failed: %s\n",
+                        test == 0 ? "prefill" : "decode", n, dsq_strerror(frc));
                 goto out;
             }
             double tps = n / (dsq_clock_now_s() - t0);
@@ -325,8 +342,12 @@ static int bench_cpu(int argc, char **argv)
                 best = tps > best ? tps : best;
             }
         }
-        printf("%-4s%-6d  %6d  %10.1f  %10.1f\n", test == 0 ? "pp" : "tg", n, n, best,
-               sum / reps);
+        if (test == 1 && bw > 0.0 && per_tok)
+            printf("%-4s%-6d  %6d  %10.1f  %10.1f  (%.0f%% of the ceiling)\n", "tg", n, n,
+                   best, sum / reps, 100.0 * best * (double)per_tok / bw);
+        else
+            printf("%-4s%-6d  %6d  %10.1f  %10.1f\n", test == 0 ? "pp" : "tg", n, n, best,
+                   sum / reps);
         fflush(stdout);
     }
     rc = 0;
@@ -359,7 +380,7 @@ int main(int argc, char **argv)
                    " [--layout rows|x8] [--bandwidth]\n"
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
                    " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]"
-                   " [--layout x8|rows]\n"
+                   " [--layout x8|rows] [--bandwidth]\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
                    "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-schema FILE | --json-object]"

@@ -25,6 +25,10 @@ void dsq_model_set_tap(dsq_model_t *m, dsq_model_tap_fn fn, void *user)
 const dsq_model_config_t *dsq_model_config(const dsq_model_t *m) { return &m->cfg; }
 size_t dsq_model_owned_bytes(const dsq_model_t *m) { return m->owned_bytes; }
 size_t dsq_model_weight_bytes(const dsq_model_t *m) { return m->weight_bytes; }
+size_t dsq_model_decode_bytes(const dsq_model_t *m)
+{
+    return m->arch->decode_bytes ? m->arch->decode_bytes(m->graph) : 0;
+}
 
 /* Every block-quantised tensor of the file is of a type dsq reads
  * (dsq_quant_gguf_readable): checked before any weight is allocated, so a

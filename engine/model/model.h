@@ -66,6 +66,12 @@ const dsq_model_config_t *dsq_model_config(const dsq_model_t *m);
 size_t dsq_model_owned_bytes(const dsq_model_t *m);
 /* Bytes of all weights as the kernels read them (owned + mapped views). */
 size_t dsq_model_weight_bytes(const dsq_model_t *m);
+/* Bytes of weights one decode step reads per token: every linear weight
+ * the token passes through and the output head, the embedding row not;
+ * for a MoE layer the router, the shared experts and num_experts_per_tok
+ * routed experts. Over DRAM bandwidth it is the decode ceiling
+ * (dsq-bench cpu). */
+size_t dsq_model_decode_bytes(const dsq_model_t *m);
 
 /* Shape of the KV cache the model's forward pass expects, for
  * dsq_kv_create_ex: llama/qwen2 n_head_kv x head_dim keys and values;

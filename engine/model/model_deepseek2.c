@@ -903,6 +903,34 @@ static int64_t ds2_built_weights(const dsq_model_config_t *c, const char *name,
     return c->n_head;
 }
 
+/* Decode reads the absorbed form: W_UK_h^T and W_UV_h of every head, not
+ * kv_b_proj (the expanded prefill form's). */
+static size_t ds2_decode_bytes(const void *graph)
+{
+    const dsq_ds2_t *g = graph;
+    size_t b = dsq__model_weight_size(&g->output);
+    for (int64_t l = 0; l < g->c.n_layer; l++) {
+        const ds2_layer_t *L = &g->layers[l];
+        b += dsq__model_weight_size(&L->wq) + dsq__model_weight_size(&L->wq_a) +
+             dsq__model_weight_size(&L->wq_b) + dsq__model_weight_size(&L->wkv_a) +
+             dsq__model_weight_size(&L->wo);
+        for (int64_t h = 0; h < g->H; h++)
+            b += dsq__model_weight_size(&L->wuk[h]) + dsq__model_weight_size(&L->wuv[h]);
+        b += dsq__model_weight_size(&L->w_gate) + dsq__model_weight_size(&L->w_up) +
+             dsq__model_weight_size(&L->w_down);      /* dense FFN or shared experts */
+        if (L->moe) {
+            size_t e = 0;
+            for (int64_t x = 0; x < g->n_exp; x++)
+                e += dsq__model_weight_size(&L->exp_gate[x]) +
+                     dsq__model_weight_size(&L->exp_up[x]) +
+                     dsq__model_weight_size(&L->exp_down[x]);
+            b += dsq__model_weight_size(&L->router) +
+                 (g->n_exp ? e / (size_t)g->n_exp * (size_t)g->top_k : 0);
+        }
+    }
+    return b;
+}
+
 const dsq_model_arch_t dsq__model_arch_deepseek2 = {
     .name = "deepseek2",
     .host_only = true,
@@ -912,4 +940,5 @@ const dsq_model_arch_t dsq__model_arch_deepseek2 = {
     .kv_shape = ds2_kv_shape,
     .tensors = ds2_tensors,
     .built_weights = ds2_built_weights,
+    .decode_bytes = ds2_decode_bytes,
 };

@@ -44,6 +44,8 @@ typedef struct dsq_model_arch {
     /* dsq_model_arch_built_weights; NULL when the graph builds none. */
     int64_t (*built_weights)(const dsq_model_config_t *c, const char *name, int64_t *n,
                              int64_t *k);
+    /* dsq_model_decode_bytes of the loaded graph. */
+    size_t (*decode_bytes)(const void *graph);
 } dsq_model_arch_t;
 
 /* The rows (model_llama.c, model_deepseek2.c). */
@@ -78,6 +80,10 @@ struct dsq_model {
 };
 
 /* ---- weight loading (model_weights.c) */
+
+/* Bytes of w's arrays (dsq_weight_layout) plus its bias; 0 for an empty
+ * or invalid weight. */
+size_t dsq__model_weight_size(const dsq_weight_t *w);
 
 /* Load the linear weight base + ".weight" (or AWQ/GPTQ parts) of shape
  * [n, k] (n outputs) into *w; RTN INT4 when quantize is true and opts ask

@@ -666,6 +666,22 @@ static void llama_tensors(const dsq_model_config_t *c, dsq_model_tensor_fn fn, v
     }
 }
 
+static size_t llama_decode_bytes(const void *graph)
+{
+    const llama_t *m = graph;
+    const int64_t d = m->cfg.n_embd;
+    size_t b = dsq__model_weight_size(&m->output) + (size_t)d * sizeof(float);
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        const layer_weights_t *L = &m->layers[l];
+        const dsq_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                    &L->w_down};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+            b += dsq__model_weight_size(ws[i]);
+        b += 2 * (size_t)d * sizeof(float);      /* the two norms */
+    }
+    return b;
+}
+
 const dsq_model_arch_t dsq__model_arch_llama = {
     .name = "llama/qwen2",
     .host_only = false,
@@ -675,4 +691,5 @@ const dsq_model_arch_t dsq__model_arch_llama = {
     .kv_shape = llama_kv_shape,
     .tensors = llama_tensors,
     .built_weights = NULL,       /* every weight is the file's own */
+    .decode_bytes = llama_decode_bytes,
 };

@@ -259,3 +259,11 @@ int dsq__model_keep_weight(dsq_model_t *m, void *p, size_t bytes)
         m->weight_bytes += bytes;
     return keep(m, p, bytes);
 }
+
+size_t dsq__model_weight_size(const dsq_weight_t *w)
+{
+    dsq_weight_bytes_t b;
+    if (!w || w->n < 1 || dsq_weight_layout(w, &b) != DSQ_OK)
+        return 0;
+    return b.total + (w->bias ? (size_t)w->n * sizeof(float) : 0);
+}
