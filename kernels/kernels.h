@@ -190,7 +190,8 @@ int dsq_weight_interleave_x8(dsq_weight_t *w);
 /* Whether dsq_cpu_matmul on this CPU runs w faster as DSQ_WFMT_INT4_X8:
  * an INT4 weight that dsq_weight_interleave_x8 accepts, int8 activations
  * (w->act), a codebook-free zp_mode, and an ISA level with an INT4_X8
- * kernel (x86 AVX2 and up). */
+ * kernel that beats the row layout's (x86 AVX2; AVX-512 keeps its own
+ * 512-bit row kernel until the interleaved one is measured there). */
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
 
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
