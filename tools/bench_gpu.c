@@ -448,8 +448,9 @@ int dsq__bench_gpu(int argc, char **argv)
     if (g.quick)
         g.min_s = 0;
     if (write_model) {
-        extern int dsq__bench_gpu_write_model(bool quick, const char *path);
-        return dsq__bench_gpu_write_model(g.quick, write_model);
+        extern int dsq__bench_write_model_main(int argc, char **argv);
+        char *args[] = {"--shape", g.quick ? "quick" : "6.7b", (char *)write_model};
+        return dsq__bench_write_model_main(3, args);
     }
     char err[256];
     g.be = dsq_backend_create(DSQ_BACKEND_CUDA, err, sizeof(err));

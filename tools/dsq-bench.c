@@ -368,6 +368,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "soak") == 0) { extern int dsq__bench_soak(int, char **); return dsq__bench_soak(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "grammar") == 0) { extern int dsq__bench_grammar(int, char **); return dsq__bench_grammar(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "write-model") == 0) { extern int dsq__bench_write_model_main(int, char **); return dsq__bench_write_model_main(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "gpu") == 0) { extern int dsq__bench_gpu(int, char **); return dsq__bench_gpu(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
@@ -381,6 +382,7 @@ int main(int argc, char **argv)
                    "       dsq-bench cpu --model PATH [--threads N] [--prompt-tokens 512]"
                    " [--gen-tokens 128] [--reps 3] [--activation-dtype int8|fp32]"
                    " [--layout x8|rows] [--bandwidth]\n"
+                   "       dsq-bench write-model [--shape 6.7b|v2-lite|quick] PATH\n"
                    "       dsq-bench tokenize --model PATH [--text FILE] [--mb N]\n"
                    "       dsq-bench sched [--seqs 256] [--steps 20000]\n"
                    "       dsq-bench grammar --model GGUF|TOKENIZER_DIR [--grammar FILE | --json-schema FILE | --json-object]"
