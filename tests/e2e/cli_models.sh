@@ -5,7 +5,7 @@
 # llama.cpp's tokenizer test vectors (.inp/.out) and the llama2.c greedy
 # reference of stories260K (see $DSQ_TEST_DATA/SOURCES.md).
 # Environment (set by tests/e2e/meson.build): DSQ_INSPECT, DSQ_TOKENIZE,
-# DSQ_RUN, DSQ_QUANTIZE_BIN, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
+# DSQ_RUN, DSQ_QUANTIZE_BIN, DSQ_BENCH, DSQ_TEST_DATA, DSQ_MODELS_DIR. A missing input file is a failure.
 set -u
 n=0; fail=0
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsq-e2e.XXXXXX")
@@ -237,6 +237,21 @@ check "quantize copies tok512.bin found next to the model, no warning" $? \
 [ $rc -eq 0 ] && [ -s "$tmp/qrun.out" ] && cmp -s "$tmp/qrun.out" "$tmp/qrun2.out"
 check "a quantized llama2.c directory loads its own tok512.bin" $? \
   "rc=$rc" "$(tail -3 "$tmp/qrun.err")"
+
+# ---- dsq-bench on every architecture: a deepseek2 file in llama.cpp's
+# converter layout, written by dsq-bench write-model, runs a prefill and
+# decode steps (its MLA cache is not the llama shape) ----
+"$DSQ_BENCH" write-model --shape v2-quick "$tmp/v2q.gguf" > "$tmp/wm.out" 2>&1; rc=$?
+"$DSQ_INSPECT" "$tmp/v2q.gguf" > "$tmp/v2q.txt" 2>&1
+[ $rc -eq 0 ] && grep -q "architecture: *deepseek2" "$tmp/v2q.txt" &&
+  grep -q "experts=4+1 shared, top-2" "$tmp/v2q.txt"
+check "write-model v2-quick: a deepseek2 GGUF with 4+1 experts" $? "rc=$rc" \
+  "$(cat "$tmp/wm.out" "$tmp/v2q.txt" | tail -5)"
+"$DSQ_BENCH" cpu --model "$tmp/v2q.gguf" --prompt-tokens 16 --gen-tokens 4 --reps 1 \
+  > "$tmp/bc.out" 2> "$tmp/bc.err"; rc=$?
+[ $rc -eq 0 ] && grep -q "^pp  *16 " "$tmp/bc.out" && grep -q "^tg  *4 " "$tmp/bc.out"
+check "dsq-bench cpu prefills and decodes a deepseek2 model" $? "rc=$rc" \
+  "$(tail -3 "$tmp/bc.err")"
 
 echo "1..$n"
 exit $fail
