@@ -12,7 +12,12 @@
 # env:
 #   LLAMA_BENCH_DIR   build folder (default: build-llama-bench in the repo
 #                     root, git-ignored by the /build*/ rule)
-#   LLAMA_CPP_SDIST   a local llama_cpp_python-0.3.16.tar.gz to use instead
+#   LLAMA_CPP_VERSION the llama-cpp-python release whose llama.cpp to build
+#                     (default 0.3.16: the one the golden files and the
+#                     quantized test models come from; benchmarks compare
+#                     against the newest, e.g. 0.3.36, built in a folder of
+#                     its own: build-llama-bench-0.3.36)
+#   LLAMA_CPP_SDIST   a local llama_cpp_python-VERSION.tar.gz to use instead
 #                     of `pip download` (the only network access)
 #   JOBS              parallel compile jobs (default 2)
 #   LLAMA_PORTABLE=1  a portable build instead (-DGGML_NATIVE=OFF, baseline
@@ -27,13 +32,15 @@
 # Concurrent callers are serialised on a lock file in the build folder, so
 # two engineers asking for different targets do not corrupt the tree.
 set -eu
-VERSION=0.3.16
+VERSION=${LLAMA_CPP_VERSION:-0.3.16}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SUFFIX=
+[ "$VERSION" = 0.3.16 ] || SUFFIX=-$VERSION
 if [ "${LLAMA_PORTABLE:-}" = 1 ]; then
-    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-portable}
+    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-portable$SUFFIX}
     FLAGS="-DGGML_NATIVE=OFF -DCMAKE_C_FLAGS=-ffp-contract=off -DCMAKE_CXX_FLAGS=-ffp-contract=off"
 else
-    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-bench}
+    DIR=${LLAMA_BENCH_DIR:-$ROOT/build-llama-bench$SUFFIX}
     FLAGS="-DGGML_NATIVE=ON"
 fi
 if [ $# -eq 0 ]; then
