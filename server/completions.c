@@ -790,13 +790,14 @@ static enum MHD_Result start_requests(conn_t *c)
             free(t);
         }
     }
-    if (c->n_ereqs > dsq_engine_max_waiting(c->e)) {
+    if (c->n_ereqs > dsq_engine_max_queued(c->e)) {
         /* it could never be queued whole; retrying cannot help */
         for (int k = 0; k < c->n_ereqs; k++)
             c->ereq_done[k] = true;
-        snprintf(reason, sizeof(reason), "this request has %d prompts; the server queues at "
-                 "most %d requests (--max-waiting-requests): send fewer prompts per request",
-                 c->n_ereqs, dsq_engine_max_waiting(c->e));
+        snprintf(reason, sizeof(reason), "this request has %d prompts; the server takes at "
+                 "most %d requests at once (--max-num-seqs run slots + --max-waiting-requests "
+                 "waiting): send fewer prompts per request",
+                 c->n_ereqs, dsq_engine_max_queued(c->e));
         return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, "prompt", reason);
     }
     for (int p = 0; p < c->n_ereqs; p++) {

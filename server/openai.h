@@ -26,8 +26,10 @@
 #define DSQ_OPENAI_MAX_N 128         /* OpenAI's bound on n                  */
 #define DSQ_OPENAI_MAX_PROMPTS 1024  /* prompts in one request               */
 /* Default cap on len(prompts) x max(n, best_of), the sequences one
- * request creates (each holds KV blocks and a scheduler slot); above -> 400 */
-#define DSQ_OPENAI_MAX_SEQS 1024
+ * request creates (each holds KV blocks and a scheduler slot); above -> 400.
+ * OpenAI's cap on n: a single-prompt request OpenAI takes is taken, and
+ * one request stays at half of the default --max-num-seqs (256). */
+#define DSQ_OPENAI_MAX_SEQS 128
 /* Cap on the prompt-logprob entries one request returns (echo +
  * logprobs): sum over prompts of n x prompt tokens x (logprobs + 1). Each
  * choice repeats its prompt's entries, so without a cap a 1 MiB request

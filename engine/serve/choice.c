@@ -33,6 +33,7 @@ eseq_t *dsq__eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
         return NULL;
     s->req = r;
     s->seq.owner = s;
+    s->seq.req = r;                /* the fair share is per request */
     s->seq.index = index;
     dsq_block_table_init(&s->seq.bt);
     s->detok = dsq_detok_create(e->tok, true, false);
@@ -317,7 +318,7 @@ int dsq__fork_choices(dsq_engine_t *e, dsq_req_t *r)
         if (!r->sp.has_seed && RAND_bytes((unsigned char *)&seed, sizeof(seed)) != 1)
             seed = (uint64_t)dsq_clock_now_s() ^ (r->id + (uint64_t)i);
         dsq_rng_seed(&c->rng, seed);
-        rc = dsq_sched_add_running(e->sched, &c->seq);
+        rc = dsq_sched_add_fork(e->sched, &c->seq);
         if (rc)
             return rc;
     }

@@ -152,6 +152,7 @@ void dsq__update_stats(dsq_engine_t *e)
     e->stats.kv_blocks_used = dsq_kv_n_blocks(e->kv) - dsq_kv_n_free(e->kv);
     e->stats.preemptions_total = dsq_sched_n_preemptions(e->sched);
     e->stats.n_held = e->n_held;
+    atomic_store(&e->n_free_slots, dsq_sched_n_free_slots(e->sched));
     dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
                            &e->stats.prefix_cache_hits_total);
     if (e->stats.device_planned_bytes > 0) {
@@ -317,6 +318,9 @@ static bool engine_step(dsq_engine_t *e)
     reap_cancelled(e);
     set_prefill_cap(e);
     int rc = dsq_sched_step(e->sched, &out);
+    /* the submit cap's view of the run slots: the requests this step
+     * schedules leave n_waiting below, so the slots they took go now */
+    atomic_store(&e->n_free_slots, dsq_sched_n_free_slots(e->sched));
     int64_t pairs = rc == DSQ_OK ? step_pairs(&out) : 0;
     double predicted_ms = -1;
     dsq_step_cost_t cost;

@@ -68,7 +68,9 @@ typedef struct dsq_engine_opts {
                                         after the first wait; 0 = default
                                         DSQ_ENGINE_ADMISSION_WINDOW_MS,
                                         < 0 = off                            */
-    int max_waiting_requests;        /* default 1024; submit -> DSQ_EFULL       */
+    int max_waiting_requests;        /* default 1024: requests that wait with
+                                        every run slot taken; beyond, submit
+                                        -> DSQ_EFULL                        */
     int64_t max_undelivered_bytes;   /* a request whose queued, not
                                         yet popped output (dsq_req_next) holds
                                         this many bytes is not scheduled until
@@ -171,9 +173,16 @@ const dsq_model_config_t *dsq_engine_config(const dsq_engine_t *e);
 const dsq_tokenizer_t *dsq_engine_tokenizer(const dsq_engine_t *e);
 int dsq_engine_max_model_len(const dsq_engine_t *e);
 /* The waiting queue's size in requests (max_waiting_requests,
- * its default applied): a request of more prompts than this can never be
- * queued whole (a 400 for the client, not a 503 to retry). */
+ * its default applied). It counts only requests that truly wait: a
+ * request submitted while a run slot is free (max_num_seqs less the
+ * running sequences) is not refused, however many were submitted with it
+ * (a burst the admission window holds back a few ms is not a queue). */
 int dsq_engine_max_waiting(const dsq_engine_t *e);
+/* The most requests the engine takes at once: a run slot each
+ * (max_num_seqs) plus the waiting queue. A request of more prompts than
+ * this can never be queued whole (a 400 for the client, not a 503 to
+ * retry). */
+int dsq_engine_max_queued(const dsq_engine_t *e);
 /* The model's own chat template (NUL-terminated Jinja2 text,
  * owned by the engine): GGUF tokenizer.chat_template, or for a HF
  * directory tokenizer_config.json chat_template (string, or the "default"

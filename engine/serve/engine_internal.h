@@ -191,7 +191,10 @@ struct dsq_engine {
     dsq_req_t **subq;
     int subq_n, subq_cap;
     bool stopping;
-    atomic_int n_waiting;          /* submitted, not yet admitted             */
+    atomic_int n_waiting;          /* submitted, not yet scheduled            */
+    atomic_int n_free_slots;       /* run slots free at the last step's end
+                                      (dsq_sched_n_free_slots): that many of
+                                      the n_waiting do not count as waiting */
     dsq_engine_stats_t stats;
 
     dsq_req_t *active;             /* engine thread: list of live requests    */

@@ -313,6 +313,7 @@ static int create_scheduler(dsq_engine_t *e, const dsq_engine_opts_t *opts, char
     so.max_prompt_logit_rows = so.max_num_seqs < so.max_num_batched_tokens
                                    ? so.max_num_seqs : so.max_num_batched_tokens;
     e->sched = dsq_sched_create(e->kv, &so);
+    atomic_init(&e->n_free_slots, so.max_num_seqs);
     {
         /* admission (admission.h): bounded by max_num_seqs and the KV plan */
         dsq_admission_opts_t ao = {
@@ -517,4 +518,9 @@ int dsq_engine_max_model_len(const dsq_engine_t *e) { return e->max_model_len; }
 int dsq_engine_max_waiting(const dsq_engine_t *e)
 {
     return e->o.max_waiting_requests > 0 ? e->o.max_waiting_requests : 1024;
+}
+
+int dsq_engine_max_queued(const dsq_engine_t *e)
+{
+    return dsq_engine_max_waiting(e) + (e->o.max_num_seqs > 0 ? e->o.max_num_seqs : 256);
 }

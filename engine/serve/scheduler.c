@@ -1,9 +1,15 @@
 /* Continuous-batching scheduler (see scheduler.h for the policy).
  *
- * Queues are small pointer arrays: waiting is FIFO with preempted sequences
- * re-entering at the front; running is kept sorted by arrival order so
- * "oldest first" and "youngest is preempted" are array ends. Step arrays grow
- * to the largest step and are reused. */
+ * Queues are small pointer arrays, both kept in age order (order, then
+ * index): new sequences arrive at the tail of waiting, preempted ones and
+ * forks re-enter it at their age's place; running is sorted the same way.
+ * A step first counts each request's running sequences (owners_build: a
+ * sorted table, looked up by bsearch), then orders the step's candidates
+ * with qsort by round-robin turn: admission, decode rows and prefill
+ * shares each get their own candidate list (cand_t), a few hundred
+ * entries at most, so a step stays well under a millisecond of planning
+ * (docs/benchmarks.md, dsq-bench sched). Step arrays grow to the largest
+ * step and are reused. */
 #include "scheduler.h"
 
 #include <limits.h>
@@ -18,6 +24,31 @@ typedef struct seq_vec {
     int n, cap;
 } seq_vec_t;
 
+/* A request (owner) with sequences in the scheduler, for a step's turns. */
+typedef struct owner_ent {
+    uintptr_t key;                 /* owner_key()                           */
+    int n_running;                 /* running, not paused, at the step start */
+    int n_seqs;                    /* running or waiting, at the step start */
+    int n_turn;                    /* scratch: its waiting ones ranked so far */
+    bool reclaimed;                /* scratch: a slot was parked for it     */
+} owner_ent_t;
+
+/* A sequence that may get tokens in this step. */
+typedef struct cand {
+    dsq_seq_t *seq;
+    uint64_t rank;                 /* round-robin round: lower goes first   */
+    int want;                      /* tokens it needs, then those it gets   */
+    int n_done;                    /* computed tokens (a waiting one's with
+                                      its cached prefix)                   */
+    int sel;                       /* position in selection order           */
+    bool waiting;                  /* to admit: needs a slot and free blocks */
+} cand_t;
+
+/* Prefill candidates of a step: each at least this many rows of prefill
+ * time at position 0, so a crowd of new prompts still gets useful chunks
+ * instead of one token each. */
+#define MIN_SHARE_ROWS 4
+
 struct dsq_sched {
     dsq_kv_cache_t *kv;
     dsq_sched_opts_t o;
@@ -31,6 +62,11 @@ struct dsq_sched {
     int32_t *hit_ids;                          /* prefix lookup scratch */
     dsq_block_hash_t *hit_hashes;
     int cap_hit;
+    uint64_t n_picks;                          /* sequences scheduled (turns) */
+    owner_ent_t *own;                          /* this step's requests */
+    int n_own, cap_own;
+    cand_t *adm, *dec, *pre;                   /* this step's candidates */
+    int cap_cand;
     /* step buffers */
     int cap_tokens, cap_seqs, cap_bt;
     dsq_sched_out_t out;
@@ -109,6 +145,10 @@ void dsq_sched_destroy(dsq_sched_t *s)
     free(s->running.v);
     free(s->hit_ids);
     free(s->hit_hashes);
+    free(s->own);
+    free(s->adm);
+    free(s->dec);
+    free(s->pre);
     dsq_sched_out_t *o = &s->out;
     free(o->seqs);
     free(o->tokens);
@@ -131,9 +171,26 @@ int dsq_sched_add(dsq_sched_t *s, dsq_seq_t *seq)
     return DSQ_OK;
 }
 
-int dsq_sched_add_running(dsq_sched_t *s, dsq_seq_t *seq)
+/* Insert into waiting at seq's age: ahead of everything younger. */
+static int waiting_insert(dsq_sched_t *s, dsq_seq_t *seq)
 {
-    return running_insert(s, seq);
+    int rc = vec_reserve(&s->waiting, s->waiting.n + 1);
+    if (rc)
+        return rc;
+    int j = 0;
+    while (j < s->waiting.n && older(s->waiting.v[j], seq))
+        j++;
+    memmove(s->waiting.v + j + 1, s->waiting.v + j,
+            (size_t)(s->waiting.n - j) * sizeof(*s->waiting.v));
+    s->waiting.v[j] = seq;
+    s->waiting.n++;
+    seq->state = DSQ_SEQ_WAITING;
+    return DSQ_OK;
+}
+
+int dsq_sched_add_fork(dsq_sched_t *s, dsq_seq_t *seq)
+{
+    return waiting_insert(s, seq);
 }
 
 void dsq_sched_remove(dsq_sched_t *s, dsq_seq_t *seq)
@@ -157,19 +214,8 @@ static int preempt(dsq_sched_t *s, dsq_seq_t *seq)
     seq->n_computed = 0;
     seq->n_preempted++;
     s->n_preemptions++;
-    int rc = vec_reserve(&s->waiting, s->waiting.n + 1);
-    if (rc)
-        return rc;
     /* Back to the front, ahead of everything younger. */
-    int j = 0;
-    while (j < s->waiting.n && older(s->waiting.v[j], seq))
-        j++;
-    memmove(s->waiting.v + j + 1, s->waiting.v + j,
-            (size_t)(s->waiting.n - j) * sizeof(*s->waiting.v));
-    s->waiting.v[j] = seq;
-    s->waiting.n++;
-    seq->state = DSQ_SEQ_WAITING;
-    return DSQ_OK;
+    return waiting_insert(s, seq);
 }
 
 /* Reserve blocks (and copy shared ones) so seq can compute `want` more
@@ -280,199 +326,600 @@ static int fit_chunk(dsq_sched_t *s, int p, int want, double *ms_left, bool any_
     return n;
 }
 
+/* ------------------------------------------------------------ fair share */
+
+/* The request a sequence belongs to, the unit of fairness: seq->req, else
+ * its owner (a sequence with neither is a request of its own). The engine
+ * sets req: its owner is each choice's own handle, and keying on that
+ * would make every choice a request of its own, with no share to keep. */
+static uintptr_t owner_key(const dsq_seq_t *q)
+{
+    return q->req ? (uintptr_t)q->req : q->owner ? (uintptr_t)q->owner : (uintptr_t)q;
+}
+
+static int cmp_owner(const void *a, const void *b)
+{
+    uintptr_t x = ((const owner_ent_t *)a)->key, y = ((const owner_ent_t *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* s->own: every request with a running or waiting sequence and its
+ * running sequences that are not paused, sorted by key. */
+static int owners_build(dsq_sched_t *s)
+{
+    int n = s->running.n + s->waiting.n;
+    if (n > s->cap_own) {
+        owner_ent_t *p = realloc(s->own, (size_t)n * sizeof(*p));
+        if (!p)
+            return DSQ_ENOMEM;
+        s->own = p;
+        s->cap_own = n;
+    }
+    int k = 0;
+    for (int i = 0; i < s->running.n; i++)
+        s->own[k++] = (owner_ent_t){owner_key(s->running.v[i]), !s->running.v[i]->paused, 1,
+                                    0, false};
+    for (int i = 0; i < s->waiting.n; i++)
+        s->own[k++] = (owner_ent_t){owner_key(s->waiting.v[i]), 0, 1, 0, false};
+    if (k > 1)
+        qsort(s->own, (size_t)k, sizeof(*s->own), cmp_owner);
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+        if (m > 0 && s->own[m - 1].key == s->own[i].key) {
+            s->own[m - 1].n_running += s->own[i].n_running;
+            s->own[m - 1].n_seqs += s->own[i].n_seqs;
+        } else
+            s->own[m++] = s->own[i];
+    }
+    s->n_own = m;
+    return DSQ_OK;
+}
+
+/* q's request in s->own (NULL only for a sequence added since). */
+static owner_ent_t *owner_of(dsq_sched_t *s, const dsq_seq_t *q)
+{
+    owner_ent_t key = {.key = owner_key(q)};
+    if (s->n_own == 0)
+        return NULL;
+    return bsearch(&key, s->own, (size_t)s->n_own, sizeof(*s->own), cmp_owner);
+}
+
+
+static int cands_reserve(dsq_sched_t *s, int n)
+{
+    if (n <= s->cap_cand)
+        return DSQ_OK;
+    cand_t **arrs[] = {&s->adm, &s->dec, &s->pre};
+    for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++) {
+        cand_t *p = realloc(*arrs[i], (size_t)n * sizeof(*p));
+        if (!p)
+            return DSQ_ENOMEM;
+        *arrs[i] = p;
+    }
+    s->cap_cand = n;
+    return DSQ_OK;
+}
+
+static int cmp_age(const dsq_seq_t *a, const dsq_seq_t *b)
+{
+    return older(a, b) ? -1 : older(b, a) ? 1 : 0;
+}
+
+/* admission: turn, then age (FCFS among equals) */
+static int cmp_cand_admit(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    return cmp_age(x->seq, y->seq);
+}
+
+/* one request's candidates, least recently scheduled first */
+static int cmp_cand_owner(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    uintptr_t kx = owner_key(x->seq), ky = owner_key(y->seq);
+    if (kx != ky)
+        return kx < ky ? -1 : 1;
+    if (x->seq->last_sched != y->seq->last_sched)
+        return x->seq->last_sched < y->seq->last_sched ? -1 : 1;
+    return cmp_age(x->seq, y->seq);
+}
+
+/* round-robin: turn, then the least recently scheduled, then age */
+static int cmp_cand_turn(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    if (x->seq->last_sched != y->seq->last_sched)
+        return x->seq->last_sched < y->seq->last_sched ? -1 : 1;
+    return cmp_age(x->seq, y->seq);
+}
+
+/* water-filling order: the first selected, then the smallest need */
+static int cmp_cand_fill(const void *a, const void *b)
+{
+    const cand_t *x = a, *y = b;
+    if ((x->sel == 0) != (y->sel == 0))
+        return x->sel == 0 ? -1 : 1;
+    if (x->want != y->want)
+        return x->want < y->want ? -1 : 1;
+    return x->sel - y->sel;
+}
+
+static int cmp_cand_sel(const void *a, const void *b)
+{
+    return ((const cand_t *)a)->sel - ((const cand_t *)b)->sel;
+}
+
+/* Order c[0..n) round-robin across requests: each request's least
+ * recently scheduled sequence (rank 0), then each one's second, ... */
+static void turn_order(cand_t *c, int n)
+{
+    if (n < 2)
+        return;
+    qsort(c, (size_t)n, sizeof(*c), cmp_cand_owner);
+    for (int i = 0; i < n; i++)
+        c[i].rank = i > 0 && owner_key(c[i].seq) == owner_key(c[i - 1].seq) ? c[i - 1].rank + 1
+                                                                             : 0;
+    qsort(c, (size_t)n, sizeof(*c), cmp_cand_turn);
+}
+
+/* Slot reclaim: with every slot taken, each waiting request that has no
+ * running sequence (new, or all of its sequences preempted) gets a slot
+ * from the request holding the most (at least two): that one's youngest
+ * running sequence is parked, back to waiting with its KV blocks (it is
+ * not recomputed: it resumes where it was once the round-robin gives it a
+ * slot again). A new request so waits at most a step for a slot, whatever
+ * one request holds. Returns the slots freed. */
+static int reclaim_slots(dsq_sched_t *s)
+{
+    int n_freed = 0;
+    for (int i = 0; i < s->waiting.n; i++) {
+        dsq_seq_t *q = s->waiting.v[i];
+        owner_ent_t *o = owner_of(s, q);
+        if (q->paused || !o || o->n_running > 0 || o->reclaimed)
+            continue;
+        owner_ent_t *big = NULL;
+        for (int k = 0; k < s->n_own; k++)
+            if (s->own[k].n_running >= 2 && (!big || s->own[k].n_running > big->n_running))
+                big = &s->own[k];
+        if (!big)
+            break;
+        for (int j = s->running.n - 1; j >= 0; j--) {
+            dsq_seq_t *v = s->running.v[j];
+            if (v->paused || owner_key(v) != big->key)
+                continue;
+            vec_erase(&s->running, j);
+            if (waiting_insert(s, v) != DSQ_OK) {
+                running_insert(s, v);    /* no memory to park it: it runs */
+                return n_freed;
+            }
+            big->n_running--;
+            o->reclaimed = true;
+            n_freed++;
+            break;                       /* (v is met again: it is skipped) */
+        }
+    }
+    return n_freed;
+}
+
+/* A running sequence whose next step is one decode row. */
+static bool is_decode(const dsq_seq_t *q)
+{
+    return q->n_computed >= q->n_prompt && q->n_tokens - q->n_computed == 1;
+}
+
+/* Whether a's request should give up a sequence before b's: it runs more
+ * sequences, or as many but has more in all, or it is younger. */
+static bool gives_first(dsq_sched_t *s, const dsq_seq_t *a, const dsq_seq_t *b)
+{
+    const owner_ent_t *oa = owner_of(s, a), *ob = owner_of(s, b);
+    int ra = oa ? oa->n_running : 0, rb = ob ? ob->n_running : 0;
+    int na = oa ? oa->n_seqs : 0, nb = ob ? ob->n_seqs : 0;
+    if (ra != rb)
+        return ra > rb;
+    if (na != nb)
+        return na > nb;
+    return older(b, a);
+}
+
+/* The sequence to preempt so that seq can have blocks: of the running ones
+ * not yet scheduled in this step, and seq itself, the youngest of the
+ * request with the most running sequences (then the most sequences): the
+ * fair share's largest holder gives first; with one sequence per request,
+ * the youngest, as before. */
+static dsq_seq_t *pick_victim(dsq_sched_t *s, dsq_seq_t *seq)
+{
+    dsq_seq_t *v = seq;
+    for (int i = 0; i < s->running.n; i++) {
+        dsq_seq_t *q = s->running.v[i];
+        if (q != seq && q->sched_tokens == 0 && gives_first(s, q, v))
+            v = q;
+    }
+    return v;
+}
+
+/* Blocks seq needs to compute want tokens from n_done: new ones past its
+ * table (or past the n_hit cached blocks it is about to share), and a copy
+ * of each block it shares (a fork's) that the chunk writes into. */
+static int blocks_needed(const dsq_sched_t *s, const dsq_seq_t *seq, int n_done, int want,
+                         int n_hit)
+{
+    int have = n_hit ? n_hit : seq->bt.n;
+    int need = dsq_kv_blocks_for(s->kv, n_done + want) - have;
+    if (need < 0)
+        need = 0;
+    if (!n_hit) {
+        int bs = dsq_kv_block_size(s->kv);
+        for (int b = n_done / bs; b <= (n_done + want - 1) / bs && b < seq->bt.n; b++)
+            need += dsq_kv_refcount(s->kv, seq->bt.ids[b]) > 1;
+    }
+    return need;
+}
+
+static int pick(dsq_sched_t *s, seq_vec_t *picked, dsq_seq_t *seq, int want)
+{
+    int rc = vec_reserve(picked, picked->n + 1);
+    if (rc)
+        return rc;
+    picked->v[picked->n++] = seq;
+    seq->sched_tokens = want;
+    seq->last_sched = ++s->n_picks;
+    return DSQ_OK;
+}
+
+/* Blocks for `want` more tokens of running seq, preempting (pick_victim)
+ * while they run out. *ok: seq got them (false: it was preempted itself,
+ * or nothing was left to preempt). */
+static int run_reserve(dsq_sched_t *s, dsq_seq_t *seq, int want, int *n_pre, bool *ok)
+{
+    int rc;
+    *ok = false;
+    for (;;) {
+        rc = reserve(s, seq, want);
+        if (rc != DSQ_EFULL)
+            break;
+        dsq_seq_t *victim = pick_victim(s, seq);
+        rc = preempt(s, victim);
+        (*n_pre)++;
+        if (rc || victim == seq)
+            break;
+    }
+    if (rc == DSQ_EFULL || seq->state != DSQ_SEQ_RUNNING)
+        return DSQ_OK;
+    if (rc == DSQ_OK)
+        *ok = true;
+    return rc;
+}
+
+/* Admit waiting seq with a chunk of at most want tokens (its cached
+ * prefix first, when prefix caching finds one). *ok: it is running now,
+ * with seq->sched_tokens set; false: its blocks do not fit. */
+static int admit(dsq_sched_t *s, dsq_seq_t *seq, int want, bool *ok)
+{
+    int n_ev = 0, rc = DSQ_OK;
+    *ok = false;
+    bool fresh = seq->bt.n == 0 && seq->n_computed == 0;   /* new or preempted */
+    int n_hit = prefix_lookup(s, seq, &n_ev, &rc);
+    if (rc)
+        return rc;
+    int n_done = n_hit ? n_hit * dsq_kv_block_size(s->kv) : seq->n_computed;
+    if (want > seq->n_tokens - n_done)
+        want = seq->n_tokens - n_done;
+    if (want <= 0)
+        return DSQ_OK;
+    if (blocks_needed(s, seq, n_done, want, n_hit) > dsq_kv_n_free(s->kv) - n_ev)
+        return DSQ_OK;
+    if (n_hit) {
+        rc = dsq_kv_seq_share_prefix(s->kv, &seq->bt, s->hit_ids, s->hit_hashes, n_hit);
+        if (rc)
+            return rc;
+        seq->n_computed = n_done;
+    }
+    rc = reserve(s, seq, want);
+    if (rc) {
+        /* cannot happen after the budget check; start it over (its tokens
+         * are kept: it is recomputed like a preempted one) */
+        dsq_kv_seq_free(s->kv, &seq->bt);
+        seq->n_computed = 0;
+        return rc == DSQ_EFULL ? DSQ_OK : rc;
+    }
+    if (dsq_kv_prefix_caching(s->kv) && fresh) {
+        s->n_prefix_queries += seq->n_tokens;
+        s->n_prefix_hits += n_hit ? n_done : 0;
+        if (seq->n_preempted == 0) {
+            int c = n_hit ? n_done : 0;
+            seq->n_cached_prompt = c < seq->n_prompt ? c : seq->n_prompt;
+        }
+    }
+    int i = vec_find(&s->waiting, seq);
+    if (i >= 0)
+        vec_erase(&s->waiting, i);
+    rc = running_insert(s, seq);
+    if (rc)
+        return rc;
+    seq->sched_tokens = want;
+    *ok = true;
+    return DSQ_OK;
+}
+
 int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
 {
     int budget = s->o.max_num_batched_tokens;
-    int n_sched = 0, n_pre = 0;
+    int n_pre = 0;
     int rc = DSQ_OK;
     /* Scheduled sequences are collected first; the batch arrays are built
      * once the set is final (preemption may remove earlier picks). */
     seq_vec_t picked = {0};
+    rc = owners_build(s);
+    if (!rc)
+        rc = cands_reserve(s, s->running.n + s->waiting.n);
+    if (rc)
+        goto done;
+
+    /* hardening: paused sequences (their client is not reading) keep their
+     * KV but not a max_num_seqs slot, so a request whose client stops
+     * reading cannot lock others out; a step still carries at most
+     * max_num_seqs sequences (the step buffers are planned for that) */
+    int n_paused = 0;
+    bool any_decode = false;
+    for (int i = 0; i < s->running.n; i++) {
+        dsq_seq_t *q = s->running.v[i];
+        q->sched_tokens = 0;
+        n_paused += q->paused;
+        any_decode = any_decode || is_decode(q);
+    }
+    for (int i = 0; i < s->waiting.n; i++)
+        s->waiting.v[i]->sched_tokens = 0;
+    int free_slots = s->o.max_num_seqs - (s->running.n - n_paused);
+    if (free_slots <= 0 && s->waiting.n > 0)
+        free_slots += reclaim_slots(s);
 
     /* itl: while any running sequence decodes, prefill tokens (chunks of
      * running sequences and admissions) share a smaller budget, so one
      * step, and with it every stream's gap between tokens, stays short
      * (Sarathi-Serve's stall-free batching, Agrawal et al., OSDI 2024). */
     int prefill_left = budget;
-    if (s->o.max_prefill_tokens_with_decode > 0 &&
-        s->o.max_prefill_tokens_with_decode < budget) {
-        for (int i = 0; i < s->running.n; i++) {
-            const dsq_seq_t *seq = s->running.v[i];
-            if (seq->n_computed >= seq->n_prompt && seq->n_tokens - seq->n_computed == 1) {
-                prefill_left = s->o.max_prefill_tokens_with_decode;
-                break;
-            }
-        }
-    }
-
+    if (any_decode && s->o.max_prefill_tokens_with_decode > 0 &&
+        s->o.max_prefill_tokens_with_decode < budget)
+        prefill_left = s->o.max_prefill_tokens_with_decode;
     /* hardening: the engine's step budget (dsq_sched_set_prefill_cap) */
     if (s->prefill_cap > 0 && s->prefill_cap < prefill_left)
         prefill_left = s->prefill_cap;
 
-    /* hardening: the step budget in predicted ms (dsq_sched_set_step_budget) */
-    double prefill_ms = 0;
+    /* itl: drain-aligned admission (admission_defer_steps): no new prompt
+     * while every running sequence is a decode near its end */
+    bool defer = s->o.admission_defer_steps > 0 && s->waiting.n > 0 && s->running.n > 0 &&
+                 n_paused == 0;
+    for (int i = 0; i < s->running.n && defer; i++) {
+        const dsq_seq_t *q = s->running.v[i];
+        defer = q->n_max_tokens > 0 && is_decode(q) &&
+                q->n_max_tokens - q->n_tokens <= s->o.admission_defer_steps;
+    }
+
+    /* 1. Slots: the waiting sequences that may take the free ones, in
+     * round-robin turn (a request's running sequences count as turns it
+     * had), FCFS among equals. */
+    int n_adm = 0;
+    for (int i = 0; free_slots > 0 && i < s->waiting.n; i++) {
+        dsq_seq_t *q = s->waiting.v[i];
+        if (q->paused)
+            continue;
+        owner_ent_t *o = owner_of(s, q);
+        s->adm[n_adm++] = (cand_t){.seq = q, .waiting = true,
+                                   .rank = o ? (uint64_t)(o->n_running + o->n_turn++) : 0};
+    }
+    if (n_adm > 1)
+        qsort(s->adm, (size_t)n_adm, sizeof(*s->adm), cmp_cand_admit);
+    if (n_adm > free_slots)
+        n_adm = free_slots > 0 ? free_slots : 0;
+
+    /* 2. Decode rows, round-robin across requests. With a step budget
+     * they get what is left of 90% of it after the fixed cost, less a
+     * quarter for prefill when a prompt is pending; at least half of it,
+     * and where a step's fixed cost alone is out of reach, as much as that
+     * (so decode rows at most double such a step instead of crawling a
+     * row at a time). At least one row per step. */
     bool timed = s->budget_ms > 0;
-    bool any_prefill = false;
+    bool prefill_pending = false;
+    int n_dec = 0;
+    for (int i = 0; i < s->running.n; i++) {
+        dsq_seq_t *q = s->running.v[i];
+        if (q->paused)
+            continue;
+        if (is_decode(q))
+            s->dec[n_dec++] = (cand_t){.seq = q};
+        else
+            prefill_pending = true;
+    }
+    for (int i = 0; i < n_adm; i++) {
+        if (is_decode(s->adm[i].seq))
+            s->dec[n_dec++] = s->adm[i];     /* a fork (or a parked one) */
+        else
+            prefill_pending = prefill_pending || !defer;
+    }
+    turn_order(s->dec, n_dec);
+    double decode_ms = 0, decode_cost = 0;
     if (timed) {
-        double decode_ms = 0;
-        for (int i = 0; i < s->running.n; i++) {
-            const dsq_seq_t *seq = s->running.v[i];
-            if (!seq->paused && seq->n_computed >= seq->n_prompt &&
-                seq->n_tokens - seq->n_computed == 1)
-                decode_ms += s->cost.token_ms + s->cost.pair_ms * (double)(seq->n_computed + 1);
+        decode_ms = 0.9 * s->budget_ms - s->cost.fixed_ms -
+                    (prefill_pending ? 0.25 * s->budget_ms : 0);
+        if (decode_ms < 0.5 * s->budget_ms)
+            decode_ms = 0.5 * s->budget_ms;
+        if (decode_ms < s->cost.fixed_ms)
+            decode_ms = s->cost.fixed_ms;
+        s->trust_rows_left = s->cost.trust_rows;
+        s->trust_pairs_left = s->cost.trust_pairs;
+    }
+    bool admitting = true;      /* no waiting one failed to fit (FCFS) */
+    for (int i = 0; i < n_dec && budget > 0 && picked.n < s->o.max_num_seqs; i++) {
+        dsq_seq_t *q = s->dec[i].seq;
+        bool ok = false;
+        if (q->state != (s->dec[i].waiting ? DSQ_SEQ_WAITING : DSQ_SEQ_RUNNING))
+            continue;           /* preempted in this step */
+        double cost = s->cost.token_ms + s->cost.pair_ms * (double)(q->n_computed + 1);
+        if (timed && picked.n > 0 && decode_cost + cost > decode_ms)
+            break;
+        if (s->dec[i].waiting) {
+            if (n_pre > 0 || !admitting)
+                continue;
+            rc = admit(s, q, 1, &ok);
+            admitting = ok;
+        } else {
+            rc = run_reserve(s, q, 1, &n_pre, &ok);
         }
+        if (!rc && ok)
+            rc = pick(s, &picked, q, 1);
+        if (rc)
+            goto done;
+        if (ok) {
+            budget--;
+            decode_cost += cost;
+        }
+    }
+
+    /* 3. Prefill: running prompts and the waiting ones that have slots
+     * share the prefill tokens and time max-min fairly (scheduler.h). */
+    if (prefill_left > budget)
+        prefill_left = budget;
+    double prefill_ms = 0;
+    int max_pf = s->o.max_num_seqs - picked.n;
+    if (max_pf > prefill_left)
+        max_pf = prefill_left;          /* a token each at least */
+    if (timed) {
         /* what fits beside the decodes; at least a quarter of the budget;
          * and where the budget is out of reach (a step without prefill
          * already costs more: a big model on a small machine, a
          * simulator), as much as that step, so prefill at most doubles
          * it instead of crawling a token per step */
-        double base_ms = s->cost.fixed_ms + decode_ms;
+        double base_ms = s->cost.fixed_ms + decode_cost;
         prefill_ms = 0.9 * s->budget_ms - base_ms;
         if (prefill_ms < 0.25 * s->budget_ms)
             prefill_ms = 0.25 * s->budget_ms;
         if (base_ms > s->budget_ms && prefill_ms < base_ms)
             prefill_ms = base_ms;
-        s->trust_rows_left = s->cost.trust_rows;
-        s->trust_pairs_left = s->cost.trust_pairs;
+        double row_ms = MIN_SHARE_ROWS * (s->cost.token_ms + s->cost.pair_ms);
+        if (row_ms > 0 && prefill_ms / row_ms < max_pf)
+            max_pf = prefill_ms / row_ms >= 1 ? (int)(prefill_ms / row_ms) : 1;
     }
-
+    /* Selection, in turn: the running prompt scheduled least recently
+     * first (so every admitted prompt keeps moving, whatever arrives),
+     * then the waiting ones in admission order (a new request does not
+     * queue behind running prompts), then the other running prompts,
+     * least recently scheduled first; at most max_pf of them. */
+    int n_run = 0, n_pf = 0;
+    for (int i = 0; i < s->running.n; i++) {
+        dsq_seq_t *q = s->running.v[i];
+        if (q->paused || is_decode(q) || q->sched_tokens > 0 || q->n_tokens <= q->n_computed)
+            continue;
+        s->pre[n_run++] = (cand_t){.seq = q, .want = q->n_tokens - q->n_computed,
+                                   .n_done = q->n_computed};
+    }
+    if (n_run > 1)
+        qsort(s->pre, (size_t)n_run, sizeof(*s->pre), cmp_cand_turn);
+    cand_t *sel = s->dec;               /* the decode rows are planned */
+    if (n_run > 0 && max_pf > 0)
+        sel[n_pf++] = s->pre[0];
+    for (int i = 0; i < n_adm && n_pf < max_pf && !defer && n_pre == 0; i++) {
+        dsq_seq_t *q = s->adm[i].seq;
+        if (is_decode(q) || q->state != DSQ_SEQ_WAITING)
+            continue;
+        int n_ev = 0;
+        int n_hit = prefix_lookup(s, q, &n_ev, &rc);   /* to size its need */
+        if (rc)
+            goto done;
+        int n_done = n_hit ? n_hit * dsq_kv_block_size(s->kv) : q->n_computed;
+        sel[n_pf++] = (cand_t){.seq = q, .want = q->n_tokens - n_done, .n_done = n_done,
+                               .waiting = true};
+    }
+    for (int i = 1; i < n_run && n_pf < max_pf; i++)
+        sel[n_pf++] = s->pre[i];
+    for (int i = 0; i < n_pf; i++) {
+        s->pre[i] = sel[i];
+        s->pre[i].sel = i;
+    }
+    /* water-filling: each in turn gets an equal share of what is left,
+     * or less if it needs less (the first selected first, so it always
+     * moves; then the smallest need first, so the shares the small ones
+     * leave go to the large ones) */
+    if (n_pf > 1)
+        qsort(s->pre, (size_t)n_pf, sizeof(*s->pre), cmp_cand_fill);
     /* attack2: logits rows left for prompt-logprob chunks */
     int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
-
-    /* hardening: paused sequences (their client is not reading) keep their
-     * KV but not a max_num_seqs slot, so a request whose client stops
-     * reading cannot lock others out; a step still carries at most
-     * max_num_seqs sequences (the step buffers are planned for that), the
-     * oldest first */
-    int n_paused = 0;
-    for (int i = 0; i < s->running.n; i++)
-        n_paused += s->running.v[i]->paused;
-
-    for (int i = 0; i < s->running.n && budget > 0 && picked.n < s->o.max_num_seqs; i++) {
-        dsq_seq_t *seq = s->running.v[i];
-        if (seq->paused)
-            continue;            /* hardening: its client is not reading */
-        int want = seq->n_tokens - seq->n_computed;
-        bool decode = seq->n_computed >= seq->n_prompt && want == 1;
-        bool plr = seq->prompt_logits && seq->n_computed < seq->n_prompt;
-        if (!decode && want > prefill_left)
-            want = prefill_left;
-        if (want > budget)
-            want = budget;
+    int tok_left = prefill_left;
+    double ms_left = prefill_ms;
+    for (int j = 0; j < n_pf; j++) {
+        cand_t *c = &s->pre[j];
+        int left = n_pf - j;
+        int share = tok_left / left;
+        if (share < 1 && tok_left > 0)
+            share = 1;
+        int want = c->want < share ? c->want : share;
+        bool plr = c->seq->prompt_logits && c->n_done < c->seq->n_prompt;
         if (plr && want > plr_left)
             want = plr_left;
-        if (!decode && timed)
-            want = fit_chunk(s, seq->n_computed, want, &prefill_ms, any_prefill);
-        if (want <= 0)
-            continue;
-        for (;;) {
-            rc = reserve(s, seq, want);
-            if (rc != DSQ_EFULL)
-                break;
-            /* Out of blocks: preempt the youngest running sequence that is
-             * not yet scheduled in this step (possibly seq itself). */
-            dsq_seq_t *victim = s->running.v[s->running.n - 1];
-            bool victim_is_seq = victim == seq;
-            rc = preempt(s, victim);
-            n_pre++;
-            if (rc || victim_is_seq)
-                break;
+        if (timed) {
+            double ms = ms_left / left, ms0 = ms;
+            want = fit_chunk(s, c->n_done, want, &ms, j > 0);
+            ms_left -= ms0 - ms;
         }
-        if (rc == DSQ_EFULL || seq->state != DSQ_SEQ_RUNNING) {
-            rc = DSQ_OK;
-            break;   /* seq itself was preempted: it was the youngest */
-        }
-        if (rc)
-            goto done;
-        rc = vec_reserve(&picked, picked.n + 1);
-        if (rc)
-            goto done;
-        picked.v[picked.n++] = seq;
-        seq->sched_tokens = want;
-        budget -= want;
-        if (!decode) {
-            prefill_left -= want;
-            any_prefill = true;
-        }
+        c->want = want;
+        tok_left -= want;
         if (plr)
             plr_left -= want;
     }
-    if (prefill_left > budget)
-        prefill_left = budget;
-    if (s->o.admission_defer_steps > 0 && s->waiting.n > 0 && picked.n == s->running.n &&
-        picked.n > 0) {
-        bool defer = true;
-        for (int i = 0; i < picked.n && defer; i++) {
-            const dsq_seq_t *seq = picked.v[i];
-            defer = seq->n_max_tokens > 0 && seq->n_computed >= seq->n_prompt &&
-                    seq->sched_tokens == 1 && seq->n_tokens - seq->n_computed == 1 &&
-                    seq->n_max_tokens - seq->n_tokens <= s->o.admission_defer_steps;
-        }
-        if (defer)
-            prefill_left = 0;
-    }
-
-    /* Admit waiting sequences, first come first served, only when nothing
-     * was preempted in this step (admitting then would just thrash). */
-    while (n_pre == 0 && s->waiting.n > 0 && prefill_left > 0 &&
-           s->running.n - n_paused < s->o.max_num_seqs && picked.n < s->o.max_num_seqs) {
-        dsq_seq_t *seq = s->waiting.v[0];
-        int n_ev = 0;
-        int n_hit = prefix_lookup(s, seq, &n_ev, &rc);
-        if (rc)
-            goto done;
-        int n_done = n_hit ? n_hit * dsq_kv_block_size(s->kv) : seq->n_computed;
-        int want = seq->n_tokens - n_done;
-        bool plr = seq->prompt_logits && n_done < seq->n_prompt;
-        if (want > prefill_left)
-            want = prefill_left;
-        if (plr && want > plr_left)
-            want = plr_left;
-        if (timed)
-            want = fit_chunk(s, n_done, want, &prefill_ms, any_prefill);
-        if (want <= 0)
-            break;      /* attack2: no logits rows left; keeps FCFS order */
-        int need = dsq_kv_blocks_for(s->kv, n_done + want) - (n_hit ? n_hit : seq->bt.n);
-        if (need > dsq_kv_n_free(s->kv) - n_ev)
-            break;
-        if (n_hit) {
-            rc = dsq_kv_seq_share_prefix(s->kv, &seq->bt, s->hit_ids, s->hit_hashes, n_hit);
+    if (n_pf > 1)
+        qsort(s->pre, (size_t)n_pf, sizeof(*s->pre), cmp_cand_sel);
+    /* running prompts first: a preemption among them stops admission */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n_pf; i++) {
+            cand_t *c = &s->pre[i];
+            dsq_seq_t *q = c->seq;
+            bool ok = false;
+            if (c->waiting != (pass == 1))
+                continue;
+            if (!c->waiting) {
+                if (c->want <= 0 || q->state != DSQ_SEQ_RUNNING)
+                    continue;
+                rc = run_reserve(s, q, c->want, &n_pre, &ok);
+                if (!rc && ok)
+                    rc = pick(s, &picked, q, c->want);
+            } else {
+                /* nothing is admitted in a step that preempted (it would
+                 * only thrash), and none overtakes one that got no tokens
+                 * or did not fit (FCFS) */
+                if (c->want <= 0 || n_pre > 0 || !admitting) {
+                    admitting = false;
+                    continue;
+                }
+                rc = admit(s, q, c->want, &ok);
+                admitting = ok;
+                if (!rc && ok)
+                    rc = pick(s, &picked, q, q->sched_tokens);
+            }
             if (rc)
                 goto done;
-            seq->n_computed = n_done;
+            if (ok)
+                budget -= q->sched_tokens;
         }
-        rc = reserve(s, seq, want);
-        if (rc) {
-            /* cannot happen after the budget check; undo the sharing */
-            dsq_kv_seq_free(s->kv, &seq->bt);
-            seq->n_computed = 0;
-            if (rc == DSQ_EFULL) {
-                rc = DSQ_OK;
+    }
+
+    /* Nothing runs and nothing could be admitted: blocks the waiting forks
+     * share with each other may be what is missing. Start the youngest of
+     * them over (it is recomputed like a preempted one). */
+    if (picked.n == 0 && n_pre == 0 && n_adm > 0 && s->running.n == n_paused) {
+        for (int i = s->waiting.n - 1; i >= 0; i--) {
+            dsq_seq_t *q = s->waiting.v[i];
+            if (q->bt.n > 0 && !q->paused) {
+                dsq_kv_seq_free(s->kv, &q->bt);
+                q->n_computed = 0;
+                q->n_preempted++;
+                s->n_preemptions++;
+                n_pre++;
                 break;
             }
-            goto done;
         }
-        if (dsq_kv_prefix_caching(s->kv)) {
-            s->n_prefix_queries += seq->n_tokens;
-            s->n_prefix_hits += n_hit ? n_done : 0;
-            if (seq->n_preempted == 0) {
-                int c = n_hit ? n_done : 0;
-                seq->n_cached_prompt = c < seq->n_prompt ? c : seq->n_prompt;
-            }
-        }
-        vec_erase(&s->waiting, 0);
-        rc = running_insert(s, seq);
-        if (!rc)
-            rc = vec_reserve(&picked, picked.n + 1);
-        if (rc)
-            goto done;
-        picked.v[picked.n++] = seq;
-        seq->sched_tokens = want;
-        budget -= want;
-        prefill_left -= want;
-        any_prefill = true;
-        if (plr)
-            plr_left -= want;
     }
 
     /* Build the batch. */
@@ -512,8 +959,6 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             o->logit_seqs[o->n_logits++] = seq;
         }
     }
-    n_sched = picked.n;
-    (void)n_sched;
 done:
     free(picked.v);
     if (rc == DSQ_OK)
@@ -549,6 +994,14 @@ void dsq_sched_set_step_budget(dsq_sched_t *s, double budget_ms, const dsq_step_
 
 int dsq_sched_n_waiting(const dsq_sched_t *s) { return s->waiting.n; }
 int dsq_sched_n_running(const dsq_sched_t *s) { return s->running.n; }
+
+int dsq_sched_n_free_slots(const dsq_sched_t *s)
+{
+    int used = 0;
+    for (int i = 0; i < s->running.n; i++)
+        used += !s->running.v[i]->paused;
+    return used < s->o.max_num_seqs ? s->o.max_num_seqs - used : 0;
+}
 int64_t dsq_sched_n_preemptions(const dsq_sched_t *s) { return s->n_preemptions; }
 
 void dsq_sched_prefix_stats(const dsq_sched_t *s, int64_t *queries, int64_t *hits)

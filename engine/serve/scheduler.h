@@ -1,20 +1,49 @@
 /* Iteration-level (continuous) batching scheduler (Yu et al., Orca, OSDI
- * 2022; vLLM's block-based admission, Kwon et al. 2023).
+ * 2022; vLLM's block-based admission, Kwon et al. 2023), sharing each step
+ * fairly between requests.
  *
- * Each step: keep every running sequence (decodes and unfinished prefill
- * chunks, oldest first), then admit waiting sequences first come, first
- * served, chunking long prompts (chunked prefill), until
- * max_num_batched_tokens, max_num_seqs or the free-block budget is reached.
- * When blocks run out, the most recently admitted sequence is preempted by
- * recompute: its blocks are freed and it goes back to the front of the
- * waiting queue with its tokens (prompt + generated so far). Admission stops
- * at the first waiting sequence that does not fit, so the oldest waiting one
- * is never overtaken (no starvation).
+ * A sequence is running (it holds one of max_num_seqs slots and its KV
+ * blocks) or waiting. Each step plans, in this order:
+ *
+ *  1. Slots. Running sequences that are not paused hold a slot each, the n
+ *     / best_of choices of a request included: a fork (dsq_sched_add_fork)
+ *     waits for a slot like any sequence, so max_num_seqs bounds the
+ *     sequences of a step, always (vLLM V1 runs the n samples of a
+ *     request as n sequences scheduled on their own, the same rule). Free
+ *     slots go to waiting sequences round-robin across requests (req):
+ *     a request with fewer running sequences first, so a new request
+ *     overtakes the waiting forks of one that already runs; among equals
+ *     the oldest (a new request never overtakes an older new one: FCFS).
+ *  2. Decode rows, round-robin across requests: every request's least
+ *     recently scheduled sequence first, then every request's second, and
+ *     so on, until max_num_batched_tokens, the step's sequences or, with a
+ *     step budget (dsq_sched_set_step_budget), the decode rows' share of
+ *     it is used up. A request of 128 sequences therefore takes turns
+ *     instead of making every step long, and a request of one sequence
+ *     decodes in every step.
+ *  3. Prefill chunks (chunked prefill) of running prompts and of newly
+ *     admitted ones share the step's prefill tokens (and, with a step
+ *     budget, its time) max-min fairly: the oldest first gets an equal
+ *     share (so it always moves), then the others from the shortest: a
+ *     prompt that needs less than an equal share gets all it needs, the
+ *     rest is split evenly among the longer ones. One long prompt never
+ *     holds a step while others wait, and a short prompt arriving behind
+ *     long ones is computed in the next step.
+ *
+ * When blocks run out, a running sequence not yet scheduled in the step is
+ * preempted by recompute (its blocks are freed and it goes back to the
+ * waiting queue, in age order, with its tokens: prompt + generated so
+ * far): the youngest of the request with the most running sequences (with
+ * one sequence per request, the youngest, as vLLM). Nothing is admitted
+ * in a step that preempted (it would only thrash), and a waiting sequence
+ * that does not fit the free blocks stops admission for the step, so an
+ * older waiting request is never overtaken for memory (no starvation).
  *
  * Latency (both optional, see dsq_sched_opts_t): while any running sequence
  * decodes, the step's prefill tokens are capped separately
- * (max_prefill_tokens_with_decode), and admission waits while every running
- * sequence is a decode within admission_defer_steps of its end.
+ * (max_prefill_tokens_with_decode), and admission of new prompts waits
+ * while every running sequence is a decode within admission_defer_steps
+ * of its end.
  *
  * Prefix caching (when the KV cache has it on, see kv_cache.h): a waiting
  * sequence that holds no blocks (new, or preempted) is admitted with the
@@ -45,7 +74,10 @@ typedef enum dsq_seq_state {
 /* One sequence: a request's choice. Owned by the engine; the scheduler holds
  * pointers while the sequence is waiting or running. */
 typedef struct dsq_seq {
-    void *owner;              /* the request (opaque to the scheduler)          */
+    void *owner;              /* the engine's handle (opaque to the scheduler)  */
+    const void *req;          /* the request it belongs to, the unit of the
+                                 fair share (its choices share one key;
+                                 opaque); NULL: owner is the request        */
     int index;                /* choice index                                   */
     uint64_t order;           /* arrival order; lower = older                   */
     int32_t *tokens;          /* prompt followed by generated tokens            */
@@ -70,6 +102,10 @@ typedef struct dsq_seq {
                                  is not reading its output): never scheduled,
                                  keeps its KV blocks (it may still be
                                  preempted), still counts as running        */
+    uint64_t last_sched;      /* scheduler: when it was last scheduled, as a
+                                 count of sequences scheduled (round-robin
+                                 turns: ties in one step keep their pick
+                                 order); 0 = never                          */
     int sched_tokens;         /* tokens scheduled in the current step           */
     int sched_row;            /* first batch row of this sequence in the step   */
 } dsq_seq_t;
@@ -78,7 +114,8 @@ typedef struct dsq_sched dsq_sched_t;
 
 /* Limits of one step. */
 typedef struct dsq_sched_opts {
-    int max_num_seqs;             /* running sequences                      */
+    int max_num_seqs;             /* running sequences (slots), forks
+                                     included; also the sequences of a step */
     int max_num_batched_tokens;   /* tokens per step                        */
     /* itl: prefill tokens per step (running chunks + admissions together)
      * while at least one running sequence decodes; decode rows are not
@@ -123,9 +160,12 @@ void dsq_sched_destroy(dsq_sched_t *s);    /* does not free sequences */
 
 /* Append seq to the waiting queue (tail). Returns 0 or DSQ_ENOMEM. */
 int dsq_sched_add(dsq_sched_t *s, dsq_seq_t *seq);
-/* Add a sequence that already holds KV (a fork) directly to the running
- * set. Returns 0 or DSQ_ENOMEM. */
-int dsq_sched_add_running(dsq_sched_t *s, dsq_seq_t *seq);
+/* Add a sequence that already holds KV (a fork of an n > 1 / best_of
+ * request, sharing its parent's blocks) to the waiting queue in age order
+ * (its order and index): it runs once the round-robin gives it a slot, so
+ * forks never push the running set past max_num_seqs. Returns 0 or
+ * DSQ_ENOMEM. */
+int dsq_sched_add_fork(dsq_sched_t *s, dsq_seq_t *seq);
 /* Remove seq from whichever queue holds it and free its KV blocks. */
 void dsq_sched_remove(dsq_sched_t *s, dsq_seq_t *seq);
 
@@ -161,6 +201,9 @@ void dsq_sched_set_step_budget(dsq_sched_t *s, double budget_ms, const dsq_step_
 
 int dsq_sched_n_waiting(const dsq_sched_t *s);
 int dsq_sched_n_running(const dsq_sched_t *s);
+/* max_num_seqs minus the running sequences that are not paused (>= 0):
+ * the slots a waiting sequence can take at the next step. */
+int dsq_sched_n_free_slots(const dsq_sched_t *s);
 int64_t dsq_sched_n_preemptions(const dsq_sched_t *s);
 /* Prefix cache counters, in tokens, over every admission (preempted
  * sequences again at re-admission), as vLLM V1's prefix_cache_queries and

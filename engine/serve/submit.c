@@ -215,9 +215,13 @@ int dsq_engine_submit(dsq_engine_t *e, dsq_req_t *r)
     r->need_tokens = kv_need_tokens(e, r);
     int max_wait = dsq_engine_max_waiting(e);
     pthread_mutex_lock(&e->mu);
+    /* the waiting cap counts the requests that truly wait: the unscheduled
+     * ones (the admission window's burst included) less those a free run
+     * slot awaits */
+    int n_wait = atomic_load(&e->n_waiting) - atomic_load(&e->n_free_slots);
     if (e->stopping) {
         rc = DSQ_ESTATE;
-    } else if (atomic_load(&e->n_waiting) >= max_wait) {
+    } else if (n_wait >= max_wait) {
         rc = DSQ_EFULL;
     } else if (dsq_admission_kind(e->adm) == DSQ_ADMISSION_ADAPTIVE) {
         /* the admission policy may refuse at once; what it takes is held

@@ -237,7 +237,11 @@ def test_invalid_utf8_other_routes(server):
 def test_sequence_cap(server):
     P = {"model": MODEL_NAME, "max_tokens": 1}
     e = err(post(server, "/v1/completions", dict(P, prompt=["a"] * 9, n=128)), 400, "n")
-    assert "1024" in e["message"]
+    assert "the limit is 128" in e["message"]
+    # the default is OpenAI's cap on n: 8 prompts x 128 (1,024 sequences,
+    # most of --max-num-seqs for one request) is refused, 1 x 128 taken
+    err(post(server, "/v1/completions", dict(P, prompt=["a"] * 8, n=128)), 400, "n")
+    err(post(server, "/v1/completions", dict(P, prompt=["a"] * 2, n=65)), 400, "n")
     err(post(server, "/v1/completions", dict(P, prompt=["a"] * 9, n=1, best_of=128)), 400,
         "best_of")
 

@@ -11,7 +11,11 @@
  *    best_of > n returns the n best candidates (api);
  *  - a step that fails while a request forks its choices (debug hook
  *    DSQ_TEST_FAIL_SAMPLE_CHOICE) ends every choice with "abort", never
- *    leaving one unfinished, and the engine serves the next request. */
+ *    leaving one unfinished, and the engine serves the next request;
+ *  - the waiting cap counts only requests no free run slot awaits, and
+ *    max_num_seqs bounds an n > 1 request's running choices;
+ *  - a new request is served beside an n > 1 request that holds every run
+ *    slot, before any of its choices ends. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -439,6 +443,124 @@ static void test_failed_step_ends_all_choices(void **state)
 #endif
 }
 
+/* Run slots (max_num_seqs 4) and the waiting cap (2): six requests
+ * submitted at once are all taken, four for the free slots and two to
+ * wait, and only a seventh is refused (before, the cap counted the
+ * burst the admission window held, so the third was refused with every
+ * slot free). An n = 6 request never runs more than 4 sequences at once
+ * (its forks wait for slots) and still returns all 6 choices. */
+static void test_waiting_cap_and_slots(void **state)
+{
+    (void)state;
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
+                           .block_size = 16, .max_num_seqs = 4, .max_waiting_requests = 2};
+    dsq_engine_t *e = smollm2_engine(&o);
+    dsq_sampling_t sp = greedy(400);          /* none ends meanwhile */
+    dsq_req_t *rs[6];
+    for (int i = 0; i < 6; i++)
+        rs[i] = submit(e, prompts[i], &sp);   /* each DSQ_OK */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[256];
+    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), prompts[6],
+                                          strlen(prompts[6]), DSQ_TOK_PARSE_SPECIAL, &ids, &n),
+                     0);
+    dsq_req_t *r = dsq_req_create(ids, (int)n, &sp, notify, &W, err, sizeof(err));
+    assert_non_null(r);
+    assert_int_equal(dsq_engine_submit(e, r), DSQ_EFULL);
+    dsq_req_unref(r);
+    free(ids);
+    result_t res;
+    for (int i = 0; i < 6; i++) {
+        dsq_engine_cancel(e, rs[i]);
+        collect(rs[i], &res);
+        dsq_req_unref(rs[i]);
+    }
+    wait_idle(e);
+
+    sp = greedy(24);
+    sp.n = 6;
+    r = submit(e, prompts[1], &sp);
+    int max_running = 0, choices = 0, tokens[6] = {0};
+    for (;;) {
+        dsq_engine_stats_t st;
+        dsq_engine_stats(e, &st);
+        if (st.n_running > max_running)
+            max_running = st.n_running;
+        dsq_output_t ev;
+        int got = dsq_req_next(r, &ev);
+        if (got < 0)
+            break;
+        if (got == 0) {
+            usleep(1000);
+            continue;
+        }
+        assert_true(ev.index >= 0 && ev.index < 6);
+        tokens[ev.index] += ev.n_tokens;
+        choices += ev.finish != DSQ_FINISH_NONE;
+        dsq_output_free(&ev);
+    }
+    dsq_req_unref(r);
+    print_message("# n = 6 on max_num_seqs 4: at most %d running\n", max_running);
+    assert_true(max_running <= 4);
+    assert_int_equal(choices, 6);
+    for (int c = 0; c < 6; c++)
+        assert_int_equal(tokens[c], 24);
+    wait_idle(e);
+    dsq_engine_destroy(e);
+}
+
+/* Events of r ready now (none waited for): tokens and finished choices
+ * are added to *n_tokens and *n_done. Returns false once r has ended. */
+static bool drain_ready(dsq_req_t *r, int *n_tokens, int *n_done)
+{
+    dsq_output_t ev;
+    int got;
+    while ((got = dsq_req_next(r, &ev)) > 0) {
+        *n_tokens += ev.n_tokens;
+        *n_done += ev.finish != DSQ_FINISH_NONE;
+        dsq_output_free(&ev);
+    }
+    return got == 0;
+}
+
+/* A request of n = 6 holds all 4 run slots (two forks wait); a one-choice
+ * request submitted then is answered while every choice of the big one
+ * is still generating: the fair share is per request (dsq_seq_t.req), so
+ * the big one gives up a slot. Keyed on each choice instead, every choice
+ * looked like a request of its own and the small one waited for one of
+ * the big one's choices to end. */
+static void test_new_request_beside_n_request(void **state)
+{
+    (void)state;
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
+                           .block_size = 16, .max_num_seqs = 4};
+    dsq_engine_t *e = smollm2_engine(&o);
+    dsq_sampling_t sp = greedy(400);
+    sp.n = 6;
+    dsq_req_t *big = submit(e, prompts[1], &sp);
+    int n_big = 0, n_big_done = 0;
+    for (int i = 0; i < 10000 && n_big < 8; i++) {
+        assert_true(drain_ready(big, &n_big, &n_big_done));
+        usleep(1000);
+    }
+    assert_true(n_big >= 8);
+    dsq_sampling_t one = greedy(2);
+    dsq_req_t *small = submit(e, prompts[0], &one);
+    result_t res;
+    collect(small, &res);
+    dsq_req_unref(small);
+    assert_int_equal(res.n_tokens, 2);
+    assert_true(drain_ready(big, &n_big, &n_big_done));
+    print_message("# beside n = 6 on 4 slots: answered after %d of its tokens\n", n_big);
+    assert_int_equal(n_big_done, 0);
+    dsq_engine_cancel(e, big);
+    collect(big, &res);
+    dsq_req_unref(big);
+    wait_idle(e);
+    dsq_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -446,6 +568,8 @@ int main(void)
         cmocka_unit_test(test_n_seed_stop_cancel),
         cmocka_unit_test(test_prompt_logprobs_and_best_of),
         cmocka_unit_test(test_failed_step_ends_all_choices),
+        cmocka_unit_test(test_waiting_cap_and_slots),
+        cmocka_unit_test(test_new_request_beside_n_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -237,7 +237,9 @@ static const bad_case_t bad[] = {
     /* api: best_of > n cannot stream (OpenAI) */
     {"{" M "\"prompt\":\"a\",\"n\":1,\"best_of\":2,\"stream\":true}", 400, "best_of", NULL},
     {"{" M "\"prompt\":\"a\",\"best_of\":129}", 400, "best_of", NULL},
-    /* api: prompts x max(n, best_of) > DSQ_OPENAI_MAX_SEQS (1024): 9 x 128 */
+    /* api: prompts x max(n, best_of) > DSQ_OPENAI_MAX_SEQS (128): 9 x 128, 2 x 65 */
+    {"{" M "\"prompt\":[\"a\",\"a\"],\"n\":65}", 400, "n", NULL},
+    {"{" M "\"prompt\":[\"a\",\"a\"],\"best_of\":65}", 400, "best_of", NULL},
     {"{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":128}", 400, "n", NULL},
     {"{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":2,\"best_of\":128}", 400, "best_of", NULL},
     {"{" M "\"prompt\":\"a\",\"best_of\":\"2\"}", 400, "best_of", NULL},
@@ -1038,10 +1040,17 @@ static void test_api_fields(void **state)
     assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
     assert_false(r.sp.prompt_logprobs);
     dsq_completion_req_deinit(&r);
-    /* exactly at the cap: 8 prompts x 128 = 1024 */
-    b = "{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":128}";
+    /* exactly at the cap: 1 prompt x 128, 8 prompts x 16 = 128 */
+    b = "{" M "\"prompt\":\"a\",\"n\":128}";
     assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
     dsq_completion_req_deinit(&r);
+    b = "{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":16}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), 0);
+    dsq_completion_req_deinit(&r);
+    /* the finding: 8 prompts x n = 128 (1,024 sequences) */
+    b = "{" M "\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"],\"n\":128}";
+    assert_int_equal(dsq_openai_parse_completion(b, strlen(b), &LIM, &r, &e), DSQ_EINVAL);
+    assert_string_equal(e.param, "n");
     /* a lower cap from the limits */
     {
         dsq_openai_limits_t lim = {"smol", 1000, 4};

@@ -5,9 +5,11 @@
  * cancellations and n > 1 forks under a tight block budget, the way the
  * engine does (forward pass replaced by "commit + sample a random token"),
  * and checks after every step: the KV invariants (no block leaked or shared
- * without a reference), FCFS admission (a sequence is never admitted while
- * an older one still waits), the token and sequence budgets, and at the end
- * that every request finished and every block is free again.
+ * without a reference), FCFS admission among new requests (one is never
+ * admitted while an older new one still waits), the token budget and the
+ * sequence budget (max_num_seqs running, forks included: they wait for a
+ * slot), and at the end that every request finished and every block is
+ * free again.
  *
  * The "forward pass" writes, for every scheduled position, a 64-bit digest
  * of the sequence's tokens up to that position into the position's K slot,
@@ -304,6 +306,9 @@ static void run_property(bool prefix)
         assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
         total_preempt += out.n_preempted;
         assert_true(out.n_tokens <= max_tokens_step);
+        /* max_num_seqs bounds the running sequences, forks included */
+        assert_true(out.n_seqs <= max_seqs);
+        assert_true(dsq_sched_n_running(sch) <= max_seqs);
         int sum = 0;
         for (int i = 0; i < out.n_seqs; i++) {
             dsq_seq_t *s = out.seqs[i];
@@ -339,7 +344,7 @@ static void run_property(bool prefix)
         for (int i = 0; any_admitted && i < n_req; i++) {
             sim_req_t *r = &reqs[i];
             if (!r->done && r->seqs[0]->state == DSQ_SEQ_WAITING &&
-                r->seqs[0]->n_preempted == 0)
+                r->seqs[0]->n_preempted == 0 && r->seqs[0]->n_computed == 0)
                 assert_true(r->seqs[0]->order > youngest_admitted);
         }
         /* "sample" for fully computed sequences */
@@ -361,7 +366,7 @@ static void run_property(bool prefix)
                     f->n_cached_prompt = s->n_cached_prompt;
                     f->owner = r;
                     assert_int_equal(dsq_kv_seq_fork(kv, &f->bt, &s->bt), DSQ_OK);
-                    assert_int_equal(dsq_sched_add_running(sch, f), DSQ_OK);
+                    assert_int_equal(dsq_sched_add_fork(sch, f), DSQ_OK);
                     r->seqs[c] = f;
                     r->n_live++;
                 }
