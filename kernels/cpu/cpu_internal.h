@@ -242,4 +242,42 @@ typedef struct dsq__vec_ops {
 /* The helpers for the ISA level in force now (scalar or AVX2). */
 const dsq__vec_ops_t *dsq__vec_ops(void);
 
+/* ------------------------------------- attention (attention*.c) */
+
+/* Dequantise kv head kh of cache slot t (K, or V when is_v) into
+ * dst[head_dim] fp32 (attention.c). */
+void dsq__kv_load(float *dst, const dsq_kv_layer_t *kv, bool is_v, int64_t t, int kh,
+                  const dsq__vec_ops_t *ops);
+
+/* Positions [p0, p0 + nj) of kv head kh (K or V) of the sequence with block
+ * table btab, dequantised into dst[nj][head_dim] (attention.c). */
+void dsq__kv_load_chunk(float *dst, const dsq_kv_layer_t *kv, bool is_v,
+                        const int32_t *btab, int32_t p0, int nj, int kh,
+                        const dsq__vec_ops_t *ops);
+
+/* Attention walks a row's context in chunks of DSQ__ATT_BK positions
+ * starting at multiples of it, with a fixed fp32 recipe per query vector
+ * (attention_chunk.c). */
+#define DSQ__ATT_BK 64
+/* Scratch floats of one row-layout call of G query vectors. */
+#define DSQ__ATT_ROW_WS(G, D) (((size_t)(D) + (size_t)(G)) * DSQ__ATT_BK + (size_t)(G) + 8)
+
+typedef struct dsq__att_ops {
+    /* One chunk for the G query vectors qs [G][D] (scaled) of one row, all
+     * keys j < nj visible, state o [G][D], mx [G], l [G]:
+     * mx' = max(mx, max_j s_j), c = e^(mx - mx'), p_j = e^(s_j - mx'),
+     * l = l c + sum_j p_j, o = o c + sum_j p_j v_j, mx = mx'.
+     * Key j's K and V vectors are read from krow[j] and vrow[j]: fp16
+     * when f16, else fp32 (the cache itself for F16 and F32; INT8 is
+     * dequantised first). The next chunk's nj_next rows follow in
+     * krow/vrow (for prefetching; 0 if none). ws: DSQ__ATT_ROW_WS(G, D)
+     * floats. */
+    void (*row)(float *o, float *mx, float *l, const float *qs, int G, int D,
+                const void *const *krow, const void *const *vrow, bool f16, int nj,
+                int nj_next, float *ws);
+} dsq__att_ops_t;
+
+/* The kernels for the ISA level in force now (scalar or AVX2). */
+const dsq__att_ops_t *dsq__att_ops(void);
+
 #endif
