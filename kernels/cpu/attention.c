@@ -1,17 +1,23 @@
 /* Paged causal attention on the CPU (GQA; FP16, INT8 or F32 KV cache).
  *
- * One task is one (row, kv head) pair: the n_heads/n_kv_heads query heads
- * that share a kv head are processed together, so each cached key and
- * value is read once per task however large the GQA ratio (when there are
- * fewer tasks than threads, the heads are split into chunks, or the
- * context into parts, below). A row's context is walked in chunks of
- * DSQ__ATT_BK positions through the sequence's block table, with the
- * kernels of attention_chunk.c and an online softmax (running max m,
- * running sum l; Milakov & Gimelshein 2018, FlashAttention). Memory per
- * thread is the accumulator plus one chunk of K, V and scores, independent
- * of context length. Tasks are handed out by an atomic counter (rows
- * attend to different lengths); a small total (decode at short context)
- * runs inline, without a thread-pool dispatch. */
+ * Rows are first sorted into prefill runs (two or more consecutive rows of
+ * one sequence with increasing positions), which attention_prefill.c
+ * computes in tiles, and single rows (decode), computed here. Both walk a
+ * row's context in chunks of DSQ__ATT_BK positions with the kernels of
+ * attention_chunk.c and do the same arithmetic per query head, so a row's
+ * output does not depend on which path, batch or tile it was in.
+ *
+ * Decode: one task is one (row, kv head) pair: the n_heads/n_kv_heads
+ * query heads that share a kv head are processed together, so each cached
+ * key and value is dequantised once per task however large the GQA ratio
+ * (when there are fewer tasks than threads, the heads are split into
+ * chunks, or the context into parts, below). Chunks are walked through the
+ * sequence's block table with an online softmax (running max m, running
+ * sum l; Milakov & Gimelshein 2018, FlashAttention). Memory per thread is
+ * the accumulator plus one chunk of K, V and scores, independent of
+ * context length. Tasks are handed out by an atomic counter (rows attend
+ * to different lengths); a small total (decode at short context) runs
+ * inline, without a thread-pool dispatch. */
 #include <math.h>
 #include <string.h>
 #include <stdatomic.h>
@@ -59,6 +65,8 @@ void dsq__kv_load_chunk(float *dst, const dsq_kv_layer_t *kv, bool is_v,
         dsq__kv_load(dst + (int64_t)j * D, kv, is_v, t, kh, ops);
     }
 }
+
+/* -------------------------------------------------------- decode rows */
 
 /* Per-thread scratch. */
 typedef struct scratch {
@@ -229,7 +237,7 @@ static void att_region(void *p, int tid, int n_thr)
     }
 }
 
-/* Rows rows[0..m) of the call (rows NULL: rows 0..m-1). */
+/* The decode rows: rows[0..m) of the call (rows NULL: rows 0..m-1). */
 static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t m,
                        int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
                        const int32_t *row_pos, const int32_t *block_tables,
@@ -320,6 +328,16 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
 #undef ROW
 }
 
+/* End of the run that starts at row i: rows of one sequence with strictly
+ * increasing positions. */
+static int64_t run_end(const int32_t *row_seq, const int32_t *row_pos, int64_t m, int64_t i)
+{
+    int64_t j = i + 1;
+    while (j < m && row_seq[j] == row_seq[i] && row_pos[j] > row_pos[j - 1])
+        j++;
+    return j;
+}
+
 int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                       const dsq_kv_layer_t *kv, const int32_t *row_seq,
                       const int32_t *row_pos, const int32_t *block_tables,
@@ -329,6 +347,37 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                         max_blocks);
     if (rc != DSQ_OK || m == 0)
         return rc;
-    return attend_rows(out, q, NULL, m, n_heads, kv, row_seq, row_pos, block_tables,
-                       max_blocks, scale);
+    /* runs of >= 2 rows are prefill (tiled); single rows are decode */
+    int n_runs = 0;
+    int64_t n_dec = 0;
+    for (int64_t i = 0, j; i < m; i = j) {
+        j = run_end(row_seq, row_pos, m, i);
+        n_runs += j - i >= 2;
+        n_dec += j - i < 2;
+    }
+    if (n_runs == 0)
+        return attend_rows(out, q, NULL, m, n_heads, kv, row_seq, row_pos, block_tables,
+                           max_blocks, scale);
+    int64_t *idx = malloc(sizeof(*idx) * (size_t)(2 * n_runs + n_dec));
+    if (!idx)
+        return DSQ_ENOMEM;
+    int64_t *run_i0 = idx, *run_n = idx + n_runs, *dec = idx + 2 * n_runs;
+    int k = 0;
+    n_dec = 0;
+    for (int64_t i = 0, j; i < m; i = j) {
+        j = run_end(row_seq, row_pos, m, i);
+        if (j - i >= 2) {
+            run_i0[k] = i;
+            run_n[k++] = j - i;
+        } else {
+            dec[n_dec++] = i;
+        }
+    }
+    rc = dsq__attention_prefill(out, q, n_heads, kv, row_seq, row_pos, block_tables,
+                                max_blocks, scale, run_i0, run_n, n_runs);
+    if (rc == DSQ_OK && n_dec > 0)
+        rc = attend_rows(out, q, dec, n_dec, n_heads, kv, row_seq, row_pos, block_tables,
+                         max_blocks, scale);
+    free(idx);
+    return rc;
 }

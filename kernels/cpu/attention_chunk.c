@@ -1,30 +1,37 @@
-/* The per-chunk arithmetic of CPU attention (attention.c): one chunk of
- * DSQ__ATT_BK cached positions against the G query vectors of one row and
- * kv head (a query vector is one query head of one row): scores,
- * online-softmax update, weighted sum of values.
+/* The per-chunk arithmetic of CPU attention (attention.c, attention_prefill.c):
+ * one chunk of DSQ__ATT_BK cached positions against a set of query vectors
+ * (a query vector is one query head of one row): scores, online-softmax
+ * update, weighted sum of values.
  *
- * One row has only G query vectors, too few for SIMD lanes, so its scores
- * run with keys as lanes (the chunk's K transposed, [D][BK]) and its P V
- * with head_dim as lanes. FP16 and F32 keys and values are read in place
- * (nothing amortises a copy for one row), and the next chunk's rows are
- * prefetched between blocks of arithmetic (one row alone gives the
- * hardware too little to overlap with). The fp32 operations per query
- * vector are fixed by the recipe below and do not depend on how query
- * vectors, keys or dims are blocked, so another layout can reproduce them
- * bit for bit. Per query vector q (already scaled) and chunk of keys
- * j < nj:
+ * Two layouts, one recipe. A tile of many rows of one sequence (prefill)
+ * keeps its query vectors as the SIMD lanes: Q and O transposed
+ * ([D][rp]), scores key-major ([nj][rp]), so both products broadcast a
+ * cached element into vectors of query vectors. A single row (decode)
+ * has only G query vectors, too few for lanes: its scores run with keys as
+ * lanes (the chunk's K transposed, [D][BK]) and its P V with head_dim as
+ * lanes; it reads FP16 and F32 keys and values in place (nothing amortises
+ * a copy for one row) and prefetches the next chunk's rows between its
+ * blocks of arithmetic (one row alone gives the hardware too little to
+ * overlap with). Both layouts do, for every query vector, the same fp32 operations
+ * in the same order, so a row's output is bitwise the same whichever path
+ * computes it and whatever else is in its tile or batch: the engine
+ * relies on that (a prompt chunk of one row, a preempted sequence
+ * recomputed as prefill must give the tokens a lone run gives). The
+ * recipe, per query vector q (already scaled) and chunk of keys j < nj:
  *   s_j = sum_d k_jd q_d, one chain over d = 0..D-1 (FMA at avx2);
  *   m' = max(m, max_j s_j), c = e^(m - m'), p_j = e^(s_j - m');
  *   l' = l c + sum_j p_j (avx2: fma(l, c, even-j sum + odd-j sum), each a
  *        chain; scalar: l c, then one chain over j);
  *   o'_d = o_d c, then one chain over j of + v_jd p_j (FMA at avx2).
- * Chunks start at multiples of DSQ__ATT_BK. e^x is expf (scalar) or a
- * polynomial (avx2, below); the levels differ from each other by rounding
- * only. Compiled as ISO C (-ffp-contract=off): the compiler fuses nothing
- * on its own, so the scalar chains stay as written. AVX-512 machines run
- * the AVX2 kernels (no 16-wide variant: none of our machines could test
- * one); AArch64 runs the scalar ones, vectorised by the compiler where it
- * can. */
+ * Keys a tile masks (past a row's position) enter as p_j = 0, which
+ * changes no sum, so chunks always start at multiples of DSQ__ATT_BK and
+ * the result does not depend on where a tile ends. e^x is expf (scalar)
+ * or a polynomial (avx2, below); the levels differ from each other by
+ * rounding only. Compiled as ISO C (-ffp-contract=off): the compiler
+ * fuses nothing on its own, so the scalar chains stay as written.
+ * AVX-512 machines run the AVX2 kernels (no 16-wide variant: none of our
+ * machines could test one); AArch64 runs the scalar ones, vectorised by
+ * the compiler where it can. */
 #include <math.h>
 #include <stdbool.h>
 
@@ -39,13 +46,75 @@
 
 /* --------------------------------------------------------------- scalar */
 
+static void scores_scalar(float *restrict st, int rp, const float *restrict qt,
+                          const float *restrict kb, int D, int nj)
+{
+    for (int j = 0; j < nj; j++) {
+        float *restrict s = st + (int64_t)j * rp;
+        for (int r = 0; r < rp; r++)
+            s[r] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float k = kb[(int64_t)j * D + d];
+            const float *restrict qd = qt + (int64_t)d * rp;
+            for (int r = 0; r < rp; r++)
+                s[r] += k * qd[r];
+        }
+    }
+}
+
+static void softmax_scalar(float *restrict st, int rp, int nj, float *restrict mx,
+                           float *restrict l, float *restrict cr, const int32_t *lim,
+                           int32_t p0)
+{
+    for (int r = 0; r < rp; r++)
+        cr[r] = -INFINITY;                   /* the chunk's max, for now */
+    for (int j = 0; j < nj; j++) {
+        float *restrict s = st + (int64_t)j * rp;
+        for (int r = 0; lim && r < rp; r++)
+            if (p0 + j > lim[r])
+                s[r] = -INFINITY;
+        for (int r = 0; r < rp; r++)
+            cr[r] = s[r] > cr[r] ? s[r] : cr[r];
+    }
+    for (int r = 0; r < rp; r++) {
+        const float mn = cr[r] > mx[r] ? cr[r] : mx[r];
+        cr[r] = expf(mx[r] - mn);            /* 0 on the first chunk */
+        mx[r] = mn;
+        l[r] *= cr[r];
+    }
+    for (int j = 0; j < nj; j++) {
+        float *restrict s = st + (int64_t)j * rp;
+        for (int r = 0; r < rp; r++) {
+            s[r] = expf(s[r] - mx[r]);
+            l[r] += s[r];
+        }
+    }
+}
+
+static void pv_scalar(float *restrict ot, int rp, const float *restrict pt,
+                      const float *restrict vb, int D, int nj, const float *restrict cr)
+{
+    for (int d = 0; d < D; d++) {
+        float *restrict o = ot + (int64_t)d * rp;
+        for (int r = 0; r < rp; r++)
+            o[r] *= cr[r];
+        for (int j = 0; j < nj; j++) {
+            const float v = vb[(int64_t)j * D + d];
+            const float *restrict p = pt + (int64_t)j * rp;
+            for (int r = 0; r < rp; r++)
+                o[r] += v * p[r];
+        }
+    }
+}
+
 /* Element d of key/value row x (fp16 or fp32), exact. */
 static inline float kv_elem(const void *x, bool f16, int d)
 {
     return f16 ? dsq__h2f(((const uint16_t *)x)[d]) : ((const float *)x)[d];
 }
 
-/* The recipe at scalar for one row's G query vectors. */
+/* The row layout at scalar: the three steps above for one row's G query
+ * vectors, with the same operations per query vector. */
 static void row_scalar(float *restrict o, float *restrict mx, float *restrict l,
                        const float *restrict qs, int G, int D, const void *const *krow,
                        const void *const *vrow, bool f16, int nj, int nj_next,
@@ -114,6 +183,208 @@ AVX2 static inline __m256 exp_avx2(__m256 x)
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(zero, p);
+}
+
+/* ---- tile layout */
+
+/* Score blocks: 4 keys x 24 query vectors (12 accumulators; 3 loads of Q
+ * and 4 broadcasts of K per 12 FMAs), the narrow edge 4 keys x 8, and 1 key
+ * x 8 with the same single chain over d (which keys of a chunk fall to
+ * an edge depends on the tile, and a score must not). */
+AVX2 static void scores_4x24(float *st, int rp, const float *qt, const float *kb, int D)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    const float *k0 = kb, *k1 = kb + D, *k2 = kb + 2 * D, *k3 = kb + 3 * D;
+    for (int d = 0; d < D; d++) {
+        const float *qd = qt + (int64_t)d * rp;
+        const __m256 q0 = LD(qd), q1 = LD(qd + 8), q2 = LD(qd + 16);
+        __m256 k = BC(k0 + d);
+        c00 = FMA(k, q0, c00), c01 = FMA(k, q1, c01), c02 = FMA(k, q2, c02);
+        k = BC(k1 + d);
+        c10 = FMA(k, q0, c10), c11 = FMA(k, q1, c11), c12 = FMA(k, q2, c12);
+        k = BC(k2 + d);
+        c20 = FMA(k, q0, c20), c21 = FMA(k, q1, c21), c22 = FMA(k, q2, c22);
+        k = BC(k3 + d);
+        c30 = FMA(k, q0, c30), c31 = FMA(k, q1, c31), c32 = FMA(k, q2, c32);
+    }
+    _mm256_storeu_ps(st, c00), _mm256_storeu_ps(st + 8, c01), _mm256_storeu_ps(st + 16, c02);
+    st += rp;
+    _mm256_storeu_ps(st, c10), _mm256_storeu_ps(st + 8, c11), _mm256_storeu_ps(st + 16, c12);
+    st += rp;
+    _mm256_storeu_ps(st, c20), _mm256_storeu_ps(st + 8, c21), _mm256_storeu_ps(st + 16, c22);
+    st += rp;
+    _mm256_storeu_ps(st, c30), _mm256_storeu_ps(st + 8, c31), _mm256_storeu_ps(st + 16, c32);
+}
+
+AVX2 static void scores_4x8(float *st, int rp, const float *qt, const float *kb, int D)
+{
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int d = 0; d < D; d++) {
+        const __m256 q0 = LD(qt + (int64_t)d * rp);
+        c0 = FMA(BC(kb + d), q0, c0);
+        c1 = FMA(BC(kb + D + d), q0, c1);
+        c2 = FMA(BC(kb + 2 * D + d), q0, c2);
+        c3 = FMA(BC(kb + 3 * D + d), q0, c3);
+    }
+    _mm256_storeu_ps(st, c0);
+    _mm256_storeu_ps(st + rp, c1);
+    _mm256_storeu_ps(st + 2 * rp, c2);
+    _mm256_storeu_ps(st + 3 * rp, c3);
+}
+
+AVX2 static void scores_1x8(float *st, const float *qt, int rp, const float *kb, int D)
+{
+    __m256 c0 = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++)
+        c0 = FMA(BC(kb + d), LD(qt + (int64_t)d * rp), c0);
+    _mm256_storeu_ps(st, c0);
+}
+
+AVX2 static void scores_avx2(float *st, int rp, const float *qt, const float *kb,
+                             int D, int nj)
+{
+    for (int r = 0; r < rp;) {
+        const int w = rp - r >= 24 ? 24 : 8;
+        int j = 0;
+        for (; j + 4 <= nj; j += 4) {
+            if (w == 24)
+                scores_4x24(st + (int64_t)j * rp + r, rp, qt + r, kb + (int64_t)j * D, D);
+            else
+                scores_4x8(st + (int64_t)j * rp + r, rp, qt + r, kb + (int64_t)j * D, D);
+        }
+        for (; j < nj; j++)
+            for (int v = 0; v < w; v += 8)
+                scores_1x8(st + (int64_t)j * rp + r + v, qt + r + v, rp, kb + (int64_t)j * D, D);
+        r += w;
+    }
+}
+
+AVX2 static void softmax_avx2(float *st, int rp, int nj, float *mx, float *l, float *cr,
+                              const int32_t *lim, int32_t p0)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = 0; r < rp; r += 8) {
+        float *s = st + r;
+        if (lim) {
+            const __m256i lv = _mm256_loadu_si256((const __m256i *)(const void *)(lim + r));
+            for (int j = 0; j < nj; j++) {
+                const __m256i past = _mm256_cmpgt_epi32(_mm256_set1_epi32(p0 + j), lv);
+                _mm256_storeu_ps(s + (int64_t)j * rp,
+                                 _mm256_blendv_ps(LD(s + (int64_t)j * rp), ninf,
+                                                  _mm256_castsi256_ps(past)));
+            }
+        }
+        __m256 bm0 = ninf, bm1 = ninf;
+        int j = 0;
+        for (; j + 2 <= nj; j += 2) {
+            bm0 = _mm256_max_ps(bm0, LD(s + (int64_t)j * rp));
+            bm1 = _mm256_max_ps(bm1, LD(s + (int64_t)(j + 1) * rp));
+        }
+        if (j < nj)
+            bm0 = _mm256_max_ps(bm0, LD(s + (int64_t)j * rp));
+        const __m256 m_old = LD(mx + r);
+        const __m256 mn = _mm256_max_ps(m_old, _mm256_max_ps(bm0, bm1));
+        const __m256 c = exp_avx2(_mm256_sub_ps(m_old, mn));
+        _mm256_storeu_ps(mx + r, mn);
+        _mm256_storeu_ps(cr + r, c);
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
+        for (j = 0; j + 2 <= nj; j += 2) {
+            const __m256 e0 = exp_avx2(_mm256_sub_ps(LD(s + (int64_t)j * rp), mn));
+            const __m256 e1 = exp_avx2(_mm256_sub_ps(LD(s + (int64_t)(j + 1) * rp), mn));
+            _mm256_storeu_ps(s + (int64_t)j * rp, e0);
+            _mm256_storeu_ps(s + (int64_t)(j + 1) * rp, e1);
+            sum0 = _mm256_add_ps(sum0, e0);
+            sum1 = _mm256_add_ps(sum1, e1);
+        }
+        if (j < nj) {
+            const __m256 e0 = exp_avx2(_mm256_sub_ps(LD(s + (int64_t)j * rp), mn));
+            _mm256_storeu_ps(s + (int64_t)j * rp, e0);
+            sum0 = _mm256_add_ps(sum0, e0);
+        }
+        _mm256_storeu_ps(l + r, FMA(LD(l + r), c, _mm256_add_ps(sum0, sum1)));
+    }
+}
+
+/* P V blocks: 4 dims x 24 query vectors of O (12 accumulators; 3 loads of
+ * P and 4 broadcasts of V per 12 FMAs), 4 dims x 8, 1 dim x 8 (the last
+ * D % 4 dims); O is rescaled by cr on the way in. */
+AVX2 static void pv_4x24(float *ot, int rp, const float *pt, const float *vb, int D, int nj,
+                         const float *cr)
+{
+    const __m256 s0 = LD(cr), s1 = LD(cr + 8), s2 = LD(cr + 16);
+    float *o0 = ot, *o1 = ot + rp, *o2 = ot + 2 * rp, *o3 = ot + 3 * rp;
+    __m256 c00 = _mm256_mul_ps(LD(o0), s0), c01 = _mm256_mul_ps(LD(o0 + 8), s1);
+    __m256 c02 = _mm256_mul_ps(LD(o0 + 16), s2), c10 = _mm256_mul_ps(LD(o1), s0);
+    __m256 c11 = _mm256_mul_ps(LD(o1 + 8), s1), c12 = _mm256_mul_ps(LD(o1 + 16), s2);
+    __m256 c20 = _mm256_mul_ps(LD(o2), s0), c21 = _mm256_mul_ps(LD(o2 + 8), s1);
+    __m256 c22 = _mm256_mul_ps(LD(o2 + 16), s2), c30 = _mm256_mul_ps(LD(o3), s0);
+    __m256 c31 = _mm256_mul_ps(LD(o3 + 8), s1), c32 = _mm256_mul_ps(LD(o3 + 16), s2);
+    for (int j = 0; j < nj; j++) {
+        const float *pj = pt + (int64_t)j * rp, *vj = vb + (int64_t)j * D;
+        const __m256 p0 = LD(pj), p1 = LD(pj + 8), p2 = LD(pj + 16);
+        __m256 x = BC(vj);
+        c00 = FMA(x, p0, c00), c01 = FMA(x, p1, c01), c02 = FMA(x, p2, c02);
+        x = BC(vj + 1);
+        c10 = FMA(x, p0, c10), c11 = FMA(x, p1, c11), c12 = FMA(x, p2, c12);
+        x = BC(vj + 2);
+        c20 = FMA(x, p0, c20), c21 = FMA(x, p1, c21), c22 = FMA(x, p2, c22);
+        x = BC(vj + 3);
+        c30 = FMA(x, p0, c30), c31 = FMA(x, p1, c31), c32 = FMA(x, p2, c32);
+    }
+    _mm256_storeu_ps(o0, c00), _mm256_storeu_ps(o0 + 8, c01), _mm256_storeu_ps(o0 + 16, c02);
+    _mm256_storeu_ps(o1, c10), _mm256_storeu_ps(o1 + 8, c11), _mm256_storeu_ps(o1 + 16, c12);
+    _mm256_storeu_ps(o2, c20), _mm256_storeu_ps(o2 + 8, c21), _mm256_storeu_ps(o2 + 16, c22);
+    _mm256_storeu_ps(o3, c30), _mm256_storeu_ps(o3 + 8, c31), _mm256_storeu_ps(o3 + 16, c32);
+}
+
+AVX2 static void pv_4x8(float *ot, int rp, const float *pt, const float *vb, int D, int nj,
+                        const float *cr)
+{
+    const __m256 s0 = LD(cr);
+    __m256 c0 = _mm256_mul_ps(LD(ot), s0), c1 = _mm256_mul_ps(LD(ot + rp), s0);
+    __m256 c2 = _mm256_mul_ps(LD(ot + 2 * rp), s0), c3 = _mm256_mul_ps(LD(ot + 3 * rp), s0);
+    for (int j = 0; j < nj; j++) {
+        const float *vj = vb + (int64_t)j * D;
+        const __m256 p0 = LD(pt + (int64_t)j * rp);
+        c0 = FMA(BC(vj), p0, c0);
+        c1 = FMA(BC(vj + 1), p0, c1);
+        c2 = FMA(BC(vj + 2), p0, c2);
+        c3 = FMA(BC(vj + 3), p0, c3);
+    }
+    _mm256_storeu_ps(ot, c0);
+    _mm256_storeu_ps(ot + rp, c1);
+    _mm256_storeu_ps(ot + 2 * rp, c2);
+    _mm256_storeu_ps(ot + 3 * rp, c3);
+}
+
+AVX2 static void pv_1x8(float *ot, const float *pt, int rp, const float *vb, int D, int nj,
+                        const float *cr)
+{
+    __m256 c0 = _mm256_mul_ps(LD(ot), LD(cr));
+    for (int j = 0; j < nj; j++)
+        c0 = FMA(BC(vb + (int64_t)j * D), LD(pt + (int64_t)j * rp), c0);
+    _mm256_storeu_ps(ot, c0);
+}
+
+AVX2 static void pv_avx2(float *ot, int rp, const float *pt, const float *vb, int D, int nj,
+                         const float *cr)
+{
+    for (int r = 0; r < rp;) {
+        const int w = rp - r >= 24 ? 24 : 8;
+        int d = 0;
+        for (; d + 4 <= D; d += 4) {
+            if (w == 24)
+                pv_4x24(ot + (int64_t)d * rp + r, rp, pt + r, vb + d, D, nj, cr + r);
+            else
+                pv_4x8(ot + (int64_t)d * rp + r, rp, pt + r, vb + d, D, nj, cr + r);
+        }
+        for (; d < D; d++)
+            for (int v = 0; v < w; v += 8)
+                pv_1x8(ot + (int64_t)d * rp + r + v, pt + r + v, rp, vb + d, D, nj,
+                       cr + r + v);
+        r += w;
+    }
 }
 
 /* ---- row layout */
@@ -362,9 +633,10 @@ AVX2 static void row_avx2(float *o, float *mx, float *l, const float *qs, int G,
 
 const dsq__att_ops_t *dsq__att_ops(void)
 {
-    static const dsq__att_ops_t scalar = {row_scalar};
+    static const dsq__att_ops_t scalar = {1, scores_scalar, softmax_scalar, pv_scalar,
+                                          row_scalar};
 #ifdef AC_X86
-    static const dsq__att_ops_t avx2 = {row_avx2};
+    static const dsq__att_ops_t avx2 = {8, scores_avx2, softmax_avx2, pv_avx2, row_avx2};
     if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
         return &avx2;
 #endif

@@ -255,23 +255,35 @@ void dsq__kv_load_chunk(float *dst, const dsq_kv_layer_t *kv, bool is_v,
                         const int32_t *btab, int32_t p0, int nj, int kh,
                         const dsq__vec_ops_t *ops);
 
-/* Attention walks a row's context in chunks of DSQ__ATT_BK positions
- * starting at multiples of it, with a fixed fp32 recipe per query vector
- * (attention_chunk.c). */
+/* Both attention paths walk a row's context in chunks of DSQ__ATT_BK
+ * positions starting at multiples of it, and do the same fp32 operations
+ * per query vector in either layout (attention_chunk.c says which), so a
+ * row's output is bitwise the same in a tile of a prefill chunk and alone
+ * as a decode row. */
 #define DSQ__ATT_BK 64
 /* Scratch floats of one row-layout call of G query vectors. */
 #define DSQ__ATT_ROW_WS(G, D) (((size_t)(D) + (size_t)(G)) * DSQ__ATT_BK + (size_t)(G) + 8)
 
 typedef struct dsq__att_ops {
-    /* One chunk for the G query vectors qs [G][D] (scaled) of one row, all
-     * keys j < nj visible, state o [G][D], mx [G], l [G]:
-     * mx' = max(mx, max_j s_j), c = e^(mx - mx'), p_j = e^(s_j - mx'),
-     * l = l c + sum_j p_j, o = o c + sum_j p_j v_j, mx = mx'.
+    int lanes;   /* tiles pad their query vectors to a multiple of this */
+    /* Tile layout: rp query vectors (rp % lanes == 0) as columns.
+     * scores:  st[j][r] = sum_d kb[j][d] qt[d][r], j < nj.
+     * softmax: when lim is set, st[j][r] = -inf where p0 + j > lim[r];
+     *          then per r: mx' = max(mx, max_j st), cr = e^(mx - mx'),
+     *          st = e^(st - mx'), l = l cr + sum_j st; mx = mx'.
+     * pv:      ot[d][r] = ot[d][r] cr[r] + sum_j vb[j][d] pt[j][r]. */
+    void (*scores)(float *st, int rp, const float *qt, const float *kb, int D, int nj);
+    void (*softmax)(float *st, int rp, int nj, float *mx, float *l, float *cr,
+                    const int32_t *lim, int32_t p0);
+    void (*pv)(float *ot, int rp, const float *pt, const float *vb, int D, int nj,
+               const float *cr);
+    /* Row layout: the same three steps for the G query vectors qs [G][D]
+     * of one row, all keys j < nj visible, state o [G][D], mx [G], l [G].
      * Key j's K and V vectors are read from krow[j] and vrow[j]: fp16
      * when f16, else fp32 (the cache itself for F16 and F32; INT8 is
-     * dequantised first). The next chunk's nj_next rows follow in
-     * krow/vrow (for prefetching; 0 if none). ws: DSQ__ATT_ROW_WS(G, D)
-     * floats. */
+     * dequantised first, by the same helper the tiles use). The next
+     * chunk's nj_next rows follow in krow/vrow (for prefetching; 0 if
+     * none). ws: DSQ__ATT_ROW_WS(G, D) floats. */
     void (*row)(float *o, float *mx, float *l, const float *qs, int G, int D,
                 const void *const *krow, const void *const *vrow, bool f16, int nj,
                 int nj_next, float *ws);
@@ -279,5 +291,15 @@ typedef struct dsq__att_ops {
 
 /* The kernels for the ISA level in force now (scalar or AVX2). */
 const dsq__att_ops_t *dsq__att_ops(void);
+
+/* The tiled prefill path of dsq_cpu_attention (attention_prefill.c), for
+ * arguments it already checked: run k is rows [run_i0[k], run_i0[k] +
+ * run_n[k]) of one sequence with strictly increasing positions; writes
+ * those rows of out and nothing else. Returns 0 or DSQ_ENOMEM. */
+int dsq__attention_prefill(float *out, const float *q, int n_heads,
+                           const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                           const int32_t *row_pos, const int32_t *block_tables,
+                           int max_blocks, float scale, const int64_t *run_i0,
+                           const int64_t *run_n, int n_runs);
 
 #endif
