@@ -221,22 +221,14 @@ int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *
 /* Row bytes of Q8_0 weights: 34 bytes per 32 weights. */
 #define DSQ__Q8_0_BLOCK 34
 
-/* fp32 vector helpers of the attention kernels (kernels/cpu/vec_ops.c).
+/* fp32 vector helpers of the attention kernels (kernels/cpu/vec_ops.c):
+ * KV dequantisation, and the merge of flash-decoding parts and MLA.
  * n elements, no alignment needed; dot sums in fp32. */
 typedef struct dsq__vec_ops {
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);              /* y += a*x  */
     void (*f16)(float *dst, const uint16_t *src, int n);                 /* fp16 -> fp32 */
     void (*i8)(float *dst, const int8_t *q, float s, float c, int n);   /* q*s + c   */
-    /* fused FP16-KV attention steps, or NULL (the caller composes
-     * them from f16/dot/axpy). D % 8 == 0, G >= 1. Token j's fp16 vector
-     * is at kv + j * stride (elements).
-     * f16_scores: s[g * s_stride + j] = scale * (q[g*D .. +D] . k_j), j < n.
-     * f16_wsum:   acc[g*D .. +D] += sum_j s[g * s_stride + j] * v_j, j < n. */
-    void (*f16_scores)(float *s, int s_stride, const float *q, int G, int D,
-                       const uint16_t *k, int64_t stride, int n, float scale);
-    void (*f16_wsum)(float *acc, int G, int D, const float *s, int s_stride,
-                     const uint16_t *v, int64_t stride, int n);
 } dsq__vec_ops_t;
 
 /* The helpers for the ISA level in force now (scalar or AVX2). */
