@@ -534,8 +534,6 @@ AVX2 static void transpose_keys(float *kt, const void *const *krow, bool f16, in
             kt[(int64_t)d * BK + j] = j < nj ? kv_elem(krow[j], f16, d) : 0.0f;
 }
 
-/* One chunk of one row's G query vectors (qs [G][D], scaled) into the
- * running state o [G][D], mx [G], l [G]. ws: DSQ__ATT_ROW_WS floats. */
 /* Prefetch rows [j0, j1) of the next chunk (row bytes rb). */
 static inline void prefetch_rows(const void *const *row, int j0, int j1, size_t rb)
 {
@@ -543,6 +541,9 @@ static inline void prefetch_rows(const void *const *row, int j0, int j1, size_t 
         for (size_t b = 0; b < rb; b += 64)
             __builtin_prefetch((const char *)row[j] + b);
 }
+
+/* One chunk of one row's G query vectors (qs [G][D], scaled) into the
+ * running state o [G][D], mx [G], l [G]. ws: DSQ__ATT_ROW_WS floats. */
 
 AVX2 static void row_avx2(float *o, float *mx, float *l, const float *qs, int G, int D,
                           const void *const *krow, const void *const *vrow, bool f16, int nj,
