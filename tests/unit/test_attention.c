@@ -686,6 +686,8 @@ static void test_attention_prefill(void **state)
         {DSQ_KV_F16, 16, 1, 5, 36, 70, 40},     /* head_dim tails, 4 + 1 heads */
         {DSQ_KV_F32, 4, 2, 6, 30, 0, 33},
         {DSQ_KV_INT8, 16, 1, 6, 30, 64, 65},
+        {DSQ_KV_F16, 16, 2, 2, 16, 3, 130},     /* qwen2-tiny's shape, 3 tiles */
+        {DSQ_KV_F16, 16, 8, 4, 128, 0, 70},     /* llama's 32/8 heads, D 128  */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         run_prefill_case(&cases[i]);
