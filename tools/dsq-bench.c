@@ -11,6 +11,8 @@
  *           tok/s, as llama-bench's pp512 / tg128 (see bench_cpu).
  *   pad     fits the padding cost model (engine/serve/padding.h) on a real model
  *           (bench_pad.c).
+ *   attn    the CPU attention op alone, prefill chunk or decode rows, wall and
+ *           CPU time (bench_attn.c).
  *   gpu     the CUDA backend's INT4 products, copy bandwidth and paged
  *           attention at DeepSeek/Qwen layer shapes (bench_gpu.c).
  *   serve   HTTP load against dsqd and/or llama.cpp's llama-server: request
@@ -369,6 +371,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "grammar") == 0) { extern int dsq__bench_grammar(int, char **); return dsq__bench_grammar(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "pad") == 0) { extern int dsq__bench_pad(int, char **); return dsq__bench_pad(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "write-model") == 0) { extern int dsq__bench_write_model_main(int, char **); return dsq__bench_write_model_main(argc - 2, argv + 2); }
+    if (argc >= 2 && strcmp(argv[1], "attn") == 0) { extern int dsq__bench_attn(int, char **); return dsq__bench_attn(argc - 2, argv + 2); }
     if (argc >= 2 && strcmp(argv[1], "gpu") == 0) { extern int dsq__bench_gpu(int, char **); return dsq__bench_gpu(argc - 2, argv + 2); }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--version") == 0) {
@@ -389,6 +392,8 @@ int main(int argc, char **argv)
                    " [--tokens 2000]\n"
                    "       dsq-bench pad --model PATH [--out FILE] [--buckets 1,2,4,8,16,32,64]"
                    " [--threads N] [--reps 3] [--context 128]\n"
+                   "       dsq-bench attn [--mode prefill|decode] [--rows 512] [--context N]"
+                   " [--seqs 1] [--layers 1] [--kv-dtype f16|int8|f32] [--threads N] ... (attn --help)\n"
                    "       dsq-bench gpu [--quick] [--seconds S] [--no-e2e] [--json FILE] [--write-model PATH]"
                    " (CUDA builds: kernels on the device)\n"
                    "       dsq-bench serve [--url URL]... [--dsqd PATH] [--llama-server PATH]"

@@ -1,19 +1,23 @@
-/* Paged causal attention on the CPU (GQA, FP16 or INT8 KV cache).
+/* Paged causal attention on the CPU (GQA; FP16, INT8 or F32 KV cache).
  *
- * One task is one (query row, kv head) pair: the n_heads/n_kv_heads query
- * heads that share a kv head are processed together, so each cached key and
- * value is dequantised once per task however large the GQA ratio (when
- * there are fewer tasks than threads, the heads are split into chunks). Positions
- * are walked block by block through the sequence's block table with an
- * online softmax (running max m, running sum l; Milakov & Gimelshein 2018,
- * FlashAttention): per block, scores for all its tokens, one rescale of the
- * accumulator if the max grew, then the weighted V sum. Memory per thread is
- * the accumulator plus one block of scores, independent of context length.
- * Tasks are handed out by an atomic counter (rows attend to different
- * lengths); a small total (decode at short context) runs inline, without a
- * thread-pool dispatch.
- * Dot products, axpy and fp16/int8 dequantisation have AVX2+FMA+F16C
- * versions picked at run time from dsq__cpu_isa_level(), scalar otherwise. */
+ * Rows are first sorted into prefill runs (two or more consecutive rows of
+ * one sequence with increasing positions), which attention_prefill.c
+ * computes in tiles, and single rows (decode), computed here. Both walk a
+ * row's context in chunks of DSQ__ATT_BK positions with the kernels of
+ * attention_chunk.c and do the same arithmetic per query head, so a row's
+ * output does not depend on which path, batch or tile it was in.
+ *
+ * Decode: one task is one (row, kv head) pair: the n_heads/n_kv_heads
+ * query heads that share a kv head are processed together, so each cached
+ * key and value is dequantised once per task however large the GQA ratio
+ * (when there are fewer tasks than threads, the heads are split into
+ * chunks, or the context into parts, below). Chunks are walked through the
+ * sequence's block table with an online softmax (running max m, running
+ * sum l; Milakov & Gimelshein 2018, FlashAttention). Memory per thread is
+ * the accumulator plus one chunk of K, V and scores, independent of
+ * context length. Tasks are handed out by an atomic counter (rows attend
+ * to different lengths); a small total (decode at short context) runs
+ * inline, without a thread-pool dispatch. */
 #include <math.h>
 #include <string.h>
 #include <stdatomic.h>
@@ -23,14 +27,15 @@
 #include "engine/common/error.h"
 #include "kernels.h"
 
-/* -------------------------------------------------------------- the op */
+#define BK DSQ__ATT_BK
 
-/* Dequantise head kh of slot t (K or V) into dst[head_dim]. */
-static void load_kv(float *dst, const dsq_kv_layer_t *kv, const void *base,
-                    const uint16_t *sc, const uint16_t *zr, int64_t t, int kh,
-                    int n_groups, const dsq__vec_ops_t *ops)
+void dsq__kv_load(float *dst, const dsq_kv_layer_t *kv, bool is_v, int64_t t, int kh,
+                  const dsq__vec_ops_t *ops)
 {
-    const int D = kv->head_dim;
+    const int D = kv->head_dim, n_groups = dsq_kv_n_groups(D);
+    const void *base = is_v ? kv->v : kv->k;
+    const uint16_t *sc = is_v ? kv->v_scale : kv->k_scale;
+    const uint16_t *zr = is_v ? kv->v_zero : kv->k_zero;
     const int64_t e = (t * kv->n_kv_heads + kh) * (int64_t)D;
     if (kv->dtype == DSQ_KV_F16) {
         ops->f16(dst, (const uint16_t *)base + e, D);
@@ -49,91 +54,81 @@ static void load_kv(float *dst, const dsq_kv_layer_t *kv, const void *base,
     }
 }
 
-/* Per-thread scratch. */
-typedef struct scratch {
-    float *acc;     /* [G][D]          */
-    float *kbuf;    /* [D]             */
-    float *sc;      /* [G][block_size] */
-    float *mx, *l;  /* [G]             */
-} scratch_t;
-
-/* The unnormalised online-softmax state of query heads [G] of kv head kh
- * over the sequence's blocks [b0, b1) (positions up to pos): w->acc [G][D]
- * (sum of weights x V), w->mx [G] (running max, -inf for an empty range),
- * w->l [G] (sum of weights relative to mx). */
-static void attend_range(const float *q, const dsq_kv_layer_t *kv, int G, int kh,
-                         const int32_t *btab, int32_t pos, int b0, int b1, float scale,
-                         int n_groups, const dsq__vec_ops_t *ops, scratch_t *w)
+void dsq__kv_load_chunk(float *dst, const dsq_kv_layer_t *kv, bool is_v,
+                        const int32_t *btab, int32_t p0, int nj, int kh,
+                        const dsq__vec_ops_t *ops)
 {
-    const int D = kv->head_dim, bs = kv->block_size;
-    for (int i = 0; i < G * D; i++)
-        w->acc[i] = 0.0f;
-    for (int g = 0; g < G; g++) {
-        w->mx[g] = -INFINITY;
-        w->l[g] = 0.0f;
-    }
-    const int n_blk = pos / bs + 1;
-    /* FP16 cache with a fused path: keys and values read in
-     * place, each once per tile of query heads */
-    const bool fused = kv->dtype == DSQ_KV_F16 && ops->f16_scores && D % 8 == 0;
-    const int64_t tstride = (int64_t)kv->n_kv_heads * D;
-    for (int b = b0; b < b1; b++) {
-        const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
-        const int64_t t0 = (int64_t)btab[b] * bs;
-        if (fused)
-            ops->f16_scores(w->sc, bs, q, G, D,
-                            (const uint16_t *)kv->k + (t0 * kv->n_kv_heads + kh) * D, tstride,
-                            n_t, scale);
-        for (int j = 0; !fused && j < n_t; j++) {
-            load_kv(w->kbuf, kv, kv->k, kv->k_scale, kv->k_zero, t0 + j, kh,
-                    n_groups, ops);
-            for (int g = 0; g < G; g++)
-                w->sc[g * bs + j] = ops->dot(q + g * D, w->kbuf, D) * scale;
-        }
-        for (int g = 0; g < G; g++) {
-            float *s = w->sc + g * bs;
-            float bm = s[0];
-            for (int j = 1; j < n_t; j++)
-                bm = s[j] > bm ? s[j] : bm;
-            if (bm > w->mx[g]) {
-                float corr = expf(w->mx[g] - bm);   /* 0 on the first block */
-                w->l[g] *= corr;
-                float *a = w->acc + g * D;
-                for (int i = 0; i < D; i++)
-                    a[i] *= corr;
-                w->mx[g] = bm;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j < n_t; j++) {
-                s[j] = expf(s[j] - w->mx[g]);
-                sum += s[j];
-            }
-            w->l[g] += sum;
-        }
-        if (fused)
-            ops->f16_wsum(w->acc, G, D, w->sc, bs,
-                          (const uint16_t *)kv->v + (t0 * kv->n_kv_heads + kh) * D, tstride, n_t);
-        for (int j = 0; !fused && j < n_t; j++) {
-            load_kv(w->kbuf, kv, kv->v, kv->v_scale, kv->v_zero, t0 + j, kh,
-                    n_groups, ops);
-            for (int g = 0; g < G; g++)
-                ops->axpy(w->acc + g * D, w->sc[g * bs + j], w->kbuf, D);
-        }
+    const int bs = kv->block_size, D = kv->head_dim;
+    for (int j = 0; j < nj; j++) {
+        const int32_t p = p0 + j;
+        const int64_t t = (int64_t)btab[p / bs] * bs + p % bs;
+        dsq__kv_load(dst + (int64_t)j * D, kv, is_v, t, kh, ops);
     }
 }
 
-static void attend_one(float *out, const float *q, const dsq_kv_layer_t *kv,
-                       int G, int kh, const int32_t *btab, int32_t pos,
-                       float scale, int n_groups, const dsq__vec_ops_t *ops,
-                       scratch_t *w)
+/* -------------------------------------------------------- decode rows */
+
+/* Per-thread scratch. */
+typedef struct scratch {
+    float *qs, *acc;   /* [chunk][D]: scaled queries, accumulator */
+    float *mx, *l;     /* [chunk]                                  */
+    float *kb, *vb;    /* [BK][D]                                  */
+    float *ws;         /* DSQ__ATT_ROW_WS(chunk, D)                */
+} scratch_t;
+
+/* The unnormalised online-softmax state of the nh query heads q [nh][D]
+ * of kv head kh over the sequence's chunks [c0, c1) (positions up to pos):
+ * w->acc [nh][D] (sum of weights x V), w->mx [nh] (running max, -inf for
+ * an empty range), w->l [nh] (sum of weights relative to mx). */
+static void attend_range(const float *q, int nh, int kh, const dsq_kv_layer_t *kv,
+                         const int32_t *btab, int32_t pos, int c0, int c1, float scale,
+                         const dsq__vec_ops_t *ops, const dsq__att_ops_t *k, scratch_t *w)
 {
     const int D = kv->head_dim;
-    attend_range(q, kv, G, kh, btab, pos, 0, pos / kv->block_size + 1, scale, n_groups, ops,
-                 w);
-    for (int g = 0; g < G; g++) {
-        const float inv = 1.0f / w->l[g];
-        for (int i = 0; i < D; i++)
-            out[g * D + i] = w->acc[g * D + i] * inv;
+    for (int i = 0; i < nh * D; i++) {
+        w->qs[i] = q[i] * scale;
+        w->acc[i] = 0.0f;
+    }
+    for (int g = 0; g < nh; g++) {
+        w->mx[g] = -INFINITY;
+        w->l[g] = 0.0f;
+    }
+    /* the row kernel reads FP16 and F32 keys and values in place (and
+     * prefetches the next chunk's as it goes); INT8 ones are dequantised
+     * into kb/vb first, and their next chunk prefetched here */
+    const bool f16 = kv->dtype == DSQ_KV_F16, i8 = kv->dtype == DSQ_KV_INT8;
+    const size_t es = f16 ? 2 : i8 ? 1 : 4;
+    const int bs = kv->block_size;
+    const void *krow[2 * BK], *vrow[2 * BK];
+    for (int c = c0; c < c1; c++) {
+        const int32_t p0 = c * BK;
+        const int nj = pos + 1 - p0 < BK ? pos + 1 - p0 : BK;
+        const int nj_next = c + 1 >= c1 ? 0 : pos + 1 - p0 - BK < BK ? pos + 1 - p0 - BK : BK;
+        if (i8) {
+            dsq__kv_load_chunk(w->kb, kv, false, btab, p0, nj, kh, ops);
+            dsq__kv_load_chunk(w->vb, kv, true, btab, p0, nj, kh, ops);
+        }
+        int32_t b = p0 / bs, off = p0 % bs;
+        for (int j = 0; j < nj + nj_next; j++) {
+            const int64_t e = (((int64_t)btab[b] * bs + off) * kv->n_kv_heads + kh) * D;
+            krow[j] = (const char *)kv->k + e * es;
+            vrow[j] = (const char *)kv->v + e * es;
+            if (++off == bs)
+                b++, off = 0;
+        }
+        if (i8) {
+            for (int j = nj; j < nj + nj_next; j++)
+                for (int64_t x = 0; x < D; x += 64) {
+                    __builtin_prefetch((const char *)krow[j] + x);
+                    __builtin_prefetch((const char *)vrow[j] + x);
+                }
+            for (int j = 0; j < nj; j++) {
+                krow[j] = w->kb + (int64_t)j * D;
+                vrow[j] = w->vb + (int64_t)j * D;
+            }
+        }
+        k->row(w->acc, w->mx, w->l, w->qs, nh, D, krow, vrow, f16, nj, i8 ? 0 : nj_next,
+               w->ws);
     }
 }
 
@@ -173,11 +168,12 @@ struct att_ctx {
     int max_blocks;
     float scale;
     const dsq__vec_ops_t *ops;
+    const dsq__att_ops_t *k;
     int G, chunk, n_chunks;
     int n_parts;           /* > 1: each (row, kv head) split by KV range */
     float *part;           /* [row][kv head][part]: acc [G][D], mx [G], l [G] */
     int64_t n_tasks;
-    int n_groups;
+    const int64_t *rows;   /* the rows this path owns; NULL: all of them */
     int64_t row;
     float *mem;            /* [n_thr][per_thr] scratch */
     size_t per_thr;
@@ -190,11 +186,13 @@ static void att_region(void *p, int tid, int n_thr)
     (void)n_thr;
     const int D = c->kv->head_dim, n_kv = c->kv->n_kv_heads, chunk = c->chunk;
     scratch_t w;
-    w.acc = c->mem + (size_t)tid * c->per_thr;
-    w.kbuf = w.acc + (size_t)chunk * D;
-    w.sc = w.kbuf + D;
-    w.mx = w.sc + (size_t)chunk * c->kv->block_size;
+    w.qs = c->mem + (size_t)tid * c->per_thr;
+    w.acc = w.qs + (size_t)chunk * D;
+    w.mx = w.acc + (size_t)chunk * D;
     w.l = w.mx + chunk;
+    w.kb = w.l + chunk;
+    w.vb = w.kb + (size_t)BK * D;
+    w.ws = w.vb + (size_t)BK * D;
     for (;;) {
         const int64_t task = atomic_fetch_add_explicit(&c->next, 1,
                                                        memory_order_relaxed);
@@ -202,50 +200,53 @@ static void att_region(void *p, int tid, int n_thr)
             break;
         if (c->n_parts > 1) {
             /* flash-decoding: part p of (row i, kv head kh) attends to its
-             * share of the blocks; the parts are merged after the region */
-            const int64_t i = task / ((int64_t)n_kv * c->n_parts);
+             * share of the chunks; the parts are merged after the region */
+            const int64_t ii = task / ((int64_t)n_kv * c->n_parts);
+            const int64_t i = c->rows ? c->rows[ii] : ii;
             const int kh = (int)(task / c->n_parts % n_kv);
             const int p = (int)(task % c->n_parts);
             const int G = c->G;
-            const int n_blk = c->row_pos[i] / c->kv->block_size + 1;
-            const int b0 = (int)((int64_t)n_blk * p / c->n_parts);
-            const int b1 = (int)((int64_t)n_blk * (p + 1) / c->n_parts);
+            const int n_ch = c->row_pos[i] / BK + 1;
+            const int c0 = (int)((int64_t)n_ch * p / c->n_parts);
+            const int c1 = (int)((int64_t)n_ch * (p + 1) / c->n_parts);
             const int64_t off = i * c->row + (int64_t)kh * G * D;
-            attend_range(c->q + off, c->kv, G, kh,
+            attend_range(c->q + off, G, kh, c->kv,
                          c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
-                         c->row_pos[i], b0, b1, c->scale, c->n_groups, c->ops, &w);
+                         c->row_pos[i], c0, c1, c->scale, c->ops, c->k, &w);
             float *dst = c->part + (size_t)task * ((size_t)G * D + 2 * (size_t)G);
             memcpy(dst, w.acc, sizeof(float) * (size_t)G * D);
             memcpy(dst + (size_t)G * D, w.mx, sizeof(float) * (size_t)G);
             memcpy(dst + (size_t)G * D + G, w.l, sizeof(float) * (size_t)G);
             continue;
         }
-        const int64_t i = task / ((int64_t)n_kv * c->n_chunks);
+        const int64_t ii = task / ((int64_t)n_kv * c->n_chunks);
+        const int64_t i = c->rows ? c->rows[ii] : ii;
         const int kh = (int)(task / c->n_chunks % n_kv);
         const int ci = (int)(task % c->n_chunks);
         const int h0 = kh * c->G + ci * chunk;
         const int nh = (ci + 1) * chunk <= c->G ? chunk : c->G - ci * chunk;
         const int64_t off = i * c->row + (int64_t)h0 * D;
-        attend_one(c->out + off, c->q + off, c->kv, nh, kh,
-                   c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
-                   c->row_pos[i], c->scale, c->n_groups, c->ops, &w);
+        attend_range(c->q + off, nh, kh, c->kv,
+                     c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
+                     c->row_pos[i], 0, c->row_pos[i] / BK + 1, c->scale, c->ops, c->k, &w);
+        for (int g = 0; g < nh; g++) {
+            const float inv = 1.0f / w.l[g];
+            for (int d = 0; d < D; d++)
+                c->out[off + (int64_t)g * D + d] = w.acc[(int64_t)g * D + d] * inv;
+        }
     }
 }
 
-int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
-                      const dsq_kv_layer_t *kv, const int32_t *row_seq,
-                      const int32_t *row_pos, const int32_t *block_tables,
-                      int max_blocks, float scale)
+/* The decode rows: rows[0..m) of the call (rows NULL: rows 0..m-1). */
+static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t m,
+                       int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                       const int32_t *row_pos, const int32_t *block_tables,
+                       int max_blocks, float scale)
 {
-    int rc = check_args(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                        max_blocks);
-    if (rc != DSQ_OK || m == 0)
-        return rc;
-
+#define ROW(ii) (rows ? rows[ii] : (ii))
     const dsq__vec_ops_t *ops = dsq__vec_ops();
     const int n_kv = kv->n_kv_heads, D = kv->head_dim;
     const int G = n_heads / n_kv;
-    const int n_groups = dsq_kv_n_groups(D);
     const int64_t row = (int64_t)n_heads * D;
     /* Few (row, kv head) tasks (a decode step of one sequence, MLA's single
      * kv head): split the query heads of a kv head into chunks so every
@@ -253,7 +254,7 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
      * Below ~64k multiply-adds in all, one thread does everything. */
     int64_t work = 0;
     for (int64_t i = 0; i < m; i++)
-        work += ((int64_t)row_pos[i] + 1) * row;
+        work += ((int64_t)row_pos[ROW(i)] + 1) * row;
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
     /* few (row, kv head) pairs over a long context (a decode
      * step of one sequence): split each pair's KV range across the
@@ -261,16 +262,19 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
      * once (a head split reads the pair's whole cache once per chunk), and
      * merge the parts' softmax states after (flash-decoding: Dao et al.,
      * "Flash-Decoding for long-context inference", 2023). Parts keep at
-     * least 8 blocks each. */
+     * least 2 chunks (128 positions) each. The merge rounds differently
+     * from one walk over the whole context, so in this case (a few rows
+     * at a long context on several threads) a row's bits depend on the
+     * thread count and batch. */
     int n_parts = 1;
     if (n_thr > 1 && m * n_kv < 2 * (int64_t)n_thr) {
-        int32_t min_blk = INT32_MAX;
+        int32_t min_ch = INT32_MAX;
         for (int64_t i = 0; i < m; i++) {
-            int32_t nb = row_pos[i] / kv->block_size + 1;
-            min_blk = nb < min_blk ? nb : min_blk;
+            int32_t nc = row_pos[ROW(i)] / BK + 1;
+            min_ch = nc < min_ch ? nc : min_ch;
         }
         int want = (int)((2 * (int64_t)n_thr + m * n_kv - 1) / (m * n_kv));
-        while (want > 1 && min_blk / want < 8)
+        while (want > 1 && min_ch / want < 2)
             want--;
         n_parts = want;
     }
@@ -281,22 +285,22 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     const int64_t n_tasks = m * n_kv * (n_parts > 1 ? n_parts : n_chunks);
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
-    const size_t per_thr = (size_t)chunk * D + D + (size_t)chunk * kv->block_size +
-                           2 * (size_t)chunk;
+    const size_t per_thr = 2 * (size_t)chunk * D + 2 * (size_t)chunk +
+                           2 * (size_t)BK * D + DSQ__ATT_ROW_WS(chunk, D);
     const size_t per_part = (size_t)G * D + 2 * (size_t)G;
     float *mem = malloc(sizeof(*mem) * (per_thr * (size_t)n_thr +
                                         (n_parts > 1 ? per_part * (size_t)n_tasks : 0)));
     if (!mem)
         return DSQ_ENOMEM;
     struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, ops, G, chunk, n_chunks, n_parts,
-                        mem + per_thr * (size_t)n_thr, n_tasks, n_groups, row,
+                        scale, ops, dsq__att_ops(), G, chunk, n_chunks, n_parts,
+                        mem + per_thr * (size_t)n_thr, n_tasks, rows, row,
                         mem, per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
     /* merge: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
     for (int64_t pair = 0; n_parts > 1 && pair < m * n_kv; pair++) {
         const float *pp = c.part + (size_t)pair * n_parts * per_part;
-        float *o = out + (pair / n_kv) * row + (int64_t)(pair % n_kv) * G * D;
+        float *o = out + ROW(pair / n_kv) * row + (int64_t)(pair % n_kv) * G * D;
         for (int g = 0; g < G; g++) {
             float M = -INFINITY, L = 0.0f;
             for (int p = 0; p < n_parts; p++) {
@@ -320,5 +324,60 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
         }
     }
     free(mem);
+    return DSQ_OK;
+#undef ROW
+}
+
+/* End of the run that starts at row i: rows of one sequence with strictly
+ * increasing positions. */
+static int64_t run_end(const int32_t *row_seq, const int32_t *row_pos, int64_t m, int64_t i)
+{
+    int64_t j = i + 1;
+    while (j < m && row_seq[j] == row_seq[i] && row_pos[j] > row_pos[j - 1])
+        j++;
+    return j;
+}
+
+int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
+                      const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                      const int32_t *row_pos, const int32_t *block_tables,
+                      int max_blocks, float scale)
+{
+    int rc = check_args(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                        max_blocks);
+    if (rc != DSQ_OK || m == 0)
+        return rc;
+    /* runs of >= 2 rows are prefill (tiled); single rows are decode */
+    int n_runs = 0;
+    int64_t n_dec = 0;
+    for (int64_t i = 0, j; i < m; i = j) {
+        j = run_end(row_seq, row_pos, m, i);
+        n_runs += j - i >= 2;
+        n_dec += j - i < 2;
+    }
+    if (n_runs == 0)
+        return attend_rows(out, q, NULL, m, n_heads, kv, row_seq, row_pos, block_tables,
+                           max_blocks, scale);
+    int64_t *idx = malloc(sizeof(*idx) * (size_t)(2 * n_runs + n_dec));
+    if (!idx)
+        return DSQ_ENOMEM;
+    int64_t *run_i0 = idx, *run_n = idx + n_runs, *dec = idx + 2 * n_runs;
+    int k = 0;
+    n_dec = 0;
+    for (int64_t i = 0, j; i < m; i = j) {
+        j = run_end(row_seq, row_pos, m, i);
+        if (j - i >= 2) {
+            run_i0[k] = i;
+            run_n[k++] = j - i;
+        } else {
+            dec[n_dec++] = i;
+        }
+    }
+    rc = dsq__attention_prefill(out, q, n_heads, kv, row_seq, row_pos, block_tables,
+                                max_blocks, scale, run_i0, run_n, n_runs);
+    if (rc == DSQ_OK && n_dec > 0)
+        rc = attend_rows(out, q, dec, n_dec, n_heads, kv, row_seq, row_pos, block_tables,
+                         max_blocks, scale);
+    free(idx);
     return rc;
 }

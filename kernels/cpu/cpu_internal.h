@@ -234,25 +234,77 @@ int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *
 /* Row bytes of Q8_0 weights: 34 bytes per 32 weights. */
 #define DSQ__Q8_0_BLOCK 34
 
-/* fp32 vector helpers of the attention kernels (kernels/cpu/vec_ops.c).
+/* fp32 vector helpers of the attention kernels (kernels/cpu/vec_ops.c):
+ * KV dequantisation, and the merge of flash-decoding parts and MLA.
  * n elements, no alignment needed; dot sums in fp32. */
 typedef struct dsq__vec_ops {
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);              /* y += a*x  */
     void (*f16)(float *dst, const uint16_t *src, int n);                 /* fp16 -> fp32 */
     void (*i8)(float *dst, const int8_t *q, float s, float c, int n);   /* q*s + c   */
-    /* fused FP16-KV attention steps, or NULL (the caller composes
-     * them from f16/dot/axpy). D % 8 == 0, G >= 1. Token j's fp16 vector
-     * is at kv + j * stride (elements).
-     * f16_scores: s[g * s_stride + j] = scale * (q[g*D .. +D] . k_j), j < n.
-     * f16_wsum:   acc[g*D .. +D] += sum_j s[g * s_stride + j] * v_j, j < n. */
-    void (*f16_scores)(float *s, int s_stride, const float *q, int G, int D,
-                       const uint16_t *k, int64_t stride, int n, float scale);
-    void (*f16_wsum)(float *acc, int G, int D, const float *s, int s_stride,
-                     const uint16_t *v, int64_t stride, int n);
 } dsq__vec_ops_t;
 
 /* The helpers for the ISA level in force now (scalar or AVX2). */
 const dsq__vec_ops_t *dsq__vec_ops(void);
+
+/* ------------------------------------- attention (attention*.c) */
+
+/* Dequantise kv head kh of cache slot t (K, or V when is_v) into
+ * dst[head_dim] fp32 (attention.c). */
+void dsq__kv_load(float *dst, const dsq_kv_layer_t *kv, bool is_v, int64_t t, int kh,
+                  const dsq__vec_ops_t *ops);
+
+/* Positions [p0, p0 + nj) of kv head kh (K or V) of the sequence with block
+ * table btab, dequantised into dst[nj][head_dim] (attention.c). */
+void dsq__kv_load_chunk(float *dst, const dsq_kv_layer_t *kv, bool is_v,
+                        const int32_t *btab, int32_t p0, int nj, int kh,
+                        const dsq__vec_ops_t *ops);
+
+/* Both attention paths walk a row's context in chunks of DSQ__ATT_BK
+ * positions starting at multiples of it, and do the same fp32 operations
+ * per query vector in either layout (attention_chunk.c says which), so a
+ * row's output is bitwise the same in a tile of a prefill chunk and alone
+ * as a decode row. */
+#define DSQ__ATT_BK 64
+/* Scratch floats of one row-layout call of G query vectors. */
+#define DSQ__ATT_ROW_WS(G, D) (((size_t)(D) + (size_t)(G)) * DSQ__ATT_BK + (size_t)(G) + 8)
+
+typedef struct dsq__att_ops {
+    int lanes;   /* tiles pad their query vectors to a multiple of this */
+    /* Tile layout: rp query vectors (rp % lanes == 0) as columns.
+     * scores:  st[j][r] = sum_d kb[j][d] qt[d][r], j < nj.
+     * softmax: when lim is set, st[j][r] = -inf where p0 + j > lim[r];
+     *          then per r: mx' = max(mx, max_j st), cr = e^(mx - mx'),
+     *          st = e^(st - mx'), l = l cr + sum_j st; mx = mx'.
+     * pv:      ot[d][r] = ot[d][r] cr[r] + sum_j vb[j][d] pt[j][r]. */
+    void (*scores)(float *st, int rp, const float *qt, const float *kb, int D, int nj);
+    void (*softmax)(float *st, int rp, int nj, float *mx, float *l, float *cr,
+                    const int32_t *lim, int32_t p0);
+    void (*pv)(float *ot, int rp, const float *pt, const float *vb, int D, int nj,
+               const float *cr);
+    /* Row layout: the same three steps for the G query vectors qs [G][D]
+     * of one row, all keys j < nj visible, state o [G][D], mx [G], l [G].
+     * Key j's K and V vectors are read from krow[j] and vrow[j]: fp16
+     * when f16, else fp32 (the cache itself for F16 and F32; INT8 is
+     * dequantised first, by the same helper the tiles use). The next
+     * chunk's nj_next rows follow in krow/vrow (for prefetching; 0 if
+     * none). ws: DSQ__ATT_ROW_WS(G, D) floats. */
+    void (*row)(float *o, float *mx, float *l, const float *qs, int G, int D,
+                const void *const *krow, const void *const *vrow, bool f16, int nj,
+                int nj_next, float *ws);
+} dsq__att_ops_t;
+
+/* The kernels for the ISA level in force now (scalar or AVX2). */
+const dsq__att_ops_t *dsq__att_ops(void);
+
+/* The tiled prefill path of dsq_cpu_attention (attention_prefill.c), for
+ * arguments it already checked: run k is rows [run_i0[k], run_i0[k] +
+ * run_n[k]) of one sequence with strictly increasing positions; writes
+ * those rows of out and nothing else. Returns 0 or DSQ_ENOMEM. */
+int dsq__attention_prefill(float *out, const float *q, int n_heads,
+                           const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                           const int32_t *row_pos, const int32_t *block_tables,
+                           int max_blocks, float scale, const int64_t *run_i0,
+                           const int64_t *run_n, int n_runs);
 
 #endif

@@ -111,76 +111,6 @@ VEC_TARGET static void i8_avx2(float *dst, const int8_t *q, float s, float c, in
     for (; i < n; i++)
         dst[i] = (float)q[i] * s + c;
 }
-
-/* Decode attention reads each cached fp16 key/value once per
- * (kv head, query-head tile of 4): converted in registers (F16C) and used
- * by up to 4 query heads at once, no fp32 copy through memory and no call
- * per token. */
-VEC_TARGET static void f16_scores_avx2(float *s, int s_stride, const float *q, int G,
-                                       int D, const uint16_t *k, int64_t stride, int n,
-                                       float scale)
-{
-    for (int j = 0; j < n; j++) {
-        const uint16_t *kj = k + (int64_t)j * stride;
-        for (int g0 = 0; g0 < G; g0 += 4) {
-            const int ng = G - g0 < 4 ? G - g0 : 4;
-            const float *q0 = q + (int64_t)g0 * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int c = 0; c < D; c += 8) {
-                __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(kj + c)));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), kv, a0);
-                if (ng > 1)
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + D + c), kv, a1);
-                if (ng > 2)
-                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * D + c), kv, a2);
-                if (ng > 3)
-                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * D + c), kv, a3);
-            }
-            float *sj = s + (int64_t)g0 * s_stride + j;
-            sj[0] = hsum256(a0) * scale;
-            if (ng > 1)
-                sj[s_stride] = hsum256(a1) * scale;
-            if (ng > 2)
-                sj[2 * s_stride] = hsum256(a2) * scale;
-            if (ng > 3)
-                sj[3 * s_stride] = hsum256(a3) * scale;
-        }
-    }
-}
-
-VEC_TARGET static void f16_wsum_avx2(float *acc, int G, int D, const float *s, int s_stride,
-                                     const uint16_t *v, int64_t stride, int n)
-{
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const int ng = G - g0 < 4 ? G - g0 : 4;
-        float *y = acc + (int64_t)g0 * D;
-        const float *w = s + (int64_t)g0 * s_stride;
-        for (int c = 0; c < D; c += 8) {
-            __m256 a0 = _mm256_loadu_ps(y + c);
-            __m256 a1 = ng > 1 ? _mm256_loadu_ps(y + D + c) : a0;
-            __m256 a2 = ng > 2 ? _mm256_loadu_ps(y + 2 * D + c) : a0;
-            __m256 a3 = ng > 3 ? _mm256_loadu_ps(y + 3 * D + c) : a0;
-            for (int j = 0; j < n; j++) {
-                __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(
-                    (const __m128i *)(const void *)(v + (int64_t)j * stride + c)));
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), vv, a0);
-                if (ng > 1)
-                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(w[s_stride + j]), vv, a1);
-                if (ng > 2)
-                    a2 = _mm256_fmadd_ps(_mm256_set1_ps(w[2 * s_stride + j]), vv, a2);
-                if (ng > 3)
-                    a3 = _mm256_fmadd_ps(_mm256_set1_ps(w[3 * s_stride + j]), vv, a3);
-            }
-            _mm256_storeu_ps(y + c, a0);
-            if (ng > 1)
-                _mm256_storeu_ps(y + D + c, a1);
-            if (ng > 2)
-                _mm256_storeu_ps(y + 2 * D + c, a2);
-            if (ng > 3)
-                _mm256_storeu_ps(y + 3 * D + c, a3);
-        }
-    }
-}
 #endif
 
 /* ------------------------------------------------------------------ NEON */
@@ -243,16 +173,14 @@ static void i8_neon(float *dst, const int8_t *q, float s, float c, int n)
 
 const dsq__vec_ops_t *dsq__vec_ops(void)
 {
-    static const dsq__vec_ops_t scalar = {dot_scalar, axpy_scalar, f16_scalar, i8_scalar,
-                                          NULL, NULL};
+    static const dsq__vec_ops_t scalar = {dot_scalar, axpy_scalar, f16_scalar, i8_scalar};
 #ifdef VEC_X86
-    static const dsq__vec_ops_t avx2 = {dot_avx2, axpy_avx2, f16_avx2, i8_avx2,
-                                        f16_scores_avx2, f16_wsum_avx2};
+    static const dsq__vec_ops_t avx2 = {dot_avx2, axpy_avx2, f16_avx2, i8_avx2};
     if (dsq__cpu_isa_level() >= DSQ__ISA_AVX2)
         return &avx2;
 #endif
 #ifdef VEC_NEON
-    static const dsq__vec_ops_t neon = {dot_neon, axpy_neon, f16_neon, i8_neon, NULL, NULL};
+    static const dsq__vec_ops_t neon = {dot_neon, axpy_neon, f16_neon, i8_neon};
     if (dsq__cpu_isa_level() >= DSQ__ISA_NEON)
         return &neon;
 #endif

@@ -1,4 +1,4 @@
-/* tests for kernels/cpu/kv_write.c and kernels/cpu/attention.c.
+/* tests for kernels/cpu/kv_write.c and kernels/cpu/attention*.c.
  *
  * kv_write: fp16 bits against the compiler's _Float16 conversion (round to
  * nearest even), INT8 against the documented bound |v - v'| <= s/2 with s
@@ -13,7 +13,10 @@
  * D = scale * sum|q_d| * eps_k, so the softmax weights move by at most a
  * factor e^(2D) and |out' - out| <= eps_v + (e^(2D) - 1) * max|v|.
  * Also the scalar and the AVX2 paths must agree to 1e-5, and rows run one
- * at a time (which splits heads across threads) must match the batch. */
+ * at a time (which splits heads across threads) must match the batch bit
+ * for bit. Prefill chunks (the tiled path) have their own test below:
+ * chunks of 1..300 rows at offsets, every KV dtype, GQA 1..8, head_dim
+ * 30..128, 1 and 2 threads. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -66,7 +69,7 @@ static void kv_alloc(kvbuf_t *b, dsq_kv_dtype_t dt, int bs, int n_kv, int D,
     assert_int_equal(dsq_kv_n_groups(D), b->n_groups);
     b->n_elem = (size_t)n_blocks * bs * n_kv * D;
     b->n_sc = (size_t)n_blocks * bs * n_kv * b->n_groups;
-    size_t es = dt == DSQ_KV_F16 ? 2 : 1;
+    size_t es = dt == DSQ_KV_F16 ? 2 : dt == DSQ_KV_F32 ? 4 : 1;
     b->l = (dsq_kv_layer_t){ .dtype = dt, .block_size = bs, .n_kv_heads = n_kv,
                              .head_dim = D, .n_blocks = n_blocks };
     b->l.k = calloc(b->n_elem, es);
@@ -93,6 +96,8 @@ static double kv_get(const kvbuf_t *b, int is_v, int64_t t, int h, int d)
     const void *base = is_v ? l->v : l->k;
     if (l->dtype == DSQ_KV_F16)
         return h2d(((const uint16_t *)base)[e]);
+    if (l->dtype == DSQ_KV_F32)
+        return ((const float *)base)[e];
     int gs = l->head_dim / b->n_groups;
     int64_t g = (t * l->n_kv_heads + h) * b->n_groups + d / gs;
     double s = h2d((is_v ? l->v_scale : l->k_scale)[g]);
@@ -355,7 +360,9 @@ static void run_case(const acase_t *c)
     assert_true(err_isa <= 1e-5);
 
     /* one row at a time (few tasks: the op splits a kv head's query heads
-     * into chunks across threads) must give the same numbers */
+     * into chunks across threads; the prefill chunk's rows leave the tiled
+     * path) must give the same bits: these contexts are too short for a
+     * flash-decoding split at any thread count */
     double err_row = 0;
     float *o1 = malloc(sizeof(*o1) * qrow);
     for (int i = 0; i < M; i++) {
@@ -366,8 +373,8 @@ static void run_case(const acase_t *c)
             err_row = fmax(err_row, fabs(o1[j] - out[(int64_t)i * qrow + j]));
     }
     free(o1);
-    printf("# attn single-row vs batched max_abs_diff=%.2e (tol 1e-6)\n", err_row);
-    assert_true(err_row <= 1e-6);
+    printf("# attn single-row vs batched max_abs_diff=%.2e (bitwise)\n", err_row);
+    assert_true(err_row == 0.0);
 
     /* errors: position past the table, unmapped block, bad GQA ratio */
     int32_t p_bad = max_blocks * bs;
@@ -490,6 +497,202 @@ static void test_attention_long(void **state)
         }
 }
 
+/* Prefill chunks (rows of one sequence with increasing positions), which
+ * the op computes in tiles (attention_prefill.c): a chunk of n rows at
+ * positions off..off+n-1 over a cache already holding 0..off-1, in a batch
+ * with a decode row of another sequence on either side and a 3-row run
+ * with gaps in its positions (5, 9, 10), all sequences on one shuffled
+ * block pool. At ISA scalar and the machine's own level, at 1 and 2
+ * threads, checked against
+ *  (a) an FP64 reference on the values the cache holds, tolerance 2e-5
+ *      as above;
+ *  (b) the same rows sent one at a time (the decode path, one thread):
+ *      bitwise equal. The engine relies on this: a prompt chunk of one
+ *      row, or a preempted sequence recomputed as a prefill, must give
+ *      the bits the other path gave. Only a decode row split across
+ *      threads (flash-decoding, long contexts) may differ, by 1e-5;
+ *  (c) the scalar level: 1e-5 (fp32 rounding, FMA and exp differ). */
+typedef struct pcase {
+    dsq_kv_dtype_t dt;
+    int bs, n_kv, G, D, off, n;
+} pcase_t;
+
+static void run_prefill_case(const pcase_t *c)
+{
+    enum { NS = 4 };
+    const int n_kv = c->n_kv, D = c->D, bs = c->bs, G = c->G;
+    const int n_heads = n_kv * G, row = n_kv * D, qrow = n_heads * D;
+    /* seq 0: the chunk; 1, 2: one decode row each; 3: the gapped run */
+    const int len[NS] = {c->off + c->n, 45, 17, 11};
+    int max_len = 0;
+    for (int s = 0; s < NS; s++)
+        max_len = len[s] > max_len ? len[s] : max_len;
+    const int max_blocks = max_len / bs + 2;
+    int64_t nb = 2;
+    for (int s = 0; s < NS; s++)
+        nb += (len[s] + bs - 1) / bs;
+    int32_t *pool = malloc(sizeof(*pool) * nb);
+    for (int64_t i = 0; i < nb; i++)
+        pool[i] = (int32_t)i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        int32_t t = pool[i];
+        pool[i] = pool[j];
+        pool[j] = t;
+    }
+    int32_t *bt = malloc(sizeof(*bt) * NS * max_blocks);
+    int64_t next = 0;
+    for (int s = 0; s < NS; s++)
+        for (int b = 0; b < max_blocks; b++)
+            bt[s * max_blocks + b] = b * bs < len[s] ? pool[next++] : -1;
+    kvbuf_t kb;
+    kv_alloc(&kb, c->dt, bs, n_kv, D, nb);
+    float *K = malloc(sizeof(*K) * max_len * row), *V = malloc(sizeof(*V) * max_len * row);
+    int32_t *slot = malloc(sizeof(*slot) * max_len);
+    for (int s = 0; s < NS; s++) {
+        for (int64_t i = 0; i < (int64_t)len[s] * row; i++) {
+            K[i] = frand(1.5f);
+            V[i] = frand(1.0f);
+        }
+        for (int p = 0; p < len[s]; p++)
+            slot[p] = bt[s * max_blocks + p / bs] * bs + p % bs;
+        assert_int_equal(dsq_cpu_kv_write(&kb.l, K, V, slot, len[s]), DSQ_OK);
+    }
+
+    const int M = c->n + 5;
+    int32_t *rseq = malloc(sizeof(*rseq) * M), *rpos = malloc(sizeof(*rpos) * M);
+    rseq[0] = 1, rpos[0] = len[1] - 1;
+    for (int i = 0; i < c->n; i++)
+        rseq[1 + i] = 0, rpos[1 + i] = c->off + i;
+    rseq[c->n + 1] = 2, rpos[c->n + 1] = len[2] - 1;
+    rseq[c->n + 2] = 3, rpos[c->n + 2] = 5;
+    rseq[c->n + 3] = 3, rpos[c->n + 3] = 9;
+    rseq[c->n + 4] = 3, rpos[c->n + 4] = 10;
+    const size_t n_out = (size_t)M * qrow;
+    float *q = malloc(sizeof(*q) * n_out), *out = malloc(sizeof(*out) * n_out);
+    float *alone = malloc(sizeof(*alone) * n_out), *out_s = malloc(sizeof(*out_s) * n_out);
+    for (size_t i = 0; i < n_out; i++)
+        q[i] = frand(1.0f);
+    const float scale = 1.0f / sqrtf((float)D);
+
+    /* FP64 reference on the held values (decoded once per position) */
+    double *held = malloc(sizeof(*held) * 2 * (size_t)max_len * row);
+    double *ref = malloc(sizeof(*ref) * n_out), *sc = malloc(sizeof(*sc) * max_len);
+    for (int i = 0; i < M; i++) {
+        const int s = rseq[i];
+        if (i == 0 || rseq[i - 1] != s)
+            for (int p = 0; p < len[s]; p++) {
+                const int64_t t = (int64_t)bt[s * max_blocks + p / bs] * bs + p % bs;
+                for (int j = 0; j < row; j++) {
+                    held[(int64_t)p * row + j] = kv_get(&kb, 0, t, j / D, j % D);
+                    held[((int64_t)max_len + p) * row + j] = kv_get(&kb, 1, t, j / D, j % D);
+                }
+            }
+        for (int h = 0; h < n_heads; h++) {
+            const int kh = h / G;
+            const float *qh = q + (int64_t)i * qrow + h * D;
+            double mx = -INFINITY, l = 0;
+            for (int p = 0; p <= rpos[i]; p++) {
+                const double *kp = held + (int64_t)p * row + kh * D;
+                double a = 0;
+                for (int d = 0; d < D; d++)
+                    a += qh[d] * kp[d];
+                sc[p] = a * scale;
+                mx = fmax(mx, sc[p]);
+            }
+            for (int p = 0; p <= rpos[i]; p++)
+                l += (sc[p] = exp(sc[p] - mx));
+            double *o = ref + (int64_t)i * qrow + h * D;
+            for (int d = 0; d < D; d++)
+                o[d] = 0;
+            for (int p = 0; p <= rpos[i]; p++) {
+                const double *vp = held + ((int64_t)max_len + p) * row + kh * D;
+                for (int d = 0; d < D; d++)
+                    o[d] += sc[p] * vp[d];
+            }
+            for (int d = 0; d < D; d++)
+                o[d] /= l;
+        }
+    }
+
+    const char *isa = dsq_cpu_isa();
+    const int saved_thr = dsq_cpu_get_threads();
+    const char *dts = c->dt == DSQ_KV_F16 ? "f16 " : c->dt == DSQ_KV_INT8 ? "int8" : "f32 ";
+    for (int pi = 0; pi < 2; pi++) {
+        const char *lvl = pi ? isa : "scalar";
+        assert_int_equal(dsq_cpu_force_isa(lvl), DSQ_OK);
+        assert_int_equal(dsq_cpu_set_threads(1), DSQ_OK);
+        for (int i = 0; i < M; i++)
+            assert_int_equal(dsq_cpu_attention(alone + (int64_t)i * qrow, q + (int64_t)i * qrow,
+                                               1, n_heads, &kb.l, rseq + i, rpos + i, bt,
+                                               max_blocks, scale), DSQ_OK);
+        for (int thr = 1; thr <= 2; thr++) {
+            assert_int_equal(dsq_cpu_set_threads(thr), DSQ_OK);
+            for (size_t e = 0; e < n_out; e++)
+                out[e] = NAN;
+            assert_int_equal(dsq_cpu_attention(out, q, M, n_heads, &kb.l, rseq, rpos, bt,
+                                               max_blocks, scale), DSQ_OK);
+            double err_ref = 0, dif_pf = 0, dif_dec = 0, dif_scalar = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < qrow; j++) {
+                    const size_t e = (size_t)i * qrow + j;
+                    err_ref = fmax(err_ref, fabs(out[e] - ref[e]));
+                    if (pi == 0 && thr == 1)
+                        out_s[e] = out[e];
+                    dif_scalar = fmax(dif_scalar, fabs(out[e] - out_s[e]));
+                    const bool dec = i == 0 || i == c->n + 1 || (c->n == 1 && i == 1);
+                    const double dif = fabs(out[e] - alone[e]);
+                    if (dec)
+                        dif_dec = fmax(dif_dec, dif);
+                    else
+                        dif_pf = fmax(dif_pf, memcmp(&out[e], &alone[e], sizeof(float)) ? 1.0 : dif);
+                }
+            printf("# attn prefill %s bs=%-2d G=%d n_kv=%d D=%-3d off=%-3d n=%-3d %-6s thr=%d: "
+                   "vs FP64 %.2e (tol 2e-5), vs rows alone: prefill %.1e (bitwise), "
+                   "decode %.1e (tol 1e-5), vs scalar %.2e (tol 1e-5)\n",
+                   dts, bs, G, n_kv, D, c->off, c->n, lvl, thr, err_ref, dif_pf, dif_dec,
+                   dif_scalar);
+            assert_true(err_ref <= 2e-5);
+            assert_true(dif_pf == 0.0);
+            assert_true(dif_dec <= 1e-5);
+            assert_true(dif_scalar <= 1e-5);
+        }
+    }
+    assert_int_equal(dsq_cpu_force_isa(isa), DSQ_OK);
+    assert_int_equal(dsq_cpu_set_threads(saved_thr), DSQ_OK);
+    free(held); free(ref); free(sc);
+    free(q); free(out); free(alone); free(out_s); free(rseq); free(rpos);
+    free(K); free(V); free(slot); free(bt); free(pool);
+    kv_free(&kb);
+}
+
+static void test_attention_prefill(void **state)
+{
+    (void)state;
+    const pcase_t cases[] = {
+        {DSQ_KV_F16, 16, 3, 3, 64, 0, 300},     /* SmolLM2's shape, whole prompt */
+        {DSQ_KV_F16, 16, 3, 3, 64, 200, 37},    /* a later chunk              */
+        {DSQ_KV_F16, 5, 2, 4, 128, 77, 150},
+        {DSQ_KV_F16, 16, 2, 8, 80, 250, 17},
+        {DSQ_KV_F16, 16, 1, 3, 64, 9, 2},
+        {DSQ_KV_INT8, 16, 1, 8, 128, 33, 64},
+        {DSQ_KV_INT8, 7, 4, 1, 80, 0, 129},
+        {DSQ_KV_INT8, 16, 3, 3, 64, 130, 300},
+        {DSQ_KV_INT8, 16, 2, 3, 64, 40, 1},     /* one row: the decode path   */
+        {DSQ_KV_F32, 16, 2, 3, 80, 100, 1},
+        {DSQ_KV_F32, 3, 1, 1, 64, 5, 2},
+        {DSQ_KV_F32, 16, 2, 4, 128, 1, 97},
+        {DSQ_KV_F32, 16, 3, 1, 64, 63, 66},
+        {DSQ_KV_F16, 16, 1, 5, 36, 70, 40},     /* head_dim tails, 4 + 1 heads */
+        {DSQ_KV_F32, 4, 2, 6, 30, 0, 33},
+        {DSQ_KV_INT8, 16, 1, 6, 30, 64, 65},
+        {DSQ_KV_F16, 16, 2, 2, 16, 3, 130},     /* qwen2-tiny's shape, 3 tiles */
+        {DSQ_KV_F16, 16, 8, 4, 128, 0, 70},     /* llama's 32/8 heads, D 128  */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_prefill_case(&cases[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_kv_write_int8),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_attention_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
