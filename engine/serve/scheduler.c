@@ -466,27 +466,30 @@ static void turn_order(cand_t *c, int n)
     qsort(c, (size_t)n, sizeof(*c), cmp_cand_turn);
 }
 
-/* Slot reclaim: with every slot taken, each waiting request that has no
- * running sequence (new, or all of its sequences preempted) gets a slot
- * from the request holding the most (at least two): that one's youngest
- * running sequence is parked, back to waiting with its KV blocks (it is
- * not recomputed: it resumes where it was once the round-robin gives it a
- * slot again). A new request so waits at most a step for a slot, whatever
- * one request holds. Returns the slots freed. */
+/* Slot reclaim: with every slot taken, each waiting request that runs at
+ * least two sequences fewer than the request holding the most (a new one,
+ * or one whose sequences were all preempted, runs none) gets a slot from
+ * that one: its youngest running sequence is parked, back to waiting with
+ * its KV blocks (it is not recomputed: it resumes where it was once the
+ * round-robin gives it a slot again). One slot per request per step, so
+ * the slots move towards the max-min fair share (n = 2 beside n = 6 on 4
+ * slots: 2 and 2) in a few steps, and a new request waits at most a step
+ * for its first, whatever one request holds. Returns the slots freed. */
 static int reclaim_slots(dsq_sched_t *s)
 {
     int n_freed = 0;
     for (int i = 0; i < s->waiting.n; i++) {
         dsq_seq_t *q = s->waiting.v[i];
         owner_ent_t *o = owner_of(s, q);
-        if (q->paused || !o || o->n_running > 0 || o->reclaimed)
+        if (q->paused || !o || o->reclaimed)
             continue;
         owner_ent_t *big = NULL;
         for (int k = 0; k < s->n_own; k++)
-            if (s->own[k].n_running >= 2 && (!big || s->own[k].n_running > big->n_running))
+            if (s->own[k].n_running >= o->n_running + 2 &&
+                (!big || s->own[k].n_running > big->n_running))
                 big = &s->own[k];
         if (!big)
-            break;
+            continue;
         for (int j = s->running.n - 1; j >= 0; j--) {
             dsq_seq_t *v = s->running.v[j];
             if (v->paused || owner_key(v) != big->key)

@@ -554,9 +554,59 @@ static void test_new_request_beside_n_request(void **state)
     assert_true(drain_ready(big, &n_big, &n_big_done));
     print_message("# beside n = 6 on 4 slots: answered after %d of its tokens\n", n_big);
     assert_int_equal(n_big_done, 0);
+    /* a slot within a step, then 2 tokens: ~20 of the big one's (3 a
+     * step); with each choice taken for a request of its own, no request
+     * would hold two slots to give one up, and the small one would wait
+     * for a choice of the big one to end (~130 with these lengths) */
+    assert_true(n_big <= 60);
     dsq_engine_cancel(e, big);
     collect(big, &res);
     dsq_req_unref(big);
+    wait_idle(e);
+    dsq_engine_destroy(e);
+}
+
+/* The fair share is per request, not per sequence. Beside A (n = 6 on 4
+ * run slots), B (n = 2) gets half the slots: both of B's choices decode
+ * every step while A runs two. Were the share kept per sequence (each fork
+ * a request of its own: the engine not telling the scheduler which request
+ * a choice belongs to), B's two forks would take turns with A's six, one
+ * step in four each, and A would emit about three times B's tokens while B
+ * runs, not about as many. */
+static void test_fair_share_is_per_request(void **state)
+{
+    (void)state;
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
+                           .block_size = 16, .max_num_seqs = 4};
+    dsq_engine_t *e = smollm2_engine(&o);
+    dsq_sampling_t sp = greedy(400);
+    sp.n = 6;
+    dsq_req_t *a = submit(e, prompts[1], &sp);
+    int n_a = 0, n_a_done = 0;
+    for (int i = 0; i < 10000 && n_a < 8; i++) {
+        assert_true(drain_ready(a, &n_a, &n_a_done));
+        usleep(1000);
+    }
+    assert_true(n_a >= 8);
+    dsq_sampling_t two = greedy(8);
+    two.n = 2;
+    int a_before = n_a;
+    dsq_req_t *b = submit(e, prompts[0], &two);
+    result_t res;
+    collect(b, &res);
+    assert_true(drain_ready(a, &n_a, &n_a_done));
+    dsq_req_unref(b);
+    assert_int_equal(res.choice_n[0], 8);
+    assert_int_equal(res.choice_n[1], 8);
+    int a_during = n_a - a_before;
+    print_message("# A (n = 6) emitted %d tokens while B (n = 2) emitted 16\n", a_during);
+    /* 16 and a step or two around B's ends when shared per request, ~48
+     * when per sequence */
+    assert_true(a_during <= 28);
+    assert_int_equal(n_a_done, 0);
+    dsq_engine_cancel(e, a);
+    collect(a, &res);
+    dsq_req_unref(a);
     wait_idle(e);
     dsq_engine_destroy(e);
 }
@@ -570,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_failed_step_ends_all_choices),
         cmocka_unit_test(test_waiting_cap_and_slots),
         cmocka_unit_test(test_new_request_beside_n_request),
+        cmocka_unit_test(test_fair_share_is_per_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,9 @@
  *    running sequences, forks included) and keep their shared KV while
  *    they wait;
  *  - a new request takes a slot from a request that holds them all (slot
- *    reclaim: one of its sequences is parked with its KV, not recomputed);
+ *    reclaim: one of its sequences is parked with its KV, not recomputed),
+ *    and slots keep moving, one a step, while a request runs two fewer
+ *    than another (max-min fair share);
  *  - decode rows beyond the step budget go round-robin across requests: a
  *    one-sequence request decodes every step, a 16-sequence one takes
  *    turns;
@@ -238,6 +240,82 @@ static void test_new_request_gets_a_slot(void **state)
     dsq_kv_destroy(kv);
 }
 
+static int n_running_of(dsq_seq_t **v, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += v[i]->state == DSQ_SEQ_RUNNING;
+    return k;
+}
+
+/* Slots move to the max-min fair share, a slot a step: H (n = 8) holds
+ * all 4; S (n = 2) gets one for its prompt, and once its fork waits, a
+ * second one, so both of S's choices decode every step beside two of H's,
+ * and no slot moves back and forth after that. Keyed per sequence instead
+ * (dsq_seq_t.req unset), S's fork would wait for one of H's to end. */
+static void test_slots_move_to_fair_share(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(16, 128);
+    dsq_sched_opts_t so = {.max_num_seqs = 4, .max_num_batched_tokens = 256};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *h[8], *s[2];
+    h[0] = new_seq(&H, 0, 10, 40);
+    assert_int_equal(dsq_sched_add(sch, h[0]), DSQ_OK);
+    dsq_sched_out_t out;
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    dsq_sched_commit(sch, &out);
+    for (int i = 1; i < 8; i++)
+        h[i] = fork_of(kv, sch, h[0], i);
+    for (int i = 0; i < 8; i++)
+        h[i]->tokens[h[i]->n_tokens++] = 7;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        commit(sch, &out);
+    }
+    assert_int_equal(n_running_of(h, 8), 4);
+
+    s[0] = new_seq(&S, 1, 8, 10);
+    assert_int_equal(dsq_sched_add(sch, s[0]), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, s[0]), 8);
+    assert_int_equal(n_running_of(h, 8), 3);
+    commit(sch, &out);                    /* s[0]'s first token too */
+    s[1] = fork_of(kv, sch, s[0], 1);
+    for (int k = 0; k < 8; k++) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(tokens_of(&out, s[0]), 1);
+        assert_int_equal(tokens_of(&out, s[1]), 1);   /* from the first step on */
+        assert_int_equal(n_running_of(h, 8), 2);
+        assert_int_equal(out.n_seqs, 4);
+        commit(sch, &out);
+    }
+    for (int i = 0; i < 2; i++)
+        dsq_sched_remove(sch, s[i]);
+    int done = 0, steps = 0;
+    while (done < 8) {
+        assert_true(++steps < 1000);
+        done += end_finished(sch, h, 8);
+        if (done == 8)
+            break;
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_true(dsq_sched_n_running(sch) <= 4);
+        commit(sch, &out);
+    }
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(h[i]->n_tokens, 50);
+        assert_int_equal(h[i]->n_preempted, 0);
+    }
+    assert_int_equal(dsq_kv_n_free(kv), 128);
+    dsq_sched_destroy(sch);
+    for (int i = 0; i < 8; i++)
+        free_seq(h[i]);
+    for (int i = 0; i < 2; i++)
+        free_seq(s[i]);
+    dsq_kv_destroy(kv);
+}
+
 /* Step budget 100 ms, 10 ms per decode row, nothing to prefill: 9 rows
  * a step (90% of the budget). Request H has 16 decoding sequences,
  * request S one. S decodes in every step; H's take turns, 8 rows a step,
@@ -416,6 +494,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forks_wait_for_slots),
         cmocka_unit_test(test_new_request_gets_a_slot),
+        cmocka_unit_test(test_slots_move_to_fair_share),
         cmocka_unit_test(test_decode_round_robin),
         cmocka_unit_test(test_prefill_shares),
         cmocka_unit_test(test_preempt_the_largest),
