@@ -524,6 +524,24 @@ static bool drain_ready(dsq_req_t *r, int *n_tokens, int *n_done)
     return got == 0;
 }
 
+/* An engine of 4 run slots and a request of n = 6, 400 tokens each,
+ * running (8 tokens out); its tokens and ended choices counted so far. */
+static dsq_req_t *start_n6_on_4_slots(dsq_engine_t **e, int *n_tokens, int *n_done)
+{
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
+                           .block_size = 16, .max_num_seqs = 4};
+    *e = smollm2_engine(&o);
+    dsq_sampling_t sp = greedy(400);
+    sp.n = 6;
+    dsq_req_t *r = submit(*e, prompts[1], &sp);
+    for (int i = 0; i < 10000 && *n_tokens < 8; i++) {
+        assert_true(drain_ready(r, n_tokens, n_done));
+        usleep(1000);
+    }
+    assert_true(*n_tokens >= 8);
+    return r;
+}
+
 /* A request of n = 6 holds all 4 run slots (two forks wait); a one-choice
  * request submitted then is answered while every choice of the big one
  * is still generating: the fair share is per request (dsq_seq_t.req), so
@@ -533,18 +551,9 @@ static bool drain_ready(dsq_req_t *r, int *n_tokens, int *n_done)
 static void test_new_request_beside_n_request(void **state)
 {
     (void)state;
-    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
-                           .block_size = 16, .max_num_seqs = 4};
-    dsq_engine_t *e = smollm2_engine(&o);
-    dsq_sampling_t sp = greedy(400);
-    sp.n = 6;
-    dsq_req_t *big = submit(e, prompts[1], &sp);
+    dsq_engine_t *e;
     int n_big = 0, n_big_done = 0;
-    for (int i = 0; i < 10000 && n_big < 8; i++) {
-        assert_true(drain_ready(big, &n_big, &n_big_done));
-        usleep(1000);
-    }
-    assert_true(n_big >= 8);
+    dsq_req_t *big = start_n6_on_4_slots(&e, &n_big, &n_big_done);
     dsq_sampling_t one = greedy(2);
     dsq_req_t *small = submit(e, prompts[0], &one);
     result_t res;
@@ -576,18 +585,9 @@ static void test_new_request_beside_n_request(void **state)
 static void test_fair_share_is_per_request(void **state)
 {
     (void)state;
-    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
-                           .block_size = 16, .max_num_seqs = 4};
-    dsq_engine_t *e = smollm2_engine(&o);
-    dsq_sampling_t sp = greedy(400);
-    sp.n = 6;
-    dsq_req_t *a = submit(e, prompts[1], &sp);
+    dsq_engine_t *e;
     int n_a = 0, n_a_done = 0;
-    for (int i = 0; i < 10000 && n_a < 8; i++) {
-        assert_true(drain_ready(a, &n_a, &n_a_done));
-        usleep(1000);
-    }
-    assert_true(n_a >= 8);
+    dsq_req_t *a = start_n6_on_4_slots(&e, &n_a, &n_a_done);
     dsq_sampling_t two = greedy(8);
     two.n = 2;
     int a_before = n_a;

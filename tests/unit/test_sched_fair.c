@@ -117,6 +117,51 @@ static int end_finished(dsq_sched_t *sch, dsq_seq_t **v, int n)
     return done;
 }
 
+/* Request H of n = 8 (prompt 10, 40 tokens) on 4 slots: the prompt, its
+ * seven forks, then three steps of 4 decode rows. */
+static void start_h8(dsq_kv_cache_t *kv, dsq_sched_t *sch, dsq_seq_t **h)
+{
+    dsq_sched_out_t out;
+    h[0] = new_seq(&H, 0, 10, 40);
+    assert_int_equal(dsq_sched_add(sch, h[0]), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    dsq_sched_commit(sch, &out);
+    for (int i = 1; i < 8; i++)
+        h[i] = fork_of(kv, sch, h[0], i);
+    for (int i = 0; i < 8; i++)
+        h[i]->tokens[h[i]->n_tokens++] = 7;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_int_equal(out.n_seqs, 4);
+        commit(sch, &out);
+    }
+}
+
+/* Run H to its end (never more than 4 running, none recomputed), then
+ * free it and the scheduler; every block is back. */
+static void finish_h8(dsq_kv_cache_t *kv, dsq_sched_t *sch, dsq_seq_t **h)
+{
+    dsq_sched_out_t out;
+    int done = 0, steps = 0;
+    while (done < 8) {
+        assert_true(++steps < 1000);
+        done += end_finished(sch, h, 8);
+        if (done == 8)
+            break;
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_true(dsq_sched_n_running(sch) <= 4);
+        commit(sch, &out);
+    }
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(h[i]->n_tokens, 50);
+        assert_int_equal(h[i]->n_preempted, 0);
+    }
+    assert_int_equal(dsq_kv_n_free(kv), 128);
+    dsq_sched_destroy(sch);
+    for (int i = 0; i < 8; i++)
+        free_seq(h[i]);
+}
+
 /* A request of n = 6 on max_num_seqs 4: after the prompt the five forks
  * wait; three take the free slots at once, the other two when choices
  * end. Never more than 4 running, no fork recomputed (they waited with
@@ -185,20 +230,8 @@ static void test_new_request_gets_a_slot(void **state)
     dsq_sched_t *sch = dsq_sched_create(kv, &so);
     assert_non_null(sch);
     dsq_seq_t *h[8];
-    h[0] = new_seq(&H, 0, 10, 40);
-    assert_int_equal(dsq_sched_add(sch, h[0]), DSQ_OK);
     dsq_sched_out_t out;
-    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-    dsq_sched_commit(sch, &out);
-    for (int i = 1; i < 8; i++)
-        h[i] = fork_of(kv, sch, h[0], i);
-    for (int i = 0; i < 8; i++)
-        h[i]->tokens[h[i]->n_tokens++] = 7;
-    for (int k = 0; k < 3; k++) {
-        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-        assert_int_equal(out.n_seqs, 4);
-        commit(sch, &out);
-    }
+    start_h8(kv, sch, h);
     assert_int_equal(h[3]->state, DSQ_SEQ_RUNNING);
     int h3_computed = h[3]->n_computed;
 
@@ -218,24 +251,7 @@ static void test_new_request_gets_a_slot(void **state)
         commit(sch, &out);
     }
     dsq_sched_remove(sch, s);
-    int done = 0, steps = 0;
-    while (done < 8) {
-        assert_true(++steps < 1000);
-        done += end_finished(sch, h, 8);
-        if (done == 8)
-            break;
-        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-        assert_true(dsq_sched_n_running(sch) <= 4);
-        commit(sch, &out);
-    }
-    for (int i = 0; i < 8; i++) {
-        assert_int_equal(h[i]->n_tokens, 50);
-        assert_int_equal(h[i]->n_preempted, 0);
-    }
-    assert_int_equal(dsq_kv_n_free(kv), 128);
-    dsq_sched_destroy(sch);
-    for (int i = 0; i < 8; i++)
-        free_seq(h[i]);
+    finish_h8(kv, sch, h);
     free_seq(s);
     dsq_kv_destroy(kv);
 }
@@ -261,19 +277,8 @@ static void test_slots_move_to_fair_share(void **state)
     dsq_sched_t *sch = dsq_sched_create(kv, &so);
     assert_non_null(sch);
     dsq_seq_t *h[8], *s[2];
-    h[0] = new_seq(&H, 0, 10, 40);
-    assert_int_equal(dsq_sched_add(sch, h[0]), DSQ_OK);
     dsq_sched_out_t out;
-    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-    dsq_sched_commit(sch, &out);
-    for (int i = 1; i < 8; i++)
-        h[i] = fork_of(kv, sch, h[0], i);
-    for (int i = 0; i < 8; i++)
-        h[i]->tokens[h[i]->n_tokens++] = 7;
-    for (int k = 0; k < 3; k++) {
-        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-        commit(sch, &out);
-    }
+    start_h8(kv, sch, h);
     assert_int_equal(n_running_of(h, 8), 4);
 
     s[0] = new_seq(&S, 1, 8, 10);
@@ -293,24 +298,7 @@ static void test_slots_move_to_fair_share(void **state)
     }
     for (int i = 0; i < 2; i++)
         dsq_sched_remove(sch, s[i]);
-    int done = 0, steps = 0;
-    while (done < 8) {
-        assert_true(++steps < 1000);
-        done += end_finished(sch, h, 8);
-        if (done == 8)
-            break;
-        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-        assert_true(dsq_sched_n_running(sch) <= 4);
-        commit(sch, &out);
-    }
-    for (int i = 0; i < 8; i++) {
-        assert_int_equal(h[i]->n_tokens, 50);
-        assert_int_equal(h[i]->n_preempted, 0);
-    }
-    assert_int_equal(dsq_kv_n_free(kv), 128);
-    dsq_sched_destroy(sch);
-    for (int i = 0; i < 8; i++)
-        free_seq(h[i]);
+    finish_h8(kv, sch, h);
     for (int i = 0; i < 2; i++)
         free_seq(s[i]);
     dsq_kv_destroy(kv);
