@@ -25,6 +25,7 @@ static const struct {
     [DSQ_APIERR_UNSUPPORTED] = {400, "invalid_request_error",
                                 "unsupported_parameter"},
     [DSQ_APIERR_AUTH] = {401, "authentication_error", "invalid_api_key"},
+    [DSQ_APIERR_FORBIDDEN] = {403, "permission_error", "origin_not_allowed"},
     [DSQ_APIERR_NOT_FOUND] = {404, "invalid_request_error", "not_found"},
     [DSQ_APIERR_METHOD] = {405, "invalid_request_error", "method_not_allowed"},
     [DSQ_APIERR_TIMEOUT] = {408, "timeout_error", "request_timeout"},

@@ -16,6 +16,8 @@ typedef enum dsq_apierr {
     DSQ_APIERR_MODEL_NOT_FOUND,     /* 400, code model_not_found           */
     DSQ_APIERR_UNSUPPORTED,         /* 400, code unsupported_parameter     */
     DSQ_APIERR_AUTH,                /* 401, code invalid_api_key           */
+    DSQ_APIERR_FORBIDDEN,           /* 403, code origin_not_allowed: a
+                                       browser's cross-site request        */
     DSQ_APIERR_NOT_FOUND,           /* 404 unknown route                   */
     DSQ_APIERR_METHOD,              /* 405 (caller adds Allow)             */
     DSQ_APIERR_TIMEOUT,             /* 408 request ran past its timeout    */

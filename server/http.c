@@ -36,6 +36,7 @@
 #include "engine/common/clock.h"
 #include "server/chat.h"
 #include "server/error.h"
+#include "server/http_guard.h"
 #include "server/json.h"
 #include "server/trace.h"
 
@@ -168,15 +169,27 @@ static enum MHD_Result on_headers(conn_t *c)
     }
     if (c->route == R_HEALTH)
         return MHD_YES;
+    if (!dsq__origin_allowed(c))
+        return dsq__send_error(c, DSQ_APIERR_FORBIDDEN, NULL,
+                               "cross-origin request refused: its Origin is not in "
+                               "--allowed-origins (a server with --api-key takes any)");
     if (!dsq__authorized(c))
         return dsq__send_error(c, DSQ_APIERR_AUTH, NULL,
                                "missing or invalid API key (Authorization: Bearer)");
     if (!post)
         return MHD_YES;
-    /* curl -d without -H sends application/x-www-form-urlencoded;
-     * llama-server takes such a body when it is JSON, and so does dsqd
-     * (checked once the body is in, on_request); anything else is 415 */
+    /* a form, text/plain or multipart body is what a web page can make a
+     * browser send anywhere without asking the server first (CORS
+     * "simple requests"), so only JSON is taken by default. curl -d
+     * without -H sends application/x-www-form-urlencoded: with
+     * --any-content-type such a body is taken when it is JSON (as
+     * llama-server does; checked once the body is in, on_request) */
     c->ct_other = !json_content_type(c);
+    if (c->ct_other && !h->cfg.any_content_type)
+        return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
+                               "Content-Type must be application/json (curl: -H 'Content-Type: "
+                               "application/json'; dsqd --any-content-type takes a JSON body of "
+                               "any type)");
     cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->cfg.max_request_bytes) {
         c->too_large = true;
@@ -466,7 +479,15 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (!ci || !(r = calloc(1, sizeof(*r))))
+        if (!ci)
+            return;
+        /* every byte this connection sends passes the strict reader
+         * first (http_guard.h) */
+        if (!dsq_http_guard_attach(ci->connect_fd, h->cfg.tls_cert_pem != NULL))
+            dsq_log(DSQ_LOG_WARN, "event=http_guard_off fd=%d (out of memory "
+                    "or above the descriptor limit): libmicrohttpd's own checks apply",
+                    ci->connect_fd);
+        if (!(r = calloc(1, sizeof(*r))))
             return;
         r->fd = ci->connect_fd;
         r->phase = S_HEAD;
@@ -486,7 +507,13 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         h->n_socks++;
         pthread_mutex_unlock(&h->sock_mu);
         *socket_context = r;
-    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && (r = *socket_context)) {
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            dsq_http_guard_detach(ci->connect_fd);
+        if (!(r = *socket_context))
+            return;
         pthread_mutex_lock(&h->sock_mu);
         if (r->prev)
             r->prev->next = r->next;

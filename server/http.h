@@ -34,7 +34,12 @@ typedef struct dsq_http_config {
     const char *api_key;             /* NULL/"" = no auth                    */
     int64_t max_request_bytes;       /* 413 above                            */
     double request_timeout_s;        /* 0 = none                             */
-    const char *allowed_origins;     /* NULL = CORS off; "a,b" or "*"        */
+    const char *allowed_origins;     /* NULL = CORS off; "a,b" or "*"; a
+                                        request from another Origin is 403
+                                        unless api_key is set              */
+    bool any_content_type;           /* take a POST body of any Content-Type
+                                        that is JSON (llama-server's way);
+                                        false: 415 unless application/json */
     const char *tls_cert_pem;        /* PEM contents (not paths), both or none */
     const char *tls_key_pem;
     const char *served_model_name;

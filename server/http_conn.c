@@ -12,6 +12,7 @@
 #include "server/http_internal.h"
 
 #include <poll.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,42 @@ void dsq__log_disconnect(conn_t *c, const char *how)
             c->id[0] ? c->id : "-", c->path, how);
 }
 
+/* ------------------------------------------------------------ origins */
+
+/* Whether origin is one of the comma-separated list (entries trimmed of
+ * spaces; "*" matches any). */
+static bool origin_listed(const char *list, const char *origin)
+{
+    size_t n = strlen(origin);
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        while (len && *p == ' ') { p++; len--; }
+        while (len && p[len - 1] == ' ') len--;
+        if ((len == 1 && *p == '*') || (len == n && !strncmp(p, origin, n)))
+            return true;
+        p = comma ? comma + 1 : NULL;
+    }
+    return false;
+}
+
+bool dsq__origin_allowed(conn_t *c)
+{
+    const char *origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    const char *list = c->h->cfg.allowed_origins, *host, *auth;
+    /* no Origin: not a browser's cross-site request (curl, SDKs); a
+     * key: the request has to carry it, which a page on another site
+     * does not have */
+    if (!origin || c->h->have_key)
+        return true;
+    if (list && *list && origin_listed(list, origin))
+        return true;
+    /* same origin: scheme://authority whose authority is this Host */
+    host = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Host");
+    auth = strstr(origin, "://");
+    return host && auth && *host && !strcasecmp(auth + 3, host);
+}
+
 /* ------------------------------------------------------------ responses */
 
 static void add_cors(conn_t *c, struct MHD_Response *r)
@@ -170,20 +207,9 @@ static void add_cors(conn_t *c, struct MHD_Response *r)
         MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
         return;
     }
-    if (!origin)
-        return;
-    size_t n = strlen(origin);
-    for (const char *p = list; p && *p;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        while (len && *p == ' ') { p++; len--; }
-        while (len && p[len - 1] == ' ') len--;
-        if ((len == 1 && *p == '*') || (len == n && !strncmp(p, origin, n))) {
-            MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
-            MHD_add_response_header(r, "Vary", "Origin");
-            return;
-        }
-        p = comma ? comma + 1 : NULL;
+    if (origin && origin_listed(list, origin)) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+        MHD_add_response_header(r, "Vary", "Origin");
     }
 }
 
@@ -210,15 +236,30 @@ enum MHD_Result dsq__send_response(conn_t *c, int status,
     return ret;
 }
 
+/* The free callback of a large answer. Building it (a logprobs answer of
+ * tens of MB is millions of small cJSON nodes) left that much freed memory
+ * in glibc's arenas, which they keep: the RSS of the daemon grew by the
+ * largest answers and stayed there. Give it back to the OS once the
+ * answer is sent; malloc_trim walks every arena, a few ms for tens of MB,
+ * paid only by answers of 1 MiB and more. */
+static void free_and_trim(void *p)
+{
+    free(p);
+    malloc_trim(0);
+}
+
 /* Takes ownership of body (malloc'd). */
 enum MHD_Result dsq__send_body(conn_t *c, int status, char *body,
                                const char *ctype)
 {
     struct MHD_Response *r;
+    size_t len;
     if (!body)
         return MHD_NO;
-    r = MHD_create_response_from_buffer(strlen(body), body,
-                                        MHD_RESPMEM_MUST_FREE);
+    len = strlen(body);
+    r = len >= ((size_t)1 << 20)
+            ? MHD_create_response_from_buffer_with_free_callback(len, body, free_and_trim)
+            : MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
         return MHD_NO;

@@ -205,6 +205,10 @@ enum MHD_Result dsq__send_error(conn_t *c, dsq_apierr_t kind, const char *param,
                                 const char *msg);
 enum MHD_Result dsq__send_api_error(conn_t *c, const dsq_api_error_t *e);
 bool dsq__authorized(conn_t *c);
+/* false for a browser's cross-site request: an Origin header that is
+ * neither listed in --allowed-origins nor this server's own (scheme://Host),
+ * when no API key is set (403, docs/api.md) */
+bool dsq__origin_allowed(conn_t *c);
 /* What c's body is parsed against (model name, vocabulary, sequences). */
 dsq_openai_limits_t dsq__limits(conn_t *c);
 /* Append n bytes of s to the growing NUL-terminated buffer *p. Returns 0

@@ -57,21 +57,13 @@ void dsq_json_locate(const char *text, size_t len, size_t byte,
              byte, line, column);
 }
 
-/* Offset of the first U+0000 that cJSON would cut a string at: a raw NUL
- * byte followed by anything but NULs and whitespace (NULs after the value
- * are a C string's terminator), or a \u0000 escape whose backslash is not
- * itself escaped. len when there is none. */
+/* Offset of the first U+0000: a raw NUL byte anywhere (RFC 8259 has
+ * none outside strings, and cJSON would cut a string there), or a \u0000
+ * escape whose backslash is not itself escaped. len when there is none. */
 static size_t find_nul(const char *text, size_t len)
 {
-    size_t at = len;
     const char *z = memchr(text, '\0', len);
-    if (z) {
-        for (const char *p = z; p < text + len; p++)
-            if (*p != '\0' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') {
-                at = (size_t)(z - text);
-                break;
-            }
-    }
+    size_t at = z ? (size_t)(z - text) : len;
     for (size_t i = 0; i + 6 <= at; i++) {
         size_t k = 0;
         if (memcmp(text + i, "\\u0000", 6))
@@ -110,8 +102,7 @@ int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err)
 {
     json_error_t je;
     json_t *root;
-    size_t n = len, pos, key;
-    const char *z;
+    size_t pos, key;
     int rc = DSQ_EINVAL;
     memset(err, 0, sizeof(*err));
     if (len == 0)
@@ -120,19 +111,18 @@ int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err)
     if (pos < len) {
         err->fault = DSQ_JSON_NUL;
         dsq_json_locate(text, len, pos, err);
-        snprintf(err->message, sizeof(err->message),
-                 "strings must not contain U+0000 (\\u0000) %s", err->where);
+        if (text[pos] == '\0')
+            snprintf(err->message, sizeof(err->message),
+                     "a NUL byte (U+0000) is not allowed in JSON text %s", err->where);
+        else
+            snprintf(err->message, sizeof(err->message),
+                     "strings must not contain U+0000 (\\u0000) %s", err->where);
         return DSQ_EINVAL;
     }
-    /* only trailing NULs (and whitespace among them) are left: jansson
-     * sees the text up to the first */
-    z = memchr(text, '\0', len);
-    if (z)
-        n = (size_t)(z - text);
     /* DECODE_ANY: the caller names the wrong shape itself. INT_AS_REAL:
      * without it jansson refuses integers past 2^63-1 ("too big integer"),
      * which cJSON reads as doubles. ALLOW_NUL: \u0000 is find_nul's. */
-    root = json_loadb(text, n,
+    root = json_loadb(text, len,
                       JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL |
                           JSON_ALLOW_NUL | JSON_DECODE_ANY,
                       &je);
@@ -144,7 +134,7 @@ int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err)
     switch (json_error_code(&je)) {
     case json_error_out_of_memory:
         err->fault = DSQ_JSON_NOMEM;
-        dsq_json_locate(text, n, pos, err);
+        dsq_json_locate(text, len, pos, err);
         snprintf(err->message, sizeof(err->message), "out of memory %s",
                  err->where);
         rc = DSQ_ENOMEM;
@@ -156,7 +146,7 @@ int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err)
             size_t kn = pos - key - 2;
             printable(name, sizeof(name), text + key + 1,
                       kn > QUOTE_MAX ? QUOTE_MAX : kn);
-            dsq_json_locate(text, n, key, err);
+            dsq_json_locate(text, len, key, err);
             snprintf(err->message, sizeof(err->message),
                      "duplicate key \"%s%s\" %s", name,
                      kn > QUOTE_MAX ? "..." : "", err->where);
@@ -173,7 +163,7 @@ int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err)
             snprintf(why, sizeof(why), "not valid UTF-8");
         else
             printable(why, sizeof(why), je.text, strnlen(je.text, sizeof(je.text)));
-        dsq_json_locate(text, n, pos, err);
+        dsq_json_locate(text, len, pos, err);
         snprintf(err->message, sizeof(err->message), "%.180s %s", why,
                  err->where);
         break;

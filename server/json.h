@@ -25,9 +25,9 @@ typedef enum dsq_json_fault {
     DSQ_JSON_BAD_UTF8,       /* bytes that are not UTF-8 (section 8.1 and
                                 RFC 3629: overlong forms, encoded
                                 surrogates, above U+10FFFF)                */
-    DSQ_JSON_NUL,            /* a \u0000 escape, or a raw NUL byte before
-                                the end of the value: cJSON ends a C string
-                                there and would silently cut it            */
+    DSQ_JSON_NUL,            /* a \u0000 escape, or a raw NUL byte anywhere:
+                                cJSON ends a C string there and would
+                                silently cut it                            */
     DSQ_JSON_NOMEM,          /* the check ran out of memory                */
 } dsq_json_fault_t;
 
@@ -57,9 +57,9 @@ typedef struct dsq_json_error {
  * and no U+0000 in any string. Any value is taken at the top level
  * (section 2), not only an object or array; the caller checks the shape. Integers of any size are taken (section 6: a
  * parser may limit precision, and cJSON reads them as doubles), so a seed
- * of 2^64-1 passes; a number that overflows a double does not. NUL bytes
- * after the value (a C string's terminator) are taken like whitespace, the
- * one deviation from RFC 8259. Nothing is kept: parse with cJSON after.
+ * of 2^64-1 passes; a number that overflows a double does not. A NUL
+ * byte is refused wherever it is, after the value too (a C string's
+ * terminator is not whitespace). Nothing is kept: parse with cJSON after.
  * Returns 0, DSQ_EINVAL with *err filled, or DSQ_ENOMEM (err->fault
  * DSQ_JSON_NOMEM). Thread-safe. */
 int dsq_json_check(const char *text, size_t len, dsq_json_error_t *err);

@@ -305,6 +305,7 @@ int main(int argc, char **argv)
     hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
     hc.default_seed = o.seed;                           /* users */
     hc.allowed_origins = o.allowed_origins;
+    hc.any_content_type = o.any_content_type;
     hc.tls_cert_pem = cert;
     hc.tls_key_pem = key;
     hc.served_model_name = served;

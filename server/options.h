@@ -64,6 +64,7 @@ typedef struct dsq_options {
     char *ssl_certfile;
     char *ssl_keyfile;
     char *allowed_origins;       /* comma-separated, "*" allowed           */
+    bool any_content_type;       /* api: see --any-content-type            */
     char *chat_template;
     char *padding_model;         /* pad: padding cost model JSON           */
     char *reasoning_parser;      /* none | deepseek_r1                     */

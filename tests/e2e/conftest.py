@@ -120,6 +120,27 @@ def daemon_factory():
         d.stop()
 
 
+def raw_http(port, data, timeout=10.0):
+    """Send raw bytes, read until the server closes (or timeout: then the
+    bytes end in <timeout>; a reset: <reset>)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    out = b""
+    try:
+        s.sendall(data)
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except socket.timeout:
+        out += b"<timeout>"
+    except ConnectionResetError:
+        out += b"<reset>"
+    finally:
+        s.close()
+    return out
+
+
 def post(server, path, body=None, raw=None, headers=None, **kw):
     h = {"Content-Type": "application/json"}
     h.update(headers or {})

@@ -12,27 +12,9 @@ import time
 import pytest
 import requests
 
-from conftest import MODEL_NAME, post, sse_events
+from conftest import MODEL_NAME, post, raw_http, sse_events
 
 PROMPT = "The capital of France is a city named"
-
-
-def raw_http(port, data, timeout=10.0):
-    """Send raw bytes, read until the server closes (or timeout)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(data)
-    out = b""
-    try:
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            out += b
-    except socket.timeout:
-        out += b"<timeout>"
-    finally:
-        s.close()
-    return out
 
 
 def test_score_only_every_choice_finishes_length(server):
@@ -94,9 +76,10 @@ def test_raw_nul_byte_refused(server):
     assert "U+0000" in r.json()["error"]["message"]
     data = b'{"model":"%s","messages":[{"role":"user","content":"a\x00b"}]}' % MODEL_NAME.encode()
     assert post(server, "/v1/chat/completions", raw=data).status_code == 400
-    # a C string's terminator after the value is still fine
+    # nor after the value: a C string's terminator is not JSON whitespace
     data = b'{"model":"%s","prompt":"ab","max_tokens":1}\x00' % MODEL_NAME.encode()
-    assert post(server, "/v1/completions", raw=data).status_code == 200
+    r = post(server, "/v1/completions", raw=data)
+    assert r.status_code == 400 and "NUL byte" in r.json()["error"]["message"], r.text
 
 
 def test_idle_connection_flood_does_not_lock_out(daemon_factory):

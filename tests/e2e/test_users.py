@@ -96,19 +96,28 @@ def test_developer_role_is_system(server):
     assert r.choices[0].message.content
 
 
-def test_json_body_without_json_content_type(server):
-    """curl -d '{...}' without -H sends application/x-www-form-urlencoded."""
+def test_json_body_without_json_content_type(server, daemon_factory):
+    """curl -d '{...}' without -H sends application/x-www-form-urlencoded:
+    a 415 that says which header to add, and --any-content-type takes it
+    (as llama-server does) when the body is JSON."""
     body = '{"model": "%s", "prompt": "%s", "max_tokens": 2, "temperature": 0}' % (
         MODEL_NAME, PROMPT)
-    for ct in ("application/x-www-form-urlencoded", "text/plain"):
+    for ct in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; b=x"):
         r = requests.post(server.url("/v1/completions"), data=body,
                           headers={"Content-Type": ct})
+        assert r.status_code == 415, (ct, r.text)
+        e = r.json()["error"]
+        assert e["code"] == "unsupported_media_type"
+        assert "Content-Type: application/json" in e["message"] and "--any-content-type" in e["message"]
+    d = daemon_factory("--any-content-type")
+    for ct in ("application/x-www-form-urlencoded", "text/plain"):
+        r = requests.post(d.url("/v1/completions"), data=body, headers={"Content-Type": ct})
         assert r.status_code == 200, (ct, r.text)
         assert r.json()["usage"]["completion_tokens"] == 2
-    out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", server.url("/v1/completions"),
+    out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", d.url("/v1/completions"),
                           "-d", body], capture_output=True, text=True, timeout=60)
     assert out.stdout.rstrip().endswith("200"), out.stdout
-    r = requests.post(server.url("/v1/completions"), data="model=x&prompt=y",
+    r = requests.post(d.url("/v1/completions"), data="model=x&prompt=y",
                       headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
 

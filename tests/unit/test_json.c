@@ -78,9 +78,6 @@ static void test_takes(void **state)
     OK("{\"a\":{\"a\":1},\"b\":[{\"a\":1},{\"a\":2}],\"A\":1}");
     /* \\u0000 is an escaped backslash and the text u0000 */
     OK("{\"a\":\"\\\\u0000\"}");
-    /* NULs after the value: a C string's terminator */
-    expect_ok("{\"a\":1}\0", 8);
-    expect_ok("{\"a\":1}\n\0\0 ", 11);
 }
 
 static void test_refuses(void **state)
@@ -130,6 +127,9 @@ static void test_refuses(void **state)
     BAD("[\"a\\\\\\u0000\"]", DSQ_JSON_NUL, 5, 1, 6, "U+0000");
     expect_bad("[\"a\0\"]", 6, DSQ_JSON_NUL, 3, 1, 4, "U+0000");
     expect_bad("\0{}", 3, DSQ_JSON_NUL, 0, 1, 1, "U+0000");
+    /* after the value too: a C string's terminator is not whitespace */
+    expect_bad("{\"a\":1}\0", 8, DSQ_JSON_NUL, 7, 1, 8, "U+0000");
+    expect_bad("{\"a\":1}\n\0\0 ", 11, DSQ_JSON_NUL, 8, 2, 1, "U+0000");
 }
 
 static void test_duplicate_keys(void **state)

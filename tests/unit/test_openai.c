@@ -1256,9 +1256,10 @@ static void test_strict_json_good(void **state)
         dsq_completion_req_deinit(&r);
     }
     {
+        /* a C string's terminator after the value is not JSON whitespace */
         const char nul[] = "{\"model\":\"smol\",\"prompt\":\"a\"}\0";
-        assert_int_equal(dsq_openai_parse_completion(nul, sizeof(nul), &LIM, &r, &e), 0);
-        dsq_completion_req_deinit(&r);
+        assert_int_not_equal(dsq_openai_parse_completion(nul, sizeof(nul), &LIM, &r, &e), 0);
+        assert_non_null(strstr(e.message, "NUL byte"));
     }
     /* the object plus 999 arrays: cJSON's nesting limit of 1000, as today */
     d = deep + sprintf(deep, P "\"x\":");
