@@ -843,36 +843,26 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
     unsigned max_conn = connection_limit(h), n_threads = http_threads(h);
     unsigned per_ip = h->cfg.max_connections_per_client > 0
                           ? (unsigned)h->cfg.max_connections_per_client : 0;
-    if (h->cfg.tls_cert_pem)
-        h->d = MHD_start_daemon(
-            flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
-            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
-            MHD_OPTION_LISTEN_SOCKET, lfd,
-            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-            MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-            MHD_OPTION_CONNECTION_LIMIT, max_conn,
-            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
-            MHD_OPTION_THREAD_POOL_SIZE, n_threads,
-            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-            MHD_OPTION_HTTPS_MEM_CERT, h->cfg.tls_cert_pem,
-            MHD_OPTION_HTTPS_MEM_KEY, h->cfg.tls_key_pem,
-            MHD_OPTION_END);
-    else
-        h->d = MHD_start_daemon(
-            flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
-            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
-            MHD_OPTION_LISTEN_SOCKET, lfd,
-            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-            MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-            MHD_OPTION_CONNECTION_LIMIT, max_conn,
-            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
-            MHD_OPTION_THREAD_POOL_SIZE, n_threads,
-            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-            MHD_OPTION_END);
+    /* the certificate and key only with TLS (an empty array otherwise) */
+    struct MHD_OptionItem tls_opts[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)h->cfg.tls_cert_pem},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)h->cfg.tls_key_pem},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    h->d = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_access, h,
+        MHD_OPTION_EXTERNAL_LOGGER, log_mhd, h,
+        MHD_OPTION_LISTEN_SOCKET, lfd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape_keep_nul, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+        MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+        MHD_OPTION_CONNECTION_LIMIT, max_conn,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_THREAD_POOL_SIZE, n_threads,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+        MHD_OPTION_ARRAY, h->cfg.tls_cert_pem ? tls_opts : tls_opts + 2,
+        MHD_OPTION_END);
     if (!h->d) {
         close(lfd);
         snprintf(err, err_len, "cannot serve on %s:%d (%s)", host_name, cfg->port,
