@@ -143,6 +143,11 @@ static enum MHD_Result on_headers(conn_t *c)
 
     if (!strcmp(c->method, "OPTIONS") && h->cfg.allowed_origins)
         return preflight(c);
+    /* a browser's preflight with no origins allowed: say why, not 405
+     * (the page would only see that CORS failed) */
+    if (!strcmp(c->method, "OPTIONS") &&
+        MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin"))
+        return dsq__send_origin_refusal(c);
     if (c->route == R_NONE)
         return dsq__send_error(c, DSQ_APIERR_NOT_FOUND, NULL, "unknown route");
     if ((is_post_route(c->route) && !post) || (!is_post_route(c->route) && !get))
@@ -170,9 +175,7 @@ static enum MHD_Result on_headers(conn_t *c)
     if (c->route == R_HEALTH)
         return MHD_YES;
     if (!dsq__origin_allowed(c))
-        return dsq__send_error(c, DSQ_APIERR_FORBIDDEN, NULL,
-                               "cross-origin request refused: its Origin is not in "
-                               "--allowed-origins (a server with --api-key takes any)");
+        return dsq__send_origin_refusal(c);
     if (!dsq__authorized(c))
         return dsq__send_error(c, DSQ_APIERR_AUTH, NULL,
                                "missing or invalid API key (Authorization: Bearer)");
@@ -185,11 +188,14 @@ static enum MHD_Result on_headers(conn_t *c)
      * --any-content-type such a body is taken when it is JSON (as
      * llama-server does; checked once the body is in, on_request) */
     c->ct_other = !json_content_type(c);
-    if (c->ct_other && !h->cfg.any_content_type)
-        return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
-                               "Content-Type must be application/json (curl: -H 'Content-Type: "
-                               "application/json'; dsqd --any-content-type takes a JSON body of "
-                               "any type)");
+    if (c->ct_other && !h->cfg.any_content_type) {
+        char msg[400];
+        const char *ct = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Type");
+        snprintf(msg, sizeof(msg), "Content-Type must be application/json, not '%.80s' "
+                 "(curl: -H 'Content-Type: application/json'; dsqd --any-content-type takes "
+                 "a JSON body of any type)", ct ? ct : "");
+        return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL, msg);
+    }
     cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->cfg.max_request_bytes) {
         c->too_large = true;
@@ -224,10 +230,12 @@ static enum MHD_Result on_request(conn_t *c)
         int rc = dsq_json_check(c->body, c->body_len, &je);
         if (rc == DSQ_ENOMEM)
             return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
-        if (rc != DSQ_OK && je.fault != DSQ_JSON_NUL)
-            return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL,
-                                   "Content-Type must be application/json (a body of another "
-                                   "type is taken only when it is JSON)");
+        if (rc != DSQ_OK && je.fault != DSQ_JSON_NUL) {
+            char msg[512];
+            snprintf(msg, sizeof(msg), "a body that is not application/json is taken only when "
+                     "it is JSON, and this one is not: %s", je.message);
+            return dsq__send_error(c, DSQ_APIERR_MEDIA_TYPE, NULL, msg);
+        }
     }
     if (!c->e)
         return dsq__send_error(c, DSQ_APIERR_UNAVAILABLE, NULL, "model is loading");

@@ -195,6 +195,21 @@ bool dsq__origin_allowed(conn_t *c)
     return host && auth && *host && !strcasecmp(auth + 3, host);
 }
 
+enum MHD_Result dsq__send_origin_refusal(conn_t *c)
+{
+    const char *origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    char msg[512], shown[128];
+    snprintf(shown, sizeof(shown), "%.120s", origin ? origin : "");
+    for (char *q = shown; *q; q++)
+        if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f || *q == '"' || *q == '\\')
+            *q = '?';
+    snprintf(msg, sizeof(msg), "cross-origin request refused: Origin \"%s\" is neither this "
+             "server's own nor in --allowed-origins; to let that page use dsqd, start it with "
+             "--allowed-origins %s (scheme://host[:port], comma-separated)", shown,
+             !strcmp(shown, "null") ? "<origin>" : shown);
+    return dsq__send_error(c, DSQ_APIERR_FORBIDDEN, NULL, msg);
+}
+
 /* ------------------------------------------------------------ responses */
 
 static void add_cors(conn_t *c, struct MHD_Response *r)

@@ -209,6 +209,8 @@ bool dsq__authorized(conn_t *c);
  * neither listed in --allowed-origins nor this server's own (scheme://Host),
  * when no API key is set (403, docs/api.md) */
 bool dsq__origin_allowed(conn_t *c);
+/* The 403 origin_not_allowed answer: names the Origin and the flag. */
+enum MHD_Result dsq__send_origin_refusal(conn_t *c);
 /* What c's body is parsed against (model name, vocabulary, sequences). */
 dsq_openai_limits_t dsq__limits(conn_t *c);
 /* Append n bytes of s to the growing NUL-terminated buffer *p. Returns 0

@@ -77,7 +77,7 @@ static const opt_t table[] = {
     {"log-file", T_STR, O(log_file), NULL, 0, 0, NULL, "append logs to this file instead of stderr; SIGHUP reopens it", NULL},
     {"ssl-certfile", T_STR, O(ssl_certfile), NULL, 0, 0, NULL, "PEM certificate: serve HTTPS", NULL},
     {"ssl-keyfile", T_STR, O(ssl_keyfile), NULL, 0, 0, NULL, "PEM private key for --ssl-certfile", NULL},
-    {"allowed-origins", T_STR, O(allowed_origins), NULL, 0, 0, NULL, "CORS: comma-separated origins or '*' (off when unset); without --api-key, a request whose Origin header names another site is refused (403) unless listed here", NULL},
+    {"allowed-origins", T_STR, O(allowed_origins), NULL, 0, 0, NULL, "origins (scheme://host[:port], comma-separated, or '*') whose web pages may call dsqd: they get the CORS headers and preflights; without --api-key, a request whose Origin is neither listed nor dsqd's own (scheme:// + the Host it was sent to) is refused with 403. A browser UI on another origin needs it even with --api-key", NULL},
     {"any-content-type", T_BOOL, O(any_content_type), "false", 0, 0, NULL, "take a POST body sent with any Content-Type when it is JSON (as llama-server does, e.g. curl -d without -H); by default only application/json (or none) is taken, 415 otherwise, so a web page cannot post a form to dsqd", NULL},
     {"padding-model", T_STR, O(padding_model), NULL, 0, 0, NULL, "padding cost model JSON from 'dsq-bench pad' (default: $XDG_CACHE_HOME/dsq/padding-<backend>.json when present; informational on cpu)", NULL},
     {"chat-template", T_STR, O(chat_template), NULL, 0, 0, NULL, "chat template file (overrides the model's)", NULL},
@@ -378,6 +378,34 @@ static void env_name(const opt_t *o, char *buf, size_t len)
     buf[j] = '\0';
 }
 
+/* --allowed-origins: "*" or comma-separated origins as a browser sends
+ * them in Origin (scheme://host[:port]: no path, no trailing slash),
+ * checked at start so that a typo is an error, not an origin that never
+ * matches. */
+static int check_origins(const char *list, char *err, size_t err_len)
+{
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        while (len && *p == ' ') { p++; len--; }
+        while (len && p[len - 1] == ' ') len--;
+        char one[256];
+        snprintf(one, sizeof(one), "%.*s", (int)(len < 255 ? len : 255), p);
+        const char *host = strstr(one, "://");
+        bool ok = !strcmp(one, "*") ||
+                  (host && host > one && host[3] && !strchr(host + 3, '/') &&
+                   strspn(one, "abcdefghijklmnopqrstuvwxyz0123456789+-.") == (size_t)(host - one));
+        if (!ok) {
+            fail(err, err_len, "--allowed-origins: '%s' is not an origin (scheme://host[:port] "
+                 "as a browser sends it, e.g. http://localhost:3000: no path, no trailing "
+                 "slash; or *)%s", one, "");
+            return DSQ_EINVAL;
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+    return DSQ_OK;
+}
+
 int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
                      dsq_getenv_fn getenv_fn, char *err, size_t err_len)
 {
@@ -494,6 +522,8 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
         }
         rc = set_value(o, opt, val, src, err, err_len);
     }
+    if (rc == DSQ_OK && o->allowed_origins)
+        rc = check_origins(o->allowed_origins, err, err_len);
     return rc;
 }
 

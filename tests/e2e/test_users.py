@@ -109,6 +109,7 @@ def test_json_body_without_json_content_type(server, daemon_factory):
         e = r.json()["error"]
         assert e["code"] == "unsupported_media_type"
         assert "Content-Type: application/json" in e["message"] and "--any-content-type" in e["message"]
+        assert "not '%s'" % ct in e["message"]
     d = daemon_factory("--any-content-type")
     for ct in ("application/x-www-form-urlencoded", "text/plain"):
         r = requests.post(d.url("/v1/completions"), data=body, headers={"Content-Type": ct})
@@ -120,6 +121,10 @@ def test_json_body_without_json_content_type(server, daemon_factory):
     r = requests.post(d.url("/v1/completions"), data="model=x&prompt=y",
                       headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    # a JSON typo sent that way: the 415 still says where the JSON breaks
+    r = requests.post(d.url("/v1/completions"), data='{"model": 01}',
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415 and "at byte 11 (line 1, column 12)" in r.json()["error"]["message"]
 
 
 def test_tool_calls_refused_on_completions(server):

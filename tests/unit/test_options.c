@@ -154,6 +154,22 @@ static void test_errors(void **state)
         expect_fail(a, 3, NULL, "[0, 65535]");   /* the range itself */
     }
     {
+        /* an origin as a browser sends it: no path, no trailing slash */
+        char *a[] = {"dsqd", "--allowed-origins", "http://a.example, http://b.example/"};
+        expect_fail(a, 3, NULL, "'http://b.example/' is not an origin");
+        char *b[] = {"dsqd", "--allowed-origins", "localhost:3000"};
+        expect_fail(b, 3, NULL, "'localhost:3000' is not an origin");
+        char *c[] = {"dsqd", "--allowed-origins", "http://a.example/ui"};
+        expect_fail(c, 3, NULL, "no path");
+    }
+    {
+        dsq_options_t o;
+        char err[256];
+        char *a[] = {"dsqd", "--allowed-origins", " http://a.example ,https://b.example:3000,*"};
+        assert_int_equal(load(&o, a, 3, err), 0);
+        dsq_options_deinit(&o);
+    }
+    {
         /* K is 1000: the message says how many bytes that was, and the range */
         char *a[] = {"dsqd", "--max-undelivered-bytes", "4K"};
         expect_fail(a, 3, NULL, "4K (4000 bytes) out of range [4096, 1073741824] bytes");
