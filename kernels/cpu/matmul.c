@@ -342,9 +342,12 @@ bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
     x.format = DSQ_WFMT_INT4_X8;
     dsq_weight_bytes_t b;
     const dsq__isa_t isa = dsq__cpu_isa_level();
-    /* AVX2 only for now: AVX-512 machines keep the row layout and its
-     * 512-bit kernel until the interleaved VNNI kernel is measured on one */
-    return dsq_weight_layout(&x, &b) == DSQ_OK && isa == DSQ__ISA_AVX2;
+    /* AVX2, and AVX-512 + VNNI, where the interleaved kernel (vpdpbusd
+     * on 256-bit vectors) beats the row layout's 512-bit one by 1.7x in
+     * prefill and 1.9x in decode at 6.7B (docs/benchmarks.md, 2026-12-05);
+     * NEON has no interleaved kernel yet */
+    return dsq_weight_layout(&x, &b) == DSQ_OK &&
+           (isa == DSQ__ISA_AVX2 || isa == DSQ__ISA_AVX512);
 }
 
 /* ----------------------------------------------------------------- driver */
