@@ -165,6 +165,10 @@ static enum MHD_Result on_headers(conn_t *c)
         if (n_cl > 1)
             return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
                                    "more than one Content-Length header");
+        /* the checks read one value: a second one must not slip past */
+        if (n_headers(c->mc, "Origin") > 1 || n_headers(c->mc, "Content-Type") > 1)
+            return dsq__send_error(c, DSQ_APIERR_INVALID_REQUEST, NULL,
+                                   "more than one Origin or Content-Type header");
         /* Transfer-Encoding and Content-Length together (RFC 9112
          * 6.3: MHD reads the chunked body, a proxy may use the length):
          * the same smuggling risk; refuse, and close the connection */
@@ -301,6 +305,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc,
     dsq_http_t *h = cls;
     conn_t *c = *con_cls;
     (void)version;
+    /* absolute-form (RFC 9112 3.2.2, what a client talking to a proxy
+     * sends): the route is the path after the authority */
+    if (!strncasecmp(url, "http://", 7) || !strncasecmp(url, "https://", 8)) {
+        const char *path = strchr(url + (url[4] == ':' ? 7 : 8), '/');
+        url = path ? path : "/";
+    }
     if (!c) {
         c = calloc(1, sizeof(*c));
         if (!c)
@@ -387,6 +397,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     dsq_http_t *h = cls;
     conn_t *c = *con_cls;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* a refusal of a request pipelined after this one goes now */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            dsq_http_guard_request_done(ci->connect_fd);
+    }
     if (!c)
         return;
     *con_cls = NULL;
@@ -869,6 +886,12 @@ dsq_http_t *dsq_http_create(const dsq_http_config_t *cfg, dsq_metrics_t *m,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
         MHD_OPTION_THREAD_POOL_SIZE, n_threads,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+        /* room for the largest head the strict reader lets through (16
+         * KiB, 100 fields, 200 query arguments and cookies, each a record
+         * in this pool) beside the answer's buffer; the default 32 KiB ran
+         * out at ~450 cookies and answered in HTML. Pages are committed
+         * as used. */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
         MHD_OPTION_ARRAY, h->cfg.tls_cert_pem ? tls_opts : tls_opts + 2,
         MHD_OPTION_END);
     if (!h->d) {

@@ -47,7 +47,7 @@ enum {
 };
 
 /* which header fields the framing depends on */
-enum { F_OTHER, F_HOST, F_CL, F_TE };
+enum { F_OTHER, F_HOST, F_CL, F_TE, F_COOKIE };
 
 static bool is_tchar(uint8_t c)
 {
@@ -76,12 +76,16 @@ void dsq_http_guard_reset(dsq_http_guard_t *g)
     g->st = G_START;
 }
 
-/* a new request: forget the last one's fields */
+/* a new request: forget the last one's fields (not the call's count of
+ * completed requests) */
 static void next_request(dsq_http_guard_t *g)
 {
-    int st = G_START;
+    size_t boundary = g->boundary;
+    int n_complete = g->n_complete;
     dsq_http_guard_reset(g);
-    g->st = st;
+    g->boundary = boundary;
+    g->n_complete = n_complete;
+    g->just_done = true;
 }
 
 static int hexval(uint8_t c)
@@ -101,7 +105,8 @@ static const char *end_field(dsq_http_guard_t *g, int *status)
         n--;
     g->val[n] = '\0';
     if (g->trailer)
-        return g->field == F_OTHER ? NULL : "a framing field in a chunked trailer";
+        return g->field == F_OTHER || g->field == F_COOKIE ? NULL
+                                                            : "a framing field in a chunked trailer";
     switch (g->field) {
     case F_HOST:
         return ++g->n_host > 1 ? "more than one Host header" : NULL;
@@ -165,10 +170,17 @@ size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n)
 {
     const char *why;
     int status;
+    if (g->st == G_REFUSED)
+        return 0;
+    g->boundary = 0;
+    g->n_complete = 0;
     for (size_t i = 0; i < n; i++) {
         uint8_t c = p[i];
-        if (g->st == G_REFUSED)
-            return 0;
+        if (g->just_done) {      /* byte i - 1 ended a request */
+            g->just_done = false;
+            g->boundary = i;
+            g->n_complete++;
+        }
         if (g->st == G_BODY || g->st == G_CHUNK_DATA) {
             uint64_t take = n - i < g->remaining ? n - i : g->remaining;
             g->remaining -= take;
@@ -225,6 +237,11 @@ size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n)
             }
             if (c <= 0x20 || c >= 0x7f)
                 return refuse(g, 400, "request target has a byte outside visible ASCII", i);
+            if ((c == '?' && !g->in_query) || (c == '&' && g->in_query)) {
+                g->in_query = true;
+                if (++g->n_params > DSQ_GUARD_MAX_PARAMS)
+                    return refuse(g, 414, "more than 200 query arguments", i);
+            }
             break;
         case G_VERSION:
             if (c == '\r') {
@@ -275,7 +292,10 @@ size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n)
                 if (g->name_len < sizeof(g->name)) {
                     g->field = !strcmp(g->name, "host") ? F_HOST
                              : !strcmp(g->name, "content-length") ? F_CL
-                             : !strcmp(g->name, "transfer-encoding") ? F_TE : F_OTHER;
+                             : !strcmp(g->name, "transfer-encoding") ? F_TE
+                             : !strcmp(g->name, "cookie") ? F_COOKIE : F_OTHER;
+                    if (g->field == F_COOKIE && ++g->n_params > DSQ_GUARD_MAX_PARAMS)
+                        return refuse(g, 431, "more than 200 query arguments and cookies", i);
                 }
                 g->st = G_VALUE;
                 break;
@@ -297,6 +317,10 @@ size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n)
                 return refuse(g, 400, "bare LF line end (CRLF needed)", i);
             if (!is_value_byte(c))
                 return refuse(g, 400, "control byte in a header field", i);
+            /* libmicrohttpd splits a Cookie at ; and , */
+            if (g->field == F_COOKIE && (c == ';' || c == ',') &&
+                ++g->n_params > DSQ_GUARD_MAX_PARAMS)
+                return refuse(g, 431, "more than 200 query arguments and cookies", i);
             /* the values framing reads are kept, leading OWS dropped; a
              * Host is only counted */
             if ((g->field == F_CL || g->field == F_TE) &&
@@ -374,6 +398,11 @@ size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n)
             return refuse(g, 400, "malformed request", i);
         }
     }
+    if (g->just_done) {
+        g->just_done = false;
+        g->boundary = n;
+        g->n_complete++;
+    }
     return n;
 }
 
@@ -413,6 +442,10 @@ char *dsq_http_guard_refusal(const dsq_http_guard_t *g, size_t *len)
 typedef struct guard_conn {
     dsq_http_guard_t g;
     bool tls;
+    int fd;
+    void *session;           /* the TLS session, once seen               */
+    int pending;             /* pipelined requests libmicrohttpd answers
+                                before the refusal is sent              */
 } guard_conn_t;
 
 /* attached connections by socket number; sized once to the descriptor
@@ -425,9 +458,11 @@ static atomic_uint_least64_t g_refused;
 typedef ssize_t (*tls_recv_fn)(void *session, void *buf, size_t len);
 typedef ssize_t (*tls_send_fn)(void *session, const void *buf, size_t len);
 typedef int (*tls_fd_fn)(void *session);
+typedef int (*tls_bye_fn)(void *session, int how);
 static tls_recv_fn real_tls_recv;
 static tls_send_fn real_tls_send;
 static tls_fd_fn real_tls_fd;
+static tls_bye_fn real_tls_bye;
 
 static void init_once(void)
 {
@@ -442,18 +477,21 @@ static void init_once(void)
     real_tls_recv = (tls_recv_fn)dlsym(RTLD_NEXT, "gnutls_record_recv");
     real_tls_send = (tls_send_fn)dlsym(RTLD_NEXT, "gnutls_record_send");
     real_tls_fd = (tls_fd_fn)dlsym(RTLD_NEXT, "gnutls_transport_get_int");
+    real_tls_bye = (tls_bye_fn)dlsym(RTLD_NEXT, "gnutls_bye");
 }
 
 bool dsq_http_guard_attach(int fd, bool tls)
 {
     pthread_once(&g_once, init_once);
-    if (fd < 0 || fd >= g_cap || (tls && (!real_tls_recv || !real_tls_send || !real_tls_fd)))
+    if (fd < 0 || fd >= g_cap ||
+        (tls && (!real_tls_recv || !real_tls_send || !real_tls_fd || !real_tls_bye)))
         return false;
-    guard_conn_t *gc = malloc(sizeof(*gc));
+    guard_conn_t *gc = calloc(1, sizeof(*gc));
     if (!gc)
         return false;
     dsq_http_guard_reset(&gc->g);
     gc->tls = tls;
+    gc->fd = fd;
     gc = atomic_exchange(&g_tab[fd], gc);
     free(gc);
     return true;
@@ -480,20 +518,42 @@ static guard_conn_t *lookup(int fd)
 /* The first invalid byte arrived: answer, stop sending, and from now on
  * drop what arrives until the client closes (closing at once with unread
  * bytes would reset the connection and could lose the answer). */
-static void answer_refusal(guard_conn_t *gc, int fd, void *session)
+static void answer_refusal(guard_conn_t *gc)
 {
     size_t len = 0;
     char *resp = dsq_http_guard_refusal(&gc->g, &len);
     atomic_fetch_add(&g_refused, 1);
     if (resp) {
-        if (session)
-            (void)real_tls_send(session, resp, len);
+        if (gc->tls)
+            (void)real_tls_send(gc->session, resp, len);
         else
-            (void)send(fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)send(gc->fd, resp, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         free(resp);
     }
-    if (!session)
-        shutdown(fd, SHUT_WR);
+    if (gc->tls)
+        (void)real_tls_bye(gc->session, 1 /* GNUTLS_SHUT_WR: close_notify */);
+    shutdown(gc->fd, SHUT_WR);
+}
+
+/* Bytes buf[0..r) were read for gc and the reader refused one of them.
+ * Whole requests pipelined before it are passed on (returns their length)
+ * and answered first: the refusal waits for libmicrohttpd to finish
+ * them (dsq_http_guard_request_done). Else the refusal goes now (0). */
+static size_t refuse_after(guard_conn_t *gc)
+{
+    if (gc->g.boundary > 0) {
+        gc->pending = gc->g.n_complete;
+        return gc->g.boundary;
+    }
+    answer_refusal(gc);
+    return 0;
+}
+
+void dsq_http_guard_request_done(int fd)
+{
+    guard_conn_t *gc = lookup(fd);
+    if (gc && gc->pending > 0 && --gc->pending == 0)
+        answer_refusal(gc);
 }
 
 /* libmicrohttpd reads plain sockets with recv(): pass the bytes when they
@@ -505,9 +565,11 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
     if (r <= 0 || (flags & MSG_PEEK) || !(gc = lookup(fd)) || gc->tls)
         return r;
     if (gc->g.st != G_REFUSED) {
+        size_t ok;
         if (dsq_http_guard_feed(&gc->g, buf, (size_t)r) == (size_t)r)
             return r;
-        answer_refusal(gc, fd, NULL);
+        if ((ok = refuse_after(gc)) > 0)
+            return (ssize_t)ok;
     }
     /* drain, so an edge-triggered poller sees the next arrival or the
      * close */
@@ -537,10 +599,13 @@ ssize_t gnutls_record_recv(void *session, void *buf, size_t len)
     guard_conn_t *gc;
     if (r <= 0 || !real_tls_fd || !(gc = lookup(real_tls_fd(session))) || !gc->tls)
         return r;
+    gc->session = session;
     if (gc->g.st != G_REFUSED) {
+        size_t ok;
         if (dsq_http_guard_feed(&gc->g, buf, (size_t)r) == (size_t)r)
             return r;
-        answer_refusal(gc, -1, session);
+        if ((ok = refuse_after(gc)) > 0)
+            return (ssize_t)ok;
     }
     while ((r = real_tls_recv(session, buf, len)) > 0)
         ;

@@ -33,6 +33,9 @@
 #define DSQ_GUARD_MAX_REQUEST_LINE 8192   /* bytes; 414 above            */
 #define DSQ_GUARD_MAX_HEAD 16384          /* bytes of one head; 431 above */
 #define DSQ_GUARD_MAX_FIELDS 100          /* header fields; 431 above    */
+#define DSQ_GUARD_MAX_PARAMS 200          /* query arguments + cookies, which
+                                             libmicrohttpd keeps a record
+                                             of each: 414 / 431 above    */
 #define DSQ_GUARD_MAX_CHUNK_LINE 1024     /* chunk size line; 400 above  */
 
 /* Parse state of one connection: plain data, zeroed by
@@ -51,11 +54,19 @@ typedef struct dsq_http_guard {
     bool trailer;            /* the field lines are a chunked trailer      */
     bool http11;
     uint8_t n_host, n_cl, n_te;
+    bool in_query;           /* the target's bytes are past its '?'        */
+    uint16_t n_params;       /* query arguments and cookies so far         */
     uint64_t cl;             /* Content-Length value                       */
     uint64_t remaining;      /* body or chunk bytes still to pass           */
     int chunk_digits;
     int status;              /* 0 while valid, else the refusal's status   */
     const char *reason;      /* static text of the refusal                 */
+    /* of the last dsq_http_guard_feed call: the offset just past the last
+     * request it completed (0: none) and how many it completed; kept
+     * across requests */
+    size_t boundary;
+    int n_complete;
+    bool just_done;
 } dsq_http_guard_t;
 
 /* Start g at the beginning of a connection. */
@@ -65,7 +76,9 @@ void dsq_http_guard_reset(dsq_http_guard_t *g);
  * all valid so far, else the offset of the first invalid byte, and sets
  * g->status (400, 414, 431, 501 or 505) and g->reason; after that every
  * call returns 0. Bytes of a Content-Length body and chunk data are
- * skipped, not read. */
+ * skipped, not read. g->boundary and g->n_complete then say which whole
+ * requests came before the invalid byte in this call (pipelined ones,
+ * to be answered before the refusal). */
 size_t dsq_http_guard_feed(dsq_http_guard_t *g, const uint8_t *p, size_t n);
 
 /* The refusal of a g with status set, as a whole HTTP/1.1 response (status
@@ -81,6 +94,11 @@ char *dsq_http_guard_refusal(const dsq_http_guard_t *g, size_t *len);
  * thread before its first read; dsq_http_guard_detach before close. */
 bool dsq_http_guard_attach(int fd, bool tls);
 void dsq_http_guard_detach(int fd);
+
+/* libmicrohttpd finished answering a request on fd (its completed
+ * callback): a refusal that waited for the requests pipelined before the
+ * malformed one goes out after the last of them. */
+void dsq_http_guard_request_done(int fd);
 
 /* Requests refused so far (all connections), for tests and the log. */
 uint64_t dsq_http_guard_refused(void);

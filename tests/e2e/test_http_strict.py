@@ -9,6 +9,7 @@ h11 refuses, dsqd refuses; what both should take, both take.
 import json
 import re
 import socket
+import time
 
 import h11
 import pytest
@@ -89,6 +90,12 @@ BAD = [
      b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
     ("bad chunk size",
      b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    # each a record in libmicrohttpd's connection pool, which ran out at
+    # ~450 (an HTML 431 after a doubled head, or no answer at all)
+    ("500 cookies", b"GET /health HTTP/1.1\r\nHost: x\r\nCookie: " + b"; ".join([b"a=1"] * 500)
+     + b"\r\n\r\n", 431),
+    ("500 query arguments", b"GET /health?" + b"&".join([b"a"] * 500) + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+     414),
 ]
 
 
@@ -143,6 +150,49 @@ def test_valid_requests_taken(keyed, name, data, h11_takes):
     st, _, body = parse_one(raw_http(keyed.port, data))
     assert st == 200, (name, body[:300])
     assert json.loads(body)["choices"]
+
+
+def test_largest_head_taken(keyed):
+    """What the reader lets through fits libmicrohttpd's pool: a head of
+    almost 16 KiB holding 100 fields, 150 cookies and 50 query arguments is
+    answered, not refused in HTML."""
+    cookies = b"; ".join(b"c%03d=%s" % (i, b"v" * 70) for i in range(75))
+    fields = b"".join(b"X-F%02d: %s\r\n" % (i, b"w" * 20) for i in range(96))
+    head = (b"GET /health?" + b"&".join([b"q=1"] * 50) + b" HTTP/1.1\r\nHost: x\r\n" +
+            b"Cookie: " + cookies + b"\r\nCookie: " + cookies + b"\r\n" + fields +
+            b"Connection: close\r\n\r\n")
+    assert 10000 < len(head) < 16384, len(head)
+    st, _, body = parse_one(raw_http(keyed.port, head))
+    assert st == 200, body
+
+
+def test_good_request_before_a_bad_one_in_one_send(keyed):
+    """Pipelined in one segment, a good request is answered (first) and the
+    malformed one after it gets the refusal; before, the refusal took the
+    good one's place."""
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    out = raw_http(keyed.port, post_req(auth) + b"GET /health HTTP/1.1\r\n\r\n")
+    first, _, rest = out.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 "), out[:300]
+    n = int(re.search(rb"(?i)content-length: (\d+)", first).group(1))
+    assert json.loads(rest[:n])["choices"]
+    assert "Host header" in assert_refused(rest[n:], 400)
+    # a HEAD answered with its head only, then the refusal
+    out = raw_http(keyed.port, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n\x00junk\r\n\r\n")
+    first, _, rest = out.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 "), out[:300]
+    assert_refused(rest, 400)
+
+
+def test_one_origin_one_content_type_absolute_form(keyed):
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    for dup in (b"Origin: http://x\r\nOrigin: http://evil.example\r\n",
+                b"Content-Type: text/plain\r\n"):
+        st, _, body = parse_one(raw_http(keyed.port, post_req(auth + dup + b"Connection: close\r\n")))
+        assert st == 400 and b"more than one" in body, body
+    st, _, body = parse_one(raw_http(
+        keyed.port, b"GET http://127.0.0.1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+    assert st == 200, body
 
 
 def test_chunked_body_and_pipelined_request(keyed):
@@ -217,8 +267,8 @@ def test_tls_connection_refused_the_same_way(daemon_factory, tmp_path):
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
 
-    def tls_raw_http(data):
-        raw = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+    def tls_exchange(data):
+        raw = socket.create_connection(("127.0.0.1", d.port), timeout=3)
         s = ctx.wrap_socket(raw)
         s.sendall(data)
         out = b""
@@ -233,8 +283,11 @@ def test_tls_connection_refused_the_same_way(daemon_factory, tmp_path):
         s.close()
         return out
 
-    assert_refused(tls_raw_http(b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n"), 400)
-    out = tls_raw_http(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    # refused and closed at once, not at the 3 s read timeout
+    t0 = time.monotonic()
+    assert_refused(tls_exchange(b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n"), 400)
+    assert time.monotonic() - t0 < 2.5
+    out = tls_exchange(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200"), out[:200]
 
 

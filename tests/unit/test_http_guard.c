@@ -165,6 +165,68 @@ static void test_limits(void **state)
     free(s);
 }
 
+/* Query arguments and cookies: libmicrohttpd keeps a record of each in
+ * its connection pool, so their number is bounded too (200). */
+static void test_params(void **state)
+{
+    (void)state;
+    size_t at, cap = 8192;
+    char *s = malloc(cap);
+    assert_non_null(s);
+    for (int many = 200; many <= 201; many++) {
+        int n = snprintf(s, cap, "GET /health?a");
+        for (int i = 1; i < many; i++)
+            n += snprintf(s + n, cap - n, "&a");
+        n += snprintf(s + n, cap - n, " HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_int_equal(feed(s, (size_t)n, &at), many > 200 ? 414 : 0);
+        n = snprintf(s, cap, "GET / HTTP/1.1\r\nHost: x\r\nCookie: a=1");
+        for (int i = 1; i < many; i++)
+            n += snprintf(s + n, cap - n, i % 2 ? "; a=1" : ",a=1");
+        n += snprintf(s + n, cap - n, "\r\n\r\n");
+        assert_int_equal(feed(s, (size_t)n, &at), many > 200 ? 431 : 0);
+    }
+    /* two Cookie fields count together */
+    int n = snprintf(s, cap, "GET /?%s HTTP/1.1\r\nHost: x\r\nCookie: a=1", "a");
+    for (int i = 1; i < 150; i++)
+        n += snprintf(s + n, cap - n, ";a=1");
+    n += snprintf(s + n, cap - n, "\r\nCookie: b=1");
+    for (int i = 1; i < 50; i++)
+        n += snprintf(s + n, cap - n, ";b=1");
+    n += snprintf(s + n, cap - n, "\r\n\r\n");
+    assert_int_equal(feed(s, (size_t)n, &at), 431);
+    free(s);
+}
+
+/* Whole requests before the refused byte, in the same read: the offset
+ * past the last of them and their number, so that they are answered
+ * first; none when the refused request began in an earlier read. */
+static void test_boundary(void **state)
+{
+    (void)state;
+    dsq_http_guard_t g;
+    static const char two[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                              "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"
+                              "GET / HTTP/1.1\r\n\r\n";
+    dsq_http_guard_reset(&g);
+    size_t ok = dsq_http_guard_feed(&g, (const uint8_t *)two, sizeof(two) - 1);
+    assert_int_equal(g.status, 400);
+    assert_int_equal(ok, sizeof(two) - 2);                 /* the last LF */
+    assert_int_equal(g.n_complete, 2);
+    assert_int_equal(g.boundary, strlen("GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                                        "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"));
+    /* the bad request split over two reads: nothing whole before it in
+     * the second */
+    dsq_http_guard_reset(&g);
+    static const char a[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HT";
+    assert_int_equal(dsq_http_guard_feed(&g, (const uint8_t *)a, sizeof(a) - 1), sizeof(a) - 1);
+    assert_int_equal(g.n_complete, 1);
+    static const char b[] = "TP/1.1\r\nX: \x01\r\n\r\n";
+    dsq_http_guard_feed(&g, (const uint8_t *)b, sizeof(b) - 1);
+    assert_int_equal(g.status, 400);
+    assert_int_equal(g.n_complete, 0);
+    assert_int_equal(g.boundary, 0);
+}
+
 /* The refusal is one whole response with the OpenAI error object, and a
  * refused HEAD gets the headers only. */
 static void test_refusal(void **state)
@@ -210,6 +272,8 @@ int main(void)
         cmocka_unit_test(test_takes),
         cmocka_unit_test(test_refuses),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_params),
+        cmocka_unit_test(test_boundary),
         cmocka_unit_test(test_refusal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
