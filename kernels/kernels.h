@@ -113,15 +113,19 @@ typedef enum dsq_act_dtype {
  *   - scales/zeros or sub_scales/sub_zeros/super per dsq_scale_mode_t.
  * DSQ_WFMT_INT4_X8 byte layout: the same nibbles, scales and zeros as
  * DSQ_WFMT_INT4 in the F16 scale mode (group_size 32, 64 or 128; any
- * zp_mode), in the same number of bytes, with the rows taken 8 at a time
- * (n % 8 == 0): for tile t (rows 8t..8t+7) and 32-weight chunk c, 128
- * bytes of qweight at (t * k_pad/32 + c) * 128, where byte 32p + 4r + i
- * (p < 4, r < 8, i < 4) is byte 4p + i of row 8t + r's native chunk c
- * (so its low nibble is weight 4p + i of the chunk, its high nibble weight
- * 16 + 4p + i); scales and zeros fp16 [n/8][groups][8], entry (t, g, r)
- * for row 8t + r. One 32-byte load then holds 4 weights of each of 8 rows,
- * so a SIMD product keeps one row per 32-bit lane and needs no horizontal
- * sum (the idea of llama.cpp's Q4_0_8x8 repacking).
+ * zp_mode) or the SUPER one (group_size 32: Q4_K, IQ4_XS), in the same
+ * number of bytes, with the rows taken 8 at a time (n % 8 == 0): for tile
+ * t (rows 8t..8t+7) and 32-weight chunk c, 128 bytes of qweight at
+ * (t * k_pad/32 + c) * 128, where byte 32p + 4r + i (p < 4, r < 8, i < 4)
+ * is byte 4p + i of row 8t + r's native chunk c (so its low nibble is
+ * weight 4p + i of the chunk, its high nibble weight 16 + 4p + i); scales
+ * and zeros fp16 [n/8][groups][8], entry (t, g, r) for row 8t + r; SUPER:
+ * sub_scales and sub_zeros int8 [n/8][groups][8] the same way, super fp16
+ * [n/8][k/256][2][8], entry (t, b, 0, r) = d and (t, b, 1, r) = dm of row
+ * 8t + r's super-block b. One 32-byte load then holds 4 weights of each
+ * of 8 rows, so a SIMD product keeps one row per 32-bit lane and needs no
+ * horizontal sum (the idea of llama.cpp's Q4_0_8x8 repacking), and the 8
+ * rows' scales of a group are one 8-lane load.
  * DSQ_WFMT_INT8G byte layout: data int8 [n][k_pad] (padding 0), groups of
  * group_size 16 or 32 along k, zp_mode SYM or MIN, scales as for INT4.
  * GGUF sources: Q5_0 -> SYM q-16, F16 s = d; Q5_1 -> MIN, F16 (d, m);
@@ -178,11 +182,12 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
 /* (F16 INT/MIN modes: zeros take the same bytes as scales.) These two only
  * describe the F16 scale mode; dsq_weight_layout describes every layout. */
 
-/* Turn a DSQ_WFMT_INT4 weight (F16 scale mode, group_size 32/64/128,
- * n % 8 == 0) into DSQ_WFMT_INT4_X8 in place: its data, scales and zeros
- * arrays are rewritten (they must be writable memory the caller owns, not
- * a file mapping) and w->format changes; sizes and pointers stay. Tile by
- * tile, with a 8-row scratch of its own (no allocation beyond it).
+/* Turn a DSQ_WFMT_INT4 weight (F16 scale mode with group_size 32/64/128,
+ * or SUPER with group_size 32; n % 8 == 0) into DSQ_WFMT_INT4_X8 in place:
+ * its data and scale arrays are rewritten (they must be writable memory
+ * the caller owns, not a file mapping) and w->format changes; sizes and
+ * pointers stay. Tile by tile, with a 8-row scratch of its own (no
+ * allocation beyond it).
  * Returns 0, DSQ_EINVAL (another format or layout, n % 8 != 0: w is left
  * as it was) or DSQ_ENOMEM. */
 int dsq_weight_interleave_x8(dsq_weight_t *w);
@@ -190,8 +195,8 @@ int dsq_weight_interleave_x8(dsq_weight_t *w);
 /* Whether dsq_cpu_matmul on this CPU runs w faster as DSQ_WFMT_INT4_X8:
  * an INT4 weight that dsq_weight_interleave_x8 accepts, int8 activations
  * (w->act), a codebook-free zp_mode, and an ISA level with an INT4_X8
- * kernel that beats the row layout's (x86 AVX2; AVX-512 keeps its own
- * 512-bit row kernel until the interleaved one is measured there). */
+ * kernel that beats the row layout's (x86 AVX2 and AVX-512 + VNNI; see
+ * docs/benchmarks.md). */
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
 
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),

@@ -64,16 +64,19 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
     const size_t n = (size_t)w->n, kp = (size_t)((w->k + 31) / 32 * 32);
     const int gs = w->group_size;
     if (w->format == DSQ_WFMT_INT4_X8) {
-        /* the F16-mode INT4 layout's arrays, rows regrouped 8 at a time */
-        if (w->n % 8 || w->scale_mode != DSQ_SCALE_F16 || (gs != 32 && gs != 64 && gs != 128))
+        /* the INT4 layout's arrays, rows regrouped 8 at a time */
+        const bool super = w->scale_mode == DSQ_SCALE_SUPER;
+        if (w->n % 8 || (w->scale_mode != DSQ_SCALE_F16 && !super) ||
+            (gs != 32 && gs != 64 && gs != 128) || (super && (gs != 32 || w->k % 256)))
             return DSQ_EINVAL;
         if (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_INT &&
             w->zp_mode != DSQ_ZP_MIN && w->zp_mode != DSQ_ZP_LUT)
             return DSQ_EINVAL;
         b->data = n * kp / 2;
-        b->scales = n * (size_t)((w->k + gs - 1) / gs) * 2;
+        b->scales = n * (size_t)((w->k + gs - 1) / gs) * (super ? 1 : 2);
         b->zeros = w->zp_mode == DSQ_ZP_INT || w->zp_mode == DSQ_ZP_MIN ? b->scales : 0;
-        b->total = b->data + b->scales + b->zeros;
+        b->super = super ? n * (size_t)(w->k / 256) * 4 : 0;
+        b->total = b->data + b->scales + b->zeros + b->super;
         return DSQ_OK;
     }
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
@@ -179,12 +182,18 @@ int dsq_weight_interleave_x8(dsq_weight_t *w)
     dsq_weight_bytes_t b;
     if (dsq_weight_layout(&x, &b) != DSQ_OK)
         return DSQ_EINVAL;
+    const bool super = w->scale_mode == DSQ_SCALE_SUPER;
     const size_t tiles = (size_t)w->n / 8, row_data = b.data / (size_t)w->n,
-                 row_sc = b.scales / (size_t)w->n;
+                 row_sc = b.scales / (size_t)w->n, row_sup = b.super / (size_t)w->n;
+    /* SUPER: int8 sub-scales (unit 1) and fp16 (d, dm) pairs, which go to
+     * [super-block][d or dm][8 rows] (unit 2) */
+    const size_t sc_unit = super ? 1 : 2;
     uint8_t *tmp = malloc(8 * (row_data > row_sc ? row_data : row_sc));
     if (!tmp)
         return DSQ_ENOMEM;
-    uint8_t *data = (uint8_t *)w->data, *sc = (uint8_t *)w->scales, *zr = (uint8_t *)w->zeros;
+    uint8_t *data = (uint8_t *)w->data;
+    uint8_t *sc = super ? (uint8_t *)w->sub_scales : (uint8_t *)w->scales;
+    uint8_t *zr = super ? (uint8_t *)w->sub_zeros : (uint8_t *)w->zeros;
     const size_t chunks = row_data / 16;
     for (size_t t = 0; t < tiles; t++) {
         /* qweight: [8 rows][chunks][4 units of 4 bytes] -> [chunks][4][8 rows][4] */
@@ -194,9 +203,11 @@ int dsq_weight_interleave_x8(dsq_weight_t *w)
             for (size_t p = 0; p < 4; p++)
                 for (size_t r = 0; r < 8; r++)
                     memcpy(td + c * 128 + p * 32 + r * 4, tmp + r * row_data + c * 16 + p * 4, 4);
-        tile_transpose(sc + t * 8 * row_sc, tmp, row_sc, 2);
+        tile_transpose(sc + t * 8 * row_sc, tmp, row_sc, sc_unit);
         if (zr && b.zeros)
-            tile_transpose(zr + t * 8 * row_sc, tmp, row_sc, 2);
+            tile_transpose(zr + t * 8 * row_sc, tmp, row_sc, sc_unit);
+        if (super)
+            tile_transpose((uint8_t *)w->super + t * 8 * row_sup, tmp, row_sup, 2);
     }
     free(tmp);
     w->format = DSQ_WFMT_INT4_X8;

@@ -145,16 +145,20 @@ static inline float dsq__bf2f(uint16_t h)
 static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
                                  int64_t groups, float *s, float *c)
 {
-    const int64_t i = w->format == DSQ_WFMT_INT4_X8 ? ((row / 8) * groups + g) * 8 + row % 8
-                                                    : row * groups + g;
+    const bool x8 = w->format == DSQ_WFMT_INT4_X8;
+    const int64_t i = x8 ? ((row / 8) * groups + g) * 8 + row % 8 : row * groups + g;
     float sg, cg = 0.0f;
     if (w->scale_mode == DSQ_SCALE_SUPER) {
-        const uint16_t *sb = w->super + 2 * (row * (w->k / 256) + g * w->group_size / 256);
+        /* (d, dm): adjacent in a row-major weight, 8 apart in an INT4_X8 one */
+        const int64_t sbs = w->k / 256, b = g * w->group_size / 256;
+        const uint16_t *sb = x8 ? w->super + ((row / 8) * sbs + b) * 16 + row % 8
+                                : w->super + 2 * (row * sbs + b);
+        const int64_t dm = x8 ? 8 : 1;
         sg = dsq__h2f(sb[0]) * (float)w->sub_scales[i];
         if (w->zp_mode == DSQ_ZP_INT)
             cg = -(float)w->sub_zeros[i] * sg;
         else if (w->zp_mode == DSQ_ZP_MIN)
-            cg = dsq__h2f(sb[1]) * (float)w->sub_zeros[i];
+            cg = dsq__h2f(sb[dm]) * (float)w->sub_zeros[i];
     } else {
         sg = dsq__h2f(w->scales[i]);
         if (w->zp_mode == DSQ_ZP_INT)

@@ -242,6 +242,95 @@ static void test_matmul_every_isa(void **state)
     fprintf(stderr, "gguf_quant: matmul checked on %d ISA levels\n", levels);
 }
 
+/* The interleaved CPU layout (INT4_X8) of the k-quant types it takes:
+ * random blocks of 24 rows (3 tiles), their fp16 fields set to finite
+ * scales; after dsq_weight_interleave_x8 every row dequantises to the bits
+ * of the row-major weight (whose values the golden test ties to gguf-py),
+ * every ISA level's product equals the row-major scalar kernel's bit for
+ * bit, and the product is within the FP64 bound of the dequantised W. */
+static void test_interleaved_x8(void **state)
+{
+    (void)state;
+    static const struct { const char *name; int f16[2]; int n_f16; } types[] = {
+        {"Q4_K", {0, 2}, 2}, {"IQ4_XS", {0, 0}, 1},
+    };
+    const char *best = dsq_cpu_isa();
+    const int64_t n = 24, ks[2] = {256, 1024}, m = 7;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+        for (int ki = 0; ki < 2; ki++) {
+            const int64_t k = ks[ki];
+            const dsq_type_t ty = type_of(types[ti].name);
+            const size_t bb = dsq_type_block_bytes(ty), nblk = (size_t)(n * k / 256);
+            uint8_t *bytes = aligned_alloc(64, (nblk * bb + 63) / 64 * 64);
+            for (size_t i = 0; i < nblk * bb; i++)
+                bytes[i] = (uint8_t)((rndf() + 1.0f) * 127.99f);
+            for (size_t b = 0; b < nblk; b++)
+                for (int f = 0; f < types[ti].n_f16; f++) {
+                    /* 2^-10 .. 2^-4 with a random significand */
+                    const uint16_t h = (uint16_t)((5 + (b + (size_t)f) % 7) << 10 |
+                                                  (bytes[b * bb + 4] * 4 + f) % 1024);
+                    memcpy(bytes + b * bb + types[ti].f16[f], &h, 2);
+                }
+            dsq_tensor_t t = {.name = types[ti].name, .type = ty, .n_dims = 2,
+                              .ne = {k, n, 1, 1}, .data = bytes, .n_bytes = nblk * bb};
+            dsq_weight_t w;
+            void *st = NULL;
+            char err[256];
+            assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
+            assert_int_equal(w.scale_mode, DSQ_SCALE_SUPER);
+            dsq_weight_bytes_t before, after;
+            assert_int_equal(dsq_weight_layout(&w, &before), DSQ_OK);
+            float *native = malloc((size_t)(n * k) * sizeof(float));
+            for (int64_t r = 0; r < n; r++)
+                assert_int_equal(dsq_weight_dequant_row(&w, r, native + r * k), DSQ_OK);
+            float *x = malloc((size_t)(m * k) * sizeof(float));
+            float *yref = malloc((size_t)(m * n) * sizeof(float));
+            float *y = malloc((size_t)(m * n) * sizeof(float));
+            for (int64_t i = 0; i < m * k; i++)
+                x[i] = rndf();
+            assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
+            assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
+            assert_int_equal(dsq_weight_interleave_x8(&w), DSQ_OK);
+            assert_int_equal(w.format, DSQ_WFMT_INT4_X8);
+            assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
+            assert_int_equal(after.total, before.total);
+            float *row = malloc((size_t)k * sizeof(float));
+            for (int64_t r = 0; r < n; r++) {
+                assert_int_equal(dsq_weight_dequant_row(&w, r, row), DSQ_OK);
+                assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
+            }
+            for (size_t li = 0; li < sizeof(isas) / sizeof(isas[0]); li++) {
+                if (dsq_cpu_force_isa(isas[li]) != DSQ_OK)
+                    continue;
+                for (int64_t mm = 1; mm <= m; mm += 3) {
+                    memset(y, 0xff, (size_t)(mm * n) * sizeof(float));
+                    assert_int_equal(dsq_cpu_matmul(y, x, mm, &w), DSQ_OK);
+                    for (int64_t e = 0; e < mm * n; e++)
+                        if (memcmp(&y[e], &yref[e], sizeof(float)) != 0)
+                            fail_msg("%s x8 k %lld isa %s m %lld: y[%lld] = %.9g, the "
+                                     "row-major scalar kernel's %.9g", types[ti].name,
+                                     (long long)k, isas[li], (long long)mm, (long long)e,
+                                     y[e], yref[e]);
+                }
+                assert_true(check_matmul(&w, native, 5, DSQ_ACT_INT8) <= 1.0);
+            }
+            assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
+            /* tiles only: a row view must start and end on one */
+            dsq_weight_t v;
+            assert_int_equal(dsq_weight_rows(&w, 8, 16, &v), DSQ_OK);
+            assert_int_equal(dsq_weight_dequant_row(&v, 3, row), DSQ_OK);
+            assert_memory_equal(row, native + 11 * k, (size_t)k * sizeof(float));
+            assert_int_equal(dsq_weight_rows(&w, 4, 8, &v), DSQ_EINVAL);
+            free(row);
+            free(x);
+            free(yref);
+            free(y);
+            free(native);
+            free(st);
+            free(bytes);
+        }
+}
+
 static void test_row_views(void **state)
 {
     (void)state;
@@ -346,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_dequant_exact),
         cmocka_unit_test(test_matmul_every_isa),
         cmocka_unit_test(test_row_views),
+        cmocka_unit_test(test_interleaved_x8),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_nonfinite_scale),
     };
