@@ -34,10 +34,12 @@ typedef enum dsq_wformat {
     DSQ_WFMT_INT4_X8,   /* INT4 with rows interleaved in tiles of 8: the CPU
                            products' layout (see below); made from an INT4
                            weight in place by dsq_weight_interleave_x8      */
+    DSQ_WFMT_INT6_X8,   /* 6-bit q in tiles of 8 rows, GGUF Q6_K's bits (see
+                           below); made from INT8G by dsq_weight_pack_int6_x8 */
 } dsq_wformat_t;
 
 /* Number of dsq_wformat_t values (size of per-format tables). */
-#define DSQ_WFMT_COUNT 8
+#define DSQ_WFMT_COUNT 9
 
 /* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
  * scale s (see dsq_scale_mode_t for where s and z/m are stored):
@@ -126,6 +128,17 @@ typedef enum dsq_act_dtype {
  * of 8 rows, so a SIMD product keeps one row per 32-bit lane and needs no
  * horizontal sum (the idea of llama.cpp's Q4_0_8x8 repacking), and the 8
  * rows' scales of a group are one 8-lane load.
+ * DSQ_WFMT_INT6_X8 byte layout (GGUF Q6_K on the CPU: 6 bits a weight
+ * where INT8G spends 8): q in 0..63, w = (q - 32) * s, SUPER scales with
+ * group_size 16 (zp_mode SYM, k % 256 == 0, n % 8 == 0). Tile t, chunk c:
+ * 192 bytes at (t * k_pad/32 + c) * 192; the first 128 are INT4_X8's
+ * nibbles of q's low 4 bits; byte 128 + 32h + 4r + i (h < 2, r < 8,
+ * i < 4) holds the top 2 bits of four weights of row 8t + r: bits 0-1 of
+ * weight 8h + i, bits 2-3 of 16 + 8h + i, bits 4-5 of 8h + 4 + i, bits
+ * 6-7 of 20 + 8h + i (the weights of nibble loads p = 2h and 2h + 1, low
+ * then high). sub_scales int8 [n/8][groups][8] and super fp16
+ * [n/8][k/256][2][8] as in INT4_X8 (dm unused). 212 bytes per 256
+ * weights of a row against Q6_K's 210.
  * DSQ_WFMT_INT8G byte layout: data int8 [n][k_pad] (padding 0), groups of
  * group_size 16 or 32 along k, zp_mode SYM or MIN, scales as for INT4.
  * GGUF sources: Q5_0 -> SYM q-16, F16 s = d; Q5_1 -> MIN, F16 (d, m);
@@ -192,12 +205,27 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
  * as it was) or DSQ_ENOMEM. */
 int dsq_weight_interleave_x8(dsq_weight_t *w);
 
-/* Whether dsq_cpu_matmul on this CPU runs w faster as DSQ_WFMT_INT4_X8:
- * an INT4 weight that dsq_weight_interleave_x8 accepts, int8 activations
- * (w->act), a codebook-free zp_mode, and an ISA level with an INT4_X8
- * kernel that beats the row layout's (x86 AVX2 and AVX-512 + VNNI; see
- * docs/benchmarks.md). */
+/* A DSQ_WFMT_INT6_X8 copy of an INT8G weight with SUPER scales, group
+ * 16, zp_mode SYM (GGUF Q6_K: q - 32), n % 8 == 0 and every q in
+ * [-32, 31]: *dst gets one new 64-byte aligned block (data | sub_scales |
+ * super), owned by the caller through *storage (free()); src is not
+ * changed. Returns 0, DSQ_EINVAL (another layout, a q out of range: *dst
+ * and *storage untouched) or DSQ_ENOMEM. */
+int dsq_weight_pack_int6_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage);
+
+/* Whether dsq_cpu_matmul on this CPU runs w faster in an interleaved
+ * layout: int8 activations (w->act), an ISA level with the interleaved
+ * kernels (x86 AVX2 and AVX-512 + VNNI; see docs/benchmarks.md), and
+ * either an INT4 weight that dsq_weight_interleave_x8 accepts with a
+ * codebook-free zp_mode (-> INT4_X8), or an INT8G weight of
+ * dsq_weight_pack_int6_x8's layout (-> INT6_X8, if its q fit). */
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
+
+/* The CPU half of dsq_cpu_weight_prefers_x8: whether this CPU has the
+ * interleaved kernels and uses them for activations of dtype act (so
+ * every weight of the layouts above takes them; the memory planner's
+ * question). */
+bool dsq_cpu_has_x8(dsq_act_dtype_t act);
 
 /* Dequantise row `row` (0 <= row < n) of w into out[k] fp32 (caller-owned),
  * with the format's reference formula above (INT4/INT8G: per zp_mode, with

@@ -27,6 +27,7 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_INT4_X8: return un * ((uk + 31) / 32) * 16;
     case DSQ_WFMT_INT8: return un * uk;
     case DSQ_WFMT_INT8G: return un * ((uk + 31) / 32) * 32;
+    case DSQ_WFMT_INT6_X8: return un * ((uk + 31) / 32) * 24;
     }
     return 0;
 }
@@ -79,6 +80,17 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
         b->total = b->data + b->scales + b->zeros + b->super;
         return DSQ_OK;
     }
+    if (w->format == DSQ_WFMT_INT6_X8) {
+        /* GGUF Q6_K's layout only: SUPER, group 16, q - 32 */
+        if (w->n % 8 || w->k % 256 || w->scale_mode != DSQ_SCALE_SUPER || gs != 16 ||
+            w->zp_mode != DSQ_ZP_SYM)
+            return DSQ_EINVAL;
+        b->data = n * kp / 32 * 24;
+        b->scales = n * (size_t)(w->k / 16);
+        b->super = n * (size_t)(w->k / 256) * 4;
+        b->total = b->data + b->scales + b->super;
+        return DSQ_OK;
+    }
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
         if (w->scale_mode != DSQ_SCALE_F16)
             return DSQ_EINVAL;
@@ -124,7 +136,7 @@ int dsq_weight_check(const dsq_weight_t *w)
     if (w->format == DSQ_WFMT_INT8 && !w->scales)
         return DSQ_EINVAL;
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
-        w->format != DSQ_WFMT_INT4_X8)
+        w->format != DSQ_WFMT_INT4_X8 && w->format != DSQ_WFMT_INT6_X8)
         return DSQ_OK;
     if (w->scale_mode == DSQ_SCALE_SUPER)
         return w->sub_scales && w->super && (!b.zeros || w->sub_zeros) ? DSQ_OK
@@ -138,7 +150,7 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
     if (!out || dsq_weight_layout(w, &b) != DSQ_OK || r0 < 0 || n < 1 || r0 + n > w->n)
         return DSQ_EINVAL;
     /* an interleaved weight keeps whole tiles contiguous, not rows */
-    if (w->format == DSQ_WFMT_INT4_X8 && (r0 % 8 || n % 8))
+    if ((w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8) && (r0 % 8 || n % 8))
         return DSQ_EINVAL;
     const size_t rn = (size_t)w->n, o = (size_t)r0;
     dsq_weight_t v = *w;
@@ -211,5 +223,63 @@ int dsq_weight_interleave_x8(dsq_weight_t *w)
     }
     free(tmp);
     w->format = DSQ_WFMT_INT4_X8;
+    return DSQ_OK;
+}
+
+int dsq_weight_pack_int6_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
+{
+    if (!src || !dst || !storage || src->format != DSQ_WFMT_INT8G ||
+        dsq_weight_check(src) != DSQ_OK)
+        return DSQ_EINVAL;
+    dsq_weight_t x = *src;
+    x.format = DSQ_WFMT_INT6_X8;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    const int64_t kp = (src->k + 31) / 32 * 32, nb = kp / 32, groups = src->k / 16,
+                  sbs = src->k / 256;
+    const int8_t *q8 = src->data;
+    for (int64_t i = 0; i < src->n * kp; i++)
+        if (q8[i] < -32 || q8[i] > 31)
+            return DSQ_EINVAL;
+    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64;
+    uint8_t *p = aligned_alloc(64, db + sb + (b.super + 63) / 64 * 64);
+    if (!p)
+        return DSQ_ENOMEM;
+    memset(p + b.data, 0, db + sb + (b.super + 63) / 64 * 64 - b.data);
+    int8_t *ss = (int8_t *)(p + db);
+    uint16_t *sup = (uint16_t *)(p + db + sb);
+    for (int64_t row = 0; row < src->n; row++) {
+        const int64_t t = row / 8, r = row % 8;
+        for (int64_t c = 0; c < nb; c++) {
+            uint8_t *ch = p + (t * nb + c) * 192 + 4 * r, q[32];
+            for (int j = 0; j < 32; j++)
+                q[j] = (uint8_t)(q8[row * kp + c * 32 + j] + 32);
+            /* nibble load pp: low nibbles weights 4pp + i, high 16 + 4pp + i */
+            for (int pp = 0; pp < 4; pp++)
+                for (int i = 0; i < 4; i++)
+                    ch[32 * pp + i] =
+                        (uint8_t)((q[4 * pp + i] & 15) | (q[16 + 4 * pp + i] & 15) << 4);
+            /* top bits, byte h: weights 8h + i, 16 + 8h + i, 8h + 4 + i, 20 + 8h + i */
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 4; i++)
+                    ch[128 + 32 * h + i] =
+                        (uint8_t)(q[8 * h + i] >> 4 | (q[16 + 8 * h + i] >> 4) << 2 |
+                                  (q[8 * h + 4 + i] >> 4) << 4 | (q[20 + 8 * h + i] >> 4) << 6);
+        }
+        for (int64_t g = 0; g < groups; g++)
+            ss[(t * groups + g) * 8 + r] = src->sub_scales[row * groups + g];
+        for (int64_t s = 0; s < sbs; s++) {
+            sup[(t * sbs + s) * 16 + r] = src->super[2 * (row * sbs + s)];
+            sup[(t * sbs + s) * 16 + 8 + r] = src->super[2 * (row * sbs + s) + 1];
+        }
+    }
+    x.data = p;
+    x.scales = x.zeros = NULL;
+    x.sub_scales = ss;
+    x.sub_zeros = NULL;
+    x.super = sup;
+    *dst = x;
+    *storage = p;
     return DSQ_OK;
 }

@@ -88,6 +88,39 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     }
 }
 
+/* INT6_X8 (kernels.h): q in 0..63, group 16 (a 32-chunk's two halves),
+ * c = -32 s. Per chunk: acc += (s0 * d) * dot0, acc += (s1 * d) * dot1,
+ * corr += c0 * gsum0, corr += c1 * gsum1; y = acc + corr. The SIMD
+ * kernels do these fp32 operations in this order. */
+static void tile_int6x8(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                        int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, groups = w->k / 16;
+    uint8_t q[32];
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t r = m0; r < m1; r++) {
+            const int8_t *xr = xq->q + r * kp;
+            const float *gsum = xq->gsum + r * groups;
+            float acc = 0.0f, corr = 0.0f;
+            for (int64_t c = 0; c < nb; c++) {
+                for (int j = 0; j < 32; j++)
+                    q[j] = (uint8_t)dsq__int6_q(w, nb, n, c, j);
+                int32_t dot[2] = {0, 0};
+                for (int j = 0; j < 32; j++)
+                    dot[j / 16] += q[j] * xr[c * 32 + j];
+                float s[2], cg[2];
+                for (int h = 0; h < 2; h++)
+                    dsq__group_sc(w, n, 2 * c + h, groups, &s[h], &cg[h]);
+                const float d = xq->d[r * nb + c];
+                acc += (s[0] * d) * (float)dot[0];
+                acc += (s[1] * d) * (float)dot[1];
+                corr += cg[0] * gsum[2 * c];
+                corr += cg[1] * gsum[2 * c + 1];
+            }
+            y[r * ldy + n] = acc + corr;
+        }
+}
+
 /* INT8G (kernels.h): int8 q per weight, groups of 16 or 32. */
 static void tile_int8g(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                        int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
@@ -195,6 +228,7 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT8] = tile_int8;
     tab[DSQ_WFMT_INT8G] = tile_int8g;
     tab[DSQ_WFMT_INT4_X8] = tile_int4;
+    tab[DSQ_WFMT_INT6_X8] = tile_int6x8;
     tab[DSQ__MM_INT4_GEN] = tile_int4;
 }
 
@@ -333,21 +367,25 @@ static void quantize_any(dsq__xq_t *xq, int64_t r0, int64_t r1)
     quantize_rows(xq, r0, r1);
 }
 
-bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
+bool dsq_cpu_has_x8(dsq_act_dtype_t act)
 {
-    if (!w || w->format != DSQ_WFMT_INT4 || w->act != DSQ_ACT_INT8 ||
-        w->zp_mode == DSQ_ZP_LUT || dsq_weight_check(w) != DSQ_OK)
-        return false;
-    dsq_weight_t x = *w;
-    x.format = DSQ_WFMT_INT4_X8;
-    dsq_weight_bytes_t b;
     const dsq__isa_t isa = dsq__cpu_isa_level();
     /* AVX2, and AVX-512 + VNNI, where the interleaved kernel (vpdpbusd
      * on 256-bit vectors) beats the row layout's 512-bit one by 1.7x in
      * prefill and 1.9x in decode at 6.7B (docs/benchmarks.md, 2026-12-05);
      * NEON has no interleaved kernel yet */
-    return dsq_weight_layout(&x, &b) == DSQ_OK &&
-           (isa == DSQ__ISA_AVX2 || isa == DSQ__ISA_AVX512);
+    return act == DSQ_ACT_INT8 && (isa == DSQ__ISA_AVX2 || isa == DSQ__ISA_AVX512);
+}
+
+bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
+{
+    if (!w || (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) ||
+        w->zp_mode == DSQ_ZP_LUT || dsq_weight_check(w) != DSQ_OK)
+        return false;
+    dsq_weight_t x = *w;
+    x.format = w->format == DSQ_WFMT_INT4 ? DSQ_WFMT_INT4_X8 : DSQ_WFMT_INT6_X8;
+    dsq_weight_bytes_t b;
+    return dsq_weight_layout(&x, &b) == DSQ_OK && dsq_cpu_has_x8(w->act);
 }
 
 /* ----------------------------------------------------------------- driver */
@@ -385,7 +423,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (m == 0)
         return DSQ_OK;
     const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
-    const bool quantised = int4 || w->format == DSQ_WFMT_INT8G ||
+    const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8;
+    const bool quantised = grouped ||
                            w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
     if (w->act == DSQ_ACT_F32 && quantised)
         return dsq__matmul_f32act(y, x, m, w);
@@ -397,7 +436,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (quantised) {
         size_t qb = (size_t)(m * xq.k_pad + 63) / 64 * 64;
         size_t fb = (size_t)(m * xq.nb) * sizeof(float);
-        if (int4 || w->format == DSQ_WFMT_INT8G) {
+        if (grouped) {
             xq.n_groups = (w->k + w->group_size - 1) / w->group_size;
             xq.cpg = w->group_size / 32;        /* 0: group 16 */
         }

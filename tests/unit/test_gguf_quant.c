@@ -242,17 +242,20 @@ static void test_matmul_every_isa(void **state)
     fprintf(stderr, "gguf_quant: matmul checked on %d ISA levels\n", levels);
 }
 
-/* The interleaved CPU layout (INT4_X8) of the k-quant types it takes:
- * random blocks of 24 rows (3 tiles), their fp16 fields set to finite
- * scales; after dsq_weight_interleave_x8 every row dequantises to the bits
- * of the row-major weight (whose values the golden test ties to gguf-py),
- * every ISA level's product equals the row-major scalar kernel's bit for
- * bit, and the product is within the FP64 bound of the dequantised W. */
+/* The interleaved CPU layouts of the k-quant types that have one: Q4_K
+ * and IQ4_XS in INT4_X8 (dsq_weight_interleave_x8, in place), Q6_K in
+ * INT6_X8 (dsq_weight_pack_int6_x8). Random blocks of 24 rows (3 tiles),
+ * their fp16 fields set to finite scales. Every row dequantises to the
+ * bits of the row-major weight (whose values the golden test ties to
+ * gguf-py); every ISA level's product equals the scalar kernel's bit for
+ * bit (INT4_X8: the row-major one's, whose operations it repeats; INT6_X8:
+ * its own scalar kernel's); each is within the FP64 bound of the
+ * dequantised W. */
 static void test_interleaved_x8(void **state)
 {
     (void)state;
     static const struct { const char *name; int f16[2]; int n_f16; } types[] = {
-        {"Q4_K", {0, 2}, 2}, {"IQ4_XS", {0, 0}, 1},
+        {"Q4_K", {0, 2}, 2}, {"IQ4_XS", {0, 0}, 1}, {"Q6_K", {208, 0}, 1},
     };
     const char *best = dsq_cpu_isa();
     const int64_t n = 24, ks[2] = {256, 1024}, m = 7;
@@ -260,6 +263,7 @@ static void test_interleaved_x8(void **state)
         for (int ki = 0; ki < 2; ki++) {
             const int64_t k = ks[ki];
             const dsq_type_t ty = type_of(types[ti].name);
+            const bool six = ty == DSQ_TYPE_Q6_K;
             const size_t bb = dsq_type_block_bytes(ty), nblk = (size_t)(n * k / 256);
             uint8_t *bytes = aligned_alloc(64, (nblk * bb + 63) / 64 * 64);
             for (size_t i = 0; i < nblk * bb; i++)
@@ -273,11 +277,12 @@ static void test_interleaved_x8(void **state)
                 }
             dsq_tensor_t t = {.name = types[ti].name, .type = ty, .n_dims = 2,
                               .ne = {k, n, 1, 1}, .data = bytes, .n_bytes = nblk * bb};
-            dsq_weight_t w;
-            void *st = NULL;
+            dsq_weight_t w, rm;
+            void *st = NULL, *st6 = NULL;
             char err[256];
             assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
             assert_int_equal(w.scale_mode, DSQ_SCALE_SUPER);
+            rm = w;
             dsq_weight_bytes_t before, after;
             assert_int_equal(dsq_weight_layout(&w, &before), DSQ_OK);
             float *native = malloc((size_t)(n * k) * sizeof(float));
@@ -289,11 +294,21 @@ static void test_interleaved_x8(void **state)
             for (int64_t i = 0; i < m * k; i++)
                 x[i] = rndf();
             assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
-            assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
-            assert_int_equal(dsq_weight_interleave_x8(&w), DSQ_OK);
-            assert_int_equal(w.format, DSQ_WFMT_INT4_X8);
-            assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
-            assert_int_equal(after.total, before.total);
+            if (six) {
+                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w, &st6), DSQ_OK);
+                assert_int_equal(w.format, DSQ_WFMT_INT6_X8);
+                assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
+                /* 6 bits a weight, where INT8G spends 8 */
+                assert_int_equal(after.data, (size_t)(n * k) * 6 / 8);
+                assert_int_equal(after.total, before.total - (size_t)(n * k) / 4);
+                assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
+            } else {
+                assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
+                assert_int_equal(dsq_weight_interleave_x8(&w), DSQ_OK);
+                assert_int_equal(w.format, DSQ_WFMT_INT4_X8);
+                assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
+                assert_int_equal(after.total, before.total);
+            }
             float *row = malloc((size_t)k * sizeof(float));
             for (int64_t r = 0; r < n; r++) {
                 assert_int_equal(dsq_weight_dequant_row(&w, r, row), DSQ_OK);
@@ -308,11 +323,12 @@ static void test_interleaved_x8(void **state)
                     for (int64_t e = 0; e < mm * n; e++)
                         if (memcmp(&y[e], &yref[e], sizeof(float)) != 0)
                             fail_msg("%s x8 k %lld isa %s m %lld: y[%lld] = %.9g, the "
-                                     "row-major scalar kernel's %.9g", types[ti].name,
-                                     (long long)k, isas[li], (long long)mm, (long long)e,
-                                     y[e], yref[e]);
+                                     "scalar kernel's %.9g", types[ti].name, (long long)k,
+                                     isas[li], (long long)mm, (long long)e, y[e], yref[e]);
                 }
-                assert_true(check_matmul(&w, native, 5, DSQ_ACT_INT8) <= 1.0);
+                for (int a = 0; a < 2; a++)
+                    assert_true(check_matmul(&w, native, 5, a ? DSQ_ACT_F32 : DSQ_ACT_INT8)
+                                <= 1.0);
             }
             assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
             /* tiles only: a row view must start and end on one */
@@ -321,12 +337,25 @@ static void test_interleaved_x8(void **state)
             assert_int_equal(dsq_weight_dequant_row(&v, 3, row), DSQ_OK);
             assert_memory_equal(row, native + 11 * k, (size_t)k * sizeof(float));
             assert_int_equal(dsq_weight_rows(&w, 4, 8, &v), DSQ_EINVAL);
+            if (six) {
+                /* a q outside Q6_K's range cannot be packed: nothing changes */
+                int8_t *q8 = (int8_t *)rm.data;
+                q8[5 * k + 3] = 32;
+                dsq_weight_t w2 = w;
+                void *st2 = (void *)1;
+                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                assert_ptr_equal(st2, (void *)1);
+                assert_memory_equal(&w2, &w, sizeof(w));
+                rm.n = 20;                                    /* n % 8 */
+                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w2, &st2), DSQ_EINVAL);
+            }
             free(row);
             free(x);
             free(yref);
             free(y);
             free(native);
             free(st);
+            free(st6);
             free(bytes);
         }
 }

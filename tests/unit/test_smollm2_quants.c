@@ -213,8 +213,12 @@ static void check_variant(const char *name, const char *file, const char *golden
     for (int i = 0; i < n_t; i++)
         tv[i] = dsq_model_file_tensor(f, i);
     dsq_plan_opts_t po = {.kv_cache_bytes = 1 << 26};
-    dsq_plan_t plan;
+    dsq_plan_t plan, plan8;
     assert_int_equal(dsq_plan_compute(dsq_model_file_config(f), tv, n_t, &po, &plan, err,
+                                      sizeof(err)), DSQ_OK);
+    /* int8 activations: Q6_K packed to 6 bits where the CPU interleaves */
+    po.host_int6 = dsq_cpu_has_x8(DSQ_ACT_INT8);
+    assert_int_equal(dsq_plan_compute(dsq_model_file_config(f), tv, n_t, &po, &plan8, err,
                                       sizeof(err)), DSQ_OK);
     free(tv);
 
@@ -236,6 +240,7 @@ static void check_variant(const char *name, const char *file, const char *golden
 
     /* int8 activations, FP16 KV vs exact and llama.cpp */
     runner_open(&r, f, DSQ_ACT_INT8, DSQ_KV_F16);
+    assert_int_equal((size_t)plan8.weight_bytes, dsq_model_weight_bytes(r.model));
     run_tokens(&r, g.ids, n, 0, true, lg);
     double ours = 0.0, theirs = 0.0, scale = 0.0;
     int argmax_checked = 0;
@@ -279,9 +284,10 @@ static void check_variant(const char *name, const char *file, const char *golden
         free(last);
     }
     runner_close(&r);
-    print_message("# %-12s weights %zu B (= plan); fp32 path vs exact %.2e of max logit; "
+    print_message("# %-12s weights %zu B, int8 path %zu B (= plans); fp32 path vs exact %.2e of max logit; "
                   "int8 path vs exact %.4f (llama.cpp %.4f, bound %.4f); argmax %d/8, "
-                  "greedy %d stable steps equal\n", name, (size_t)plan.weight_bytes, f32_worst, ours,
+                  "greedy %d stable steps equal\n", name, (size_t)plan.weight_bytes,
+                  (size_t)plan8.weight_bytes, f32_worst, ours,
                   theirs, bound, argmax_checked, greedy_checked);
     if (greedy_bad)
         print_message("# %s: %s\n", name, why);
