@@ -35,11 +35,13 @@ typedef enum dsq_wformat {
                            products' layout (see below); made from an INT4
                            weight in place by dsq_weight_interleave_x8      */
     DSQ_WFMT_INT6_X8,   /* 6-bit q in tiles of 8 rows, GGUF Q6_K's bits (see
-                           below); made from INT8G by dsq_weight_pack_int6_x8 */
+                           below); made from INT8G by dsq_weight_pack_x8    */
+    DSQ_WFMT_Q8_0_X8,   /* Q8_0 blocks in tiles of 8 rows (see below); made
+                           from Q8_0 by dsq_weight_pack_x8                 */
 } dsq_wformat_t;
 
 /* Number of dsq_wformat_t values (size of per-format tables). */
-#define DSQ_WFMT_COUNT 9
+#define DSQ_WFMT_COUNT 10
 
 /* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
  * scale s (see dsq_scale_mode_t for where s and z/m are stored):
@@ -139,6 +141,11 @@ typedef enum dsq_act_dtype {
  * then high). sub_scales int8 [n/8][groups][8] and super fp16
  * [n/8][k/256][2][8] as in INT4_X8 (dm unused). 212 bytes per 256
  * weights of a row against Q6_K's 210.
+ * DSQ_WFMT_Q8_0_X8 byte layout: Q8_0's bytes with the rows taken 8 at a
+ * time (n % 8 == 0, k % 32 == 0): tile t, 32-block c: 272 bytes at
+ * (t * k/32 + c) * 272, the 8 rows' fp16 d first (row 8t + r at 2r), then
+ * byte 16 + 32p + 4r + i (p < 8, i < 4) = q of weight 4p + i of row
+ * 8t + r's block c. w = q * d.
  * DSQ_WFMT_INT8G byte layout: data int8 [n][k_pad] (padding 0), groups of
  * group_size 16 or 32 along k, zp_mode SYM or MIN, scales as for INT4.
  * GGUF sources: Q5_0 -> SYM q-16, F16 s = d; Q5_1 -> MIN, F16 (d, m);
@@ -205,20 +212,23 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
  * as it was) or DSQ_ENOMEM. */
 int dsq_weight_interleave_x8(dsq_weight_t *w);
 
-/* A DSQ_WFMT_INT6_X8 copy of an INT8G weight with SUPER scales, group
- * 16, zp_mode SYM (GGUF Q6_K: q - 32), n % 8 == 0 and every q in
- * [-32, 31]: *dst gets one new 64-byte aligned block (data | sub_scales |
- * super), owned by the caller through *storage (free()); src is not
- * changed. Returns 0, DSQ_EINVAL (another layout, a q out of range: *dst
- * and *storage untouched) or DSQ_ENOMEM. */
-int dsq_weight_pack_int6_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage);
+/* A copy of src in the interleaved layout of its format, in one new
+ * 64-byte aligned block (data | sub_scales | super) that the caller owns
+ * through *storage (free()); src is not changed:
+ *   - INT8G with SUPER scales, group 16, zp_mode SYM and every q in
+ *     [-32, 31] (GGUF Q6_K) -> DSQ_WFMT_INT6_X8;
+ *   - Q8_0 -> DSQ_WFMT_Q8_0_X8.
+ * n % 8 == 0 for both. Returns 0, DSQ_EINVAL (another format or layout,
+ * a q out of range: *dst and *storage untouched) or DSQ_ENOMEM. (INT4
+ * weights are interleaved in place: dsq_weight_interleave_x8.) */
+int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage);
 
 /* Whether dsq_cpu_matmul on this CPU runs w faster in an interleaved
  * layout: int8 activations (w->act), an ISA level with the interleaved
  * kernels (x86 AVX2 and AVX-512 + VNNI; see docs/benchmarks.md), and
  * either an INT4 weight that dsq_weight_interleave_x8 accepts with a
- * codebook-free zp_mode (-> INT4_X8), or an INT8G weight of
- * dsq_weight_pack_int6_x8's layout (-> INT6_X8, if its q fit). */
+ * codebook-free zp_mode (-> INT4_X8), or an INT8G / Q8_0 weight that
+ * dsq_weight_pack_x8 takes (-> INT6_X8 if its q fit, Q8_0_X8). */
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
 
 /* The CPU half of dsq_cpu_weight_prefers_x8: whether this CPU has the

@@ -28,6 +28,7 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_INT8: return un * uk;
     case DSQ_WFMT_INT8G: return un * ((uk + 31) / 32) * 32;
     case DSQ_WFMT_INT6_X8: return un * ((uk + 31) / 32) * 24;
+    case DSQ_WFMT_Q8_0_X8: return un * ((uk + 31) / 32) * 34;
     }
     return 0;
 }
@@ -94,7 +95,9 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
         if (w->scale_mode != DSQ_SCALE_F16)
             return DSQ_EINVAL;
-        if (w->format == DSQ_WFMT_Q8_0 && w->k % 32)
+        if ((w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_Q8_0_X8) && w->k % 32)
+            return DSQ_EINVAL;
+        if (w->format == DSQ_WFMT_Q8_0_X8 && w->n % 8)
             return DSQ_EINVAL;
         b->data = dsq_weight_data_bytes(w->format, w->n, w->k, gs);
         b->scales = dsq_weight_scale_bytes(w->format, w->n, w->k, gs);
@@ -150,7 +153,8 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
     if (!out || dsq_weight_layout(w, &b) != DSQ_OK || r0 < 0 || n < 1 || r0 + n > w->n)
         return DSQ_EINVAL;
     /* an interleaved weight keeps whole tiles contiguous, not rows */
-    if ((w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8) && (r0 % 8 || n % 8))
+    if ((w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8 ||
+         w->format == DSQ_WFMT_Q8_0_X8) && (r0 % 8 || n % 8))
         return DSQ_EINVAL;
     const size_t rn = (size_t)w->n, o = (size_t)r0;
     dsq_weight_t v = *w;
@@ -226,10 +230,44 @@ int dsq_weight_interleave_x8(dsq_weight_t *w)
     return DSQ_OK;
 }
 
-int dsq_weight_pack_int6_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
+/* Q8_0 -> Q8_0_X8 (kernels.h): per tile and block, the 8 rows' d, then
+ * their q in units of 4 bytes, row-minor. */
+static int pack_q8_0_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
 {
-    if (!src || !dst || !storage || src->format != DSQ_WFMT_INT8G ||
-        dsq_weight_check(src) != DSQ_OK)
+    dsq_weight_t x = *src;
+    x.format = DSQ_WFMT_Q8_0_X8;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    uint8_t *p = aligned_alloc(64, (b.data + 63) / 64 * 64);
+    if (!p)
+        return DSQ_ENOMEM;
+    const int64_t nb = src->k / 32;
+    const uint8_t *q = src->data;
+    for (int64_t row = 0; row < src->n; row++) {
+        const int64_t t = row / 8, r = row % 8;
+        for (int64_t c = 0; c < nb; c++) {
+            const uint8_t *blk = q + (row * nb + c) * 34;
+            uint8_t *o = p + (t * nb + c) * 272;
+            memcpy(o + 2 * r, blk, 2);
+            for (int u = 0; u < 8; u++)
+                memcpy(o + 16 + 32 * u + 4 * r, blk + 2 + 4 * u, 4);
+        }
+    }
+    memset(p + b.data, 0, (b.data + 63) / 64 * 64 - b.data);
+    x.data = p;
+    *dst = x;
+    *storage = p;
+    return DSQ_OK;
+}
+
+int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
+{
+    if (!src || !dst || !storage || dsq_weight_check(src) != DSQ_OK)
+        return DSQ_EINVAL;
+    if (src->format == DSQ_WFMT_Q8_0)
+        return pack_q8_0_x8(src, dst, storage);
+    if (src->format != DSQ_WFMT_INT8G)
         return DSQ_EINVAL;
     dsq_weight_t x = *src;
     x.format = DSQ_WFMT_INT6_X8;

@@ -200,20 +200,22 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
     free(perm);
     if (rc == DSQ_OK && opts)
         w->act = opts->activation_dtype;
-    /* On the host, a weight the model owns goes into the CPU products'
-     * interleaved layout when the CPU has a kernel for it: INT4 regrouped
-     * in place (same bytes), Q6_K's INT8G packed to 6 bits a weight (the
-     * 8-bit copy is freed; a weight whose q do not fit stays INT8G). Not
-     * for weights the graph takes row views of, which need whole rows (an
-     * interleaved weight keeps whole tiles of 8). */
-    if (rc == DSQ_OK && storage && !row_views && !(opts && opts->rows_layout) &&
+    /* On the host, a weight goes into the CPU products' interleaved layout
+     * when the CPU has a kernel for it: an INT4 weight the model owns is
+     * regrouped in place (same bytes); Q6_K's INT8G is packed to 6 bits a
+     * weight and Q8_0 (a view of the file) copied into tiles, the source
+     * released (a weight whose q do not fit stays INT8G). Not for weights
+     * the graph takes row views of, which need whole rows (an interleaved
+     * weight keeps whole tiles of 8). */
+    if (rc == DSQ_OK && !row_views && !(opts && opts->rows_layout) &&
         dsq_backend_is_host(m->be) && dsq_cpu_weight_prefers_x8(w)) {
         if (w->format == DSQ_WFMT_INT4) {
-            rc = dsq_weight_interleave_x8(w);
+            if (storage)
+                rc = dsq_weight_interleave_x8(w);
         } else {
             void *packed = NULL;
             dsq_weight_t p;
-            rc = dsq_weight_pack_int6_x8(w, &p, &packed);
+            rc = dsq_weight_pack_x8(w, &p, &packed);
             if (rc == DSQ_OK) {
                 free(storage);
                 storage = packed;

@@ -47,6 +47,21 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
         }
         break;
     }
+    case DSQ_WFMT_Q8_0_X8: {
+        if (dsq_weight_check(w) != DSQ_OK) {
+            rc = DSQ_EINVAL;
+            break;
+        }
+        const int64_t nb = k / 32, r8 = row % 8;
+        const uint8_t *t = (const uint8_t *)w->data + (row / 8) * nb * 272;
+        for (int64_t c = 0; c < nb; c++) {
+            const uint8_t *b = t + c * 272;
+            float d = dsq__h2f((uint16_t)(b[2 * r8] | (b[2 * r8 + 1] << 8)));
+            for (int j = 0; j < 32; j++)
+                out[c * 32 + j] = (float)(int8_t)b[16 + 32 * (j / 4) + 4 * r8 + j % 4] * d;
+        }
+        break;
+    }
     case DSQ_WFMT_INT8: {
         if (!w->scales) {
             rc = DSQ_EINVAL;

@@ -174,6 +174,32 @@ static void tile_q8_0(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     }
 }
 
+/* Q8_0_X8 (kernels.h): tile_q8_0's operations on the interleaved bytes,
+ * so the results are bitwise tile_q8_0's. */
+static void tile_q8_0x8(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                        int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wt = (const uint8_t *)w->data + (n / 8) * nb * 272;
+        const int r8 = (int)(n % 8);
+        for (int64_t r = m0; r < m1; r++) {
+            const int8_t *xr = xq->q + r * kp;
+            const float *d = xq->d + r * nb;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < nb; c++) {
+                const uint8_t *b = wt + c * 272;
+                uint16_t dh = (uint16_t)(b[2 * r8] | (b[2 * r8 + 1] << 8));
+                int32_t dot = 0;
+                for (int j = 0; j < 32; j++)
+                    dot += (int8_t)b[16 + 32 * (j / 4) + 4 * r8 + j % 4] * xr[c * 32 + j];
+                acc += (dsq__h2f(dh) * d[c]) * (float)dot;
+            }
+            y[r * ldy + n] = acc;
+        }
+    }
+}
+
 static void tile_int8(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                       int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
 {
@@ -229,6 +255,7 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT8G] = tile_int8g;
     tab[DSQ_WFMT_INT4_X8] = tile_int4;
     tab[DSQ_WFMT_INT6_X8] = tile_int6x8;
+    tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8;
     tab[DSQ__MM_INT4_GEN] = tile_int4;
 }
 
@@ -379,11 +406,14 @@ bool dsq_cpu_has_x8(dsq_act_dtype_t act)
 
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
 {
-    if (!w || (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) ||
+    if (!w || (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
+               w->format != DSQ_WFMT_Q8_0) ||
         w->zp_mode == DSQ_ZP_LUT || dsq_weight_check(w) != DSQ_OK)
         return false;
     dsq_weight_t x = *w;
-    x.format = w->format == DSQ_WFMT_INT4 ? DSQ_WFMT_INT4_X8 : DSQ_WFMT_INT6_X8;
+    x.format = w->format == DSQ_WFMT_INT4    ? DSQ_WFMT_INT4_X8
+               : w->format == DSQ_WFMT_INT8G ? DSQ_WFMT_INT6_X8
+                                             : DSQ_WFMT_Q8_0_X8;
     dsq_weight_bytes_t b;
     return dsq_weight_layout(&x, &b) == DSQ_OK && dsq_cpu_has_x8(w->act);
 }
@@ -424,7 +454,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         return DSQ_OK;
     const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
     const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8;
-    const bool quantised = grouped ||
+    const bool quantised = grouped || w->format == DSQ_WFMT_Q8_0_X8 ||
                            w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
     if (w->act == DSQ_ACT_F32 && quantised)
         return dsq__matmul_f32act(y, x, m, w);

@@ -114,6 +114,7 @@ static inline built_t build_weights(uint64_t *rng, dsq_wformat_t f, dsq_zp_mode_
     case DSQ_WFMT_INT8G:   /* built from GGUF blocks: tests/unit/test_gguf_quant.c */
     case DSQ_WFMT_INT4_X8: /* made from INT4 by dsq_weight_interleave_x8 */
     case DSQ_WFMT_INT6_X8: /* made from Q6_K's INT8G: test_gguf_quant.c */
+    case DSQ_WFMT_Q8_0_X8: /* made from Q8_0 by dsq_weight_pack_x8 */
         break;
     case DSQ_WFMT_INT4: {
         b.w.group_size = gs;

@@ -244,7 +244,7 @@ static void test_matmul_every_isa(void **state)
 
 /* The interleaved CPU layouts of the k-quant types that have one: Q4_K
  * and IQ4_XS in INT4_X8 (dsq_weight_interleave_x8, in place), Q6_K in
- * INT6_X8 (dsq_weight_pack_int6_x8). Random blocks of 24 rows (3 tiles),
+ * INT6_X8 (dsq_weight_pack_x8). Random blocks of 24 rows (3 tiles),
  * their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
@@ -295,7 +295,7 @@ static void test_interleaved_x8(void **state)
                 x[i] = rndf();
             assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
             if (six) {
-                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w, &st6), DSQ_OK);
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
                 assert_int_equal(w.format, DSQ_WFMT_INT6_X8);
                 assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
                 /* 6 bits a weight, where INT8G spends 8 */
@@ -343,11 +343,11 @@ static void test_interleaved_x8(void **state)
                 q8[5 * k + 3] = 32;
                 dsq_weight_t w2 = w;
                 void *st2 = (void *)1;
-                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w2, &st2), DSQ_EINVAL);
                 assert_ptr_equal(st2, (void *)1);
                 assert_memory_equal(&w2, &w, sizeof(w));
                 rm.n = 20;                                    /* n % 8 */
-                assert_int_equal(dsq_weight_pack_int6_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w2, &st2), DSQ_EINVAL);
             }
             free(row);
             free(x);

@@ -50,7 +50,8 @@ static void check(const built_t *b, int64_t m, double *max_abs, double *max_rel)
 {
     const int64_t n = b->w.n, k = b->w.k, nb = (k + 31) / 32;
     const bool quant = b->w.format == DSQ_WFMT_INT4 || b->w.format == DSQ_WFMT_Q8_0 ||
-                       b->w.format == DSQ_WFMT_INT8 || b->w.format == DSQ_WFMT_INT4_X8;
+                       b->w.format == DSQ_WFMT_INT8 || b->w.format == DSQ_WFMT_INT4_X8 ||
+                       b->w.format == DSQ_WFMT_Q8_0_X8;
     float *x = malloc((size_t)(m * k) * 4);
     for (int64_t i = 0; i < m * k; i++)
         x[i] = rndf(-1, 1) * (i % 17 == 0 ? 4.0f : 1.0f);
@@ -216,6 +217,80 @@ static void test_q8_0(void **state)
     run_format(DSQ_WFMT_Q8_0, 0, 32, 20, 96, 1);
 }
 
+/* Q8_0_X8 (8 rows interleaved, dsq_weight_pack_x8): every ISA level's
+ * product is bitwise the row-major scalar kernel's (same fp32 operations),
+ * rows dequantise to the row-major ones, and the FP64 check holds. */
+static void test_q8_0_x8(void **state)
+{
+    (void)state;
+    const int64_t shapes[3][2] = {{8, 32}, {24, 576}, {16, 4096}};
+    for (int s = 0; s < 3; s++) {
+        const int64_t n = shapes[s][0], k = shapes[s][1];
+        built_t b = build(DSQ_WFMT_Q8_0, 0, 32, n, k, s == 1);
+        float *native = malloc((size_t)(n * k) * sizeof(float));
+        float *row = malloc((size_t)k * sizeof(float));
+        for (int64_t r = 0; r < n; r++)
+            assert_int_equal(dsq_weight_dequant_row(&b.w, r, native + r * k), DSQ_OK);
+        float *xs = malloc((size_t)(9 * k) * sizeof(float));
+        float *yref = malloc((size_t)(9 * n) * sizeof(float));
+        float *y = malloc((size_t)(9 * n) * sizeof(float));
+        for (int64_t i = 0; i < 9 * k; i++)
+            xs[i] = rndf(-1, 1);
+        if (!best_isa)
+            best_isa = dsq_cpu_isa();
+        assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
+        assert_int_equal(dsq_cpu_matmul(yref, xs, 9, &b.w), DSQ_OK);
+        dsq_weight_t rm = b.w, x8;
+        void *st = NULL;
+        assert_int_equal(dsq_weight_pack_x8(&rm, &x8, &st), DSQ_OK);
+        assert_int_equal(x8.format, DSQ_WFMT_Q8_0_X8);
+        b.w = x8;
+        for (int i = 0; i < N_ISAS; i++) {
+            if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
+                continue;
+            for (int64_t mm = 1; mm <= 9; mm += 4) {
+                memset(y, 0xff, (size_t)(mm * n) * sizeof(float));
+                assert_int_equal(dsq_cpu_matmul(y, xs, mm, &b.w), DSQ_OK);
+                for (int64_t e = 0; e < mm * n; e++)
+                    if (memcmp(&y[e], &yref[e], sizeof(float)) != 0)
+                        fail_msg("Q8_0_X8 isa %s n %lld k %lld m %lld: y[%lld] = %.9g, the "
+                                 "row-major scalar kernel's %.9g", isas[i], (long long)n,
+                                 (long long)k, (long long)mm, (long long)e, y[e], yref[e]);
+            }
+        }
+        assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+        for (int64_t r = 0; r < n; r++) {
+            assert_int_equal(dsq_weight_dequant_row(&b.w, r, row), DSQ_OK);
+            assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
+        }
+        double ma = 0.0, mr = 0.0;
+        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+            check(&b, ms[i], &ma, &mr);
+        printf("# Q8_0_X8 n %3lld k %4lld: max abs err %.3g, max err/tolerance %.3g\n",
+               (long long)n, (long long)k, ma, mr);
+        b.w = rm;
+        free(st);
+        free(xs);
+        free(yref);
+        free(y);
+        free(native);
+        free(row);
+        free_built(&b);
+    }
+    /* n % 8, or a format without an interleaved twin: refused, untouched */
+    built_t b = build(DSQ_WFMT_Q8_0, 0, 32, 20, 64, 0);
+    dsq_weight_t out;
+    memset(&out, 0x5a, sizeof(out));
+    void *st = (void *)1;
+    assert_int_equal(dsq_weight_pack_x8(&b.w, &out, &st), DSQ_EINVAL);
+    assert_ptr_equal(st, (void *)1);
+    free_built(&b);
+    b = build(DSQ_WFMT_INT8, 0, 0, 8, 64, 0);
+    assert_int_equal(dsq_weight_pack_x8(&b.w, &out, &st), DSQ_EINVAL);
+    assert_int_equal(dsq_weight_pack_x8(NULL, &out, &st), DSQ_EINVAL);
+    free_built(&b);
+}
+
 static void test_int8(void **state)
 {
     (void)state;
@@ -339,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_int4),
         cmocka_unit_test(test_int4_x8),
         cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q8_0_x8),
         cmocka_unit_test(test_int8),
         cmocka_unit_test(test_float),
         cmocka_unit_test(test_real_model),
