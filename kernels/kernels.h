@@ -38,10 +38,13 @@ typedef enum dsq_wformat {
                            below); made from INT8G by dsq_weight_pack_x8    */
     DSQ_WFMT_Q8_0_X8,   /* Q8_0 blocks in tiles of 8 rows (see below); made
                            from Q8_0 by dsq_weight_pack_x8                 */
+    DSQ_WFMT_INT5_X8,   /* 5-bit q in tiles of 8 rows, GGUF Q5_0/Q5_1/Q5_K's
+                           bits (see below); made from INT8G by
+                           dsq_weight_pack_x8                              */
 } dsq_wformat_t;
 
 /* Number of dsq_wformat_t values (size of per-format tables). */
-#define DSQ_WFMT_COUNT 10
+#define DSQ_WFMT_COUNT 11
 
 /* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
  * scale s (see dsq_scale_mode_t for where s and z/m are stored):
@@ -141,6 +144,14 @@ typedef enum dsq_act_dtype {
  * then high). sub_scales int8 [n/8][groups][8] and super fp16
  * [n/8][k/256][2][8] as in INT4_X8 (dm unused). 212 bytes per 256
  * weights of a row against Q6_K's 210.
+ * DSQ_WFMT_INT5_X8 byte layout (GGUF Q5_0, Q5_1, Q5_K on the CPU): q in
+ * 0..31, group_size 32, zp_mode SYM (w = (q - 16) * s) or MIN (w = q*s +
+ * m), scales and zeros exactly as INT4_X8's (F16 or SUPER mode; n % 8 ==
+ * 0). Tile t, chunk c: 160 bytes at (t * k_pad/32 + c) * 160: INT4_X8's
+ * 128 bytes of q's low 4 bits, then 32 bytes of top bits: byte 128 +
+ * 4r + i (r < 8, i < 4), bit 2p (p < 4) = bit 4 of weight 4p + i of row
+ * 8t + r, bit 2p + 1 = of weight 16 + 4p + i. 20 bytes per 32 weights of
+ * a row besides the scales: Q5_0 and Q5_1's own size, Q5_K + 2.3 %.
  * DSQ_WFMT_Q8_0_X8 byte layout: Q8_0's bytes with the rows taken 8 at a
  * time (n % 8 == 0, k % 32 == 0): tile t, 32-block c: 272 bytes at
  * (t * k/32 + c) * 272, the 8 rows' fp16 d first (row 8t + r at 2r), then
@@ -217,18 +228,26 @@ int dsq_weight_interleave_x8(dsq_weight_t *w);
  * through *storage (free()); src is not changed:
  *   - INT8G with SUPER scales, group 16, zp_mode SYM and every q in
  *     [-32, 31] (GGUF Q6_K) -> DSQ_WFMT_INT6_X8;
+ *   - INT8G with group 32, zp_mode SYM (q in [-16, 15]) or MIN (q in
+ *     [0, 31]) (GGUF Q5_0, Q5_1, Q5_K) -> DSQ_WFMT_INT5_X8;
  *   - Q8_0 -> DSQ_WFMT_Q8_0_X8.
- * n % 8 == 0 for both. Returns 0, DSQ_EINVAL (another format or layout,
+ * n % 8 == 0 for all. Returns 0, DSQ_EINVAL (another format or layout,
  * a q out of range: *dst and *storage untouched) or DSQ_ENOMEM. (INT4
  * weights are interleaved in place: dsq_weight_interleave_x8.) */
 int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage);
 
+/* The interleaved twin of w's layout: *out = *w with the format
+ * dsq_weight_interleave_x8 / dsq_weight_pack_x8 would give it (INT4 ->
+ * INT4_X8, INT8G -> INT6_X8 or INT5_X8, Q8_0 -> Q8_0_X8; pointers are
+ * not touched, so only its layout means anything). Returns 0, or
+ * DSQ_EINVAL where w has none (other formats, n % 8 != 0, ...). */
+int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out);
+
 /* Whether dsq_cpu_matmul on this CPU runs w faster in an interleaved
  * layout: int8 activations (w->act), an ISA level with the interleaved
  * kernels (x86 AVX2 and AVX-512 + VNNI; see docs/benchmarks.md), and
- * either an INT4 weight that dsq_weight_interleave_x8 accepts with a
- * codebook-free zp_mode (-> INT4_X8), or an INT8G / Q8_0 weight that
- * dsq_weight_pack_x8 takes (-> INT6_X8 if its q fit, Q8_0_X8). */
+ * a valid weight with an interleaved twin (dsq_weight_x8_twin) and a
+ * codebook-free zp_mode. */
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w);
 
 /* The CPU half of dsq_cpu_weight_prefers_x8: whether this CPU has the

@@ -29,6 +29,7 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_INT8G: return un * ((uk + 31) / 32) * 32;
     case DSQ_WFMT_INT6_X8: return un * ((uk + 31) / 32) * 24;
     case DSQ_WFMT_Q8_0_X8: return un * ((uk + 31) / 32) * 34;
+    case DSQ_WFMT_INT5_X8: return un * ((uk + 31) / 32) * 20;
     }
     return 0;
 }
@@ -65,16 +66,20 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
     memset(b, 0, sizeof(*b));
     const size_t n = (size_t)w->n, kp = (size_t)((w->k + 31) / 32 * 32);
     const int gs = w->group_size;
-    if (w->format == DSQ_WFMT_INT4_X8) {
-        /* the INT4 layout's arrays, rows regrouped 8 at a time */
+    if (w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT5_X8) {
+        /* the INT4 layout's arrays, rows regrouped 8 at a time (INT5: plus
+         * a plane of top bits; group 32, SYM or MIN, as the Q5 types) */
         const bool super = w->scale_mode == DSQ_SCALE_SUPER;
+        const bool five = w->format == DSQ_WFMT_INT5_X8;
         if (w->n % 8 || (w->scale_mode != DSQ_SCALE_F16 && !super) ||
             (gs != 32 && gs != 64 && gs != 128) || (super && (gs != 32 || w->k % 256)))
             return DSQ_EINVAL;
         if (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_INT &&
             w->zp_mode != DSQ_ZP_MIN && w->zp_mode != DSQ_ZP_LUT)
             return DSQ_EINVAL;
-        b->data = n * kp / 2;
+        if (five && (gs != 32 || (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_MIN)))
+            return DSQ_EINVAL;
+        b->data = five ? n * kp / 32 * 20 : n * kp / 2;
         b->scales = n * (size_t)((w->k + gs - 1) / gs) * (super ? 1 : 2);
         b->zeros = w->zp_mode == DSQ_ZP_INT || w->zp_mode == DSQ_ZP_MIN ? b->scales : 0;
         b->super = super ? n * (size_t)(w->k / 256) * 4 : 0;
@@ -139,7 +144,8 @@ int dsq_weight_check(const dsq_weight_t *w)
     if (w->format == DSQ_WFMT_INT8 && !w->scales)
         return DSQ_EINVAL;
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
-        w->format != DSQ_WFMT_INT4_X8 && w->format != DSQ_WFMT_INT6_X8)
+        w->format != DSQ_WFMT_INT4_X8 && w->format != DSQ_WFMT_INT6_X8 &&
+        w->format != DSQ_WFMT_INT5_X8)
         return DSQ_OK;
     if (w->scale_mode == DSQ_SCALE_SUPER)
         return w->sub_scales && w->super && (!b.zeros || w->sub_zeros) ? DSQ_OK
@@ -154,7 +160,7 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
         return DSQ_EINVAL;
     /* an interleaved weight keeps whole tiles contiguous, not rows */
     if ((w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8 ||
-         w->format == DSQ_WFMT_Q8_0_X8) && (r0 % 8 || n % 8))
+         w->format == DSQ_WFMT_Q8_0_X8 || w->format == DSQ_WFMT_INT5_X8) && (r0 % 8 || n % 8))
         return DSQ_EINVAL;
     const size_t rn = (size_t)w->n, o = (size_t)r0;
     dsq_weight_t v = *w;
@@ -261,16 +267,113 @@ static int pack_q8_0_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **stora
     return DSQ_OK;
 }
 
+int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out)
+{
+    dsq_weight_bytes_t b;
+    if (!w || !out || dsq_weight_layout(w, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    dsq_weight_t x = *w;
+    switch (w->format) {
+    case DSQ_WFMT_INT4: x.format = DSQ_WFMT_INT4_X8; break;
+    case DSQ_WFMT_INT8G:
+        x.format = w->group_size == 16 ? DSQ_WFMT_INT6_X8 : DSQ_WFMT_INT5_X8;
+        break;
+    case DSQ_WFMT_Q8_0: x.format = DSQ_WFMT_Q8_0_X8; break;
+    default: return DSQ_EINVAL;
+    }
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    *out = x;
+    return DSQ_OK;
+}
+
+/* INT8G (group 32, SYM or MIN) -> INT5_X8 (kernels.h): q made 0..31 (SYM:
+ * + 16), nibbles as INT4_X8's, top bits in the plane after them; the
+ * scale arrays regrouped as INT4_X8's. */
+static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **storage,
+                        dsq_weight_t *dst)
+{
+    dsq_weight_t x = *x0;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    const int64_t kp = (src->k + 31) / 32 * 32, nb = kp / 32;
+    const int off = src->zp_mode == DSQ_ZP_SYM ? 16 : 0;
+    const int8_t *q8 = src->data;
+    for (int64_t i = 0; i < src->n * kp; i++)
+        if (q8[i] + off < 0 || q8[i] + off > 31)
+            return DSQ_EINVAL;
+    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
+                 zb = (b.zeros + 63) / 64 * 64, pb = (b.super + 63) / 64 * 64;
+    uint8_t *p = aligned_alloc(64, db + sb + zb + pb > 0 ? db + sb + zb + pb : 64);
+    if (!p)
+        return DSQ_ENOMEM;
+    memset(p + b.data, 0, db + sb + zb + pb - b.data);
+    const bool super = src->scale_mode == DSQ_SCALE_SUPER;
+    const size_t unit = super ? 1 : 2;
+    const uint8_t *ssrc = super ? (const uint8_t *)src->sub_scales : (const uint8_t *)src->scales;
+    const uint8_t *zsrc = super ? (const uint8_t *)src->sub_zeros : (const uint8_t *)src->zeros;
+    const int64_t groups = (src->k + 31) / 32, sbs = src->k / 256;
+    for (int64_t row = 0; row < src->n; row++) {
+        const int64_t t = row / 8, r = row % 8;
+        for (int64_t c = 0; c < nb; c++) {
+            uint8_t *ch = p + (t * nb + c) * 160 + 4 * r, q[32];
+            for (int j = 0; j < 32; j++)
+                q[j] = (uint8_t)(q8[row * kp + c * 32 + j] + off);
+            for (int pp = 0; pp < 4; pp++)
+                for (int i = 0; i < 4; i++)
+                    ch[32 * pp + i] =
+                        (uint8_t)((q[4 * pp + i] & 15) | (q[16 + 4 * pp + i] & 15) << 4);
+            for (int i = 0; i < 4; i++) {
+                unsigned top = 0;
+                for (int pp = 0; pp < 4; pp++)
+                    top |= (unsigned)(q[4 * pp + i] >> 4) << (2 * pp) |
+                           (unsigned)(q[16 + 4 * pp + i] >> 4) << (2 * pp + 1);
+                ch[128 + i] = (uint8_t)top;
+            }
+        }
+        for (int64_t g = 0; g < groups; g++) {
+            memcpy(p + db + ((t * groups + g) * 8 + r) * unit, ssrc + (row * groups + g) * unit,
+                   unit);
+            if (b.zeros)
+                memcpy(p + db + sb + ((t * groups + g) * 8 + r) * unit,
+                       zsrc + (row * groups + g) * unit, unit);
+        }
+        for (int64_t s2 = 0; super && s2 < sbs; s2++) {
+            uint16_t *sup = (uint16_t *)(p + db + sb + zb);
+            sup[(t * sbs + s2) * 16 + r] = src->super[2 * (row * sbs + s2)];
+            sup[(t * sbs + s2) * 16 + 8 + r] = src->super[2 * (row * sbs + s2) + 1];
+        }
+    }
+    x.data = p;
+    x.scales = x.zeros = NULL;
+    x.sub_scales = x.sub_zeros = NULL;
+    x.super = NULL;
+    if (super) {
+        x.sub_scales = (const int8_t *)(p + db);
+        x.sub_zeros = b.zeros ? (const int8_t *)(p + db + sb) : NULL;
+        x.super = (const uint16_t *)(p + db + sb + zb);
+    } else {
+        x.scales = (const uint16_t *)(p + db);
+        x.zeros = b.zeros ? (const uint16_t *)(p + db + sb) : NULL;
+    }
+    *dst = x;
+    *storage = p;
+    return DSQ_OK;
+}
+
 int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
 {
-    if (!src || !dst || !storage || dsq_weight_check(src) != DSQ_OK)
+    dsq_weight_t x;
+    if (!src || !dst || !storage || dsq_weight_check(src) != DSQ_OK ||
+        dsq_weight_x8_twin(src, &x) != DSQ_OK)
         return DSQ_EINVAL;
-    if (src->format == DSQ_WFMT_Q8_0)
+    if (x.format == DSQ_WFMT_Q8_0_X8)
         return pack_q8_0_x8(src, dst, storage);
-    if (src->format != DSQ_WFMT_INT8G)
+    if (x.format == DSQ_WFMT_INT5_X8)
+        return pack_int5_x8(src, &x, storage, dst);
+    if (x.format != DSQ_WFMT_INT6_X8)
         return DSQ_EINVAL;
-    dsq_weight_t x = *src;
-    x.format = DSQ_WFMT_INT6_X8;
     dsq_weight_bytes_t b;
     if (dsq_weight_layout(&x, &b) != DSQ_OK)
         return DSQ_EINVAL;

@@ -142,14 +142,28 @@ bool dsq_quant_gguf_readable(dsq_type_t type)
     return gguf_native(type, &w) == DSQ_OK;
 }
 
+int dsq_quant_gguf_layout(dsq_type_t type, int64_t n, int64_t k, dsq_weight_t *w)
+{
+    dsq_weight_bytes_t b;
+    if (!w)
+        return DSQ_EINVAL;
+    memset(w, 0, sizeof(*w));
+    w->n = n;
+    w->k = k;
+    int rc = gguf_native(type, w);
+    if (rc != DSQ_OK)
+        return rc;
+    return dsq_weight_layout(w, &b) == DSQ_OK ? DSQ_OK : DSQ_EINVAL;
+}
+
 int dsq_quant_gguf_bytes(dsq_type_t type, int64_t n, int64_t k, size_t *bytes)
 {
-    dsq_weight_t w = {.n = n, .k = k};
+    dsq_weight_t w;
     dsq_weight_bytes_t b;
     if (!bytes)
         return DSQ_EINVAL;
     *bytes = 0;
-    int rc = gguf_native(type, &w);
+    int rc = dsq_quant_gguf_layout(type, n, k, &w);
     if (rc != DSQ_OK)
         return rc;
     if (dsq_weight_layout(&w, &b) != DSQ_OK)

@@ -61,6 +61,12 @@ bool dsq_quant_gguf_readable(dsq_type_t type);
  * whole blocks) or DSQ_EUNSUPPORTED (type not read). */
 int dsq_quant_gguf_bytes(dsq_type_t type, int64_t n, int64_t k, size_t *bytes);
 
+/* The native layout dsq_quant_from_gguf gives an [n, k] tensor of this
+ * type: *w's format, n, k, group_size, zp_mode and scale_mode (pointers
+ * NULL), for dsq_weight_layout / dsq_weight_x8_twin. Returns 0,
+ * DSQ_EINVAL or DSQ_EUNSUPPORTED as dsq_quant_gguf_bytes. */
+int dsq_quant_gguf_layout(dsq_type_t type, int64_t n, int64_t k, dsq_weight_t *w);
+
 /* AutoAWQ "GEMM" packing (AutoAWQ WQLinear_GEMM; dequant as in vLLM's
  * awq_dequantize): W[c][r] = (q - z) * s, 4-bit, group g along k.
  *   qweight: int32 [k][n/8]; int32 j of row r packs columns 8j..8j+7, column

@@ -129,9 +129,9 @@ static int device_budget(dsq_backend_t *be, const dsq_engine_opts_t *opts,
     return DSQ_OK;
 }
 
-/* Whether the model load packs Q6_K weights into INT6_X8 on this backend
- * (model_weights.c; the planner counts those bytes). */
-static bool host_packs_int6(const dsq_engine_opts_t *opts, dsq_backend_t *be)
+/* Whether the model load moves weights into their interleaved twins on
+ * this backend (model_weights.c): the planner counts the twins' bytes. */
+static bool host_interleaves(const dsq_engine_opts_t *opts, dsq_backend_t *be)
 {
     return dsq_backend_is_host(be) &&
            dsq_cpu_has_x8(opts->activation_dtype == DSQ_ENGINE_ACT_F32 ? DSQ_ACT_F32
@@ -202,7 +202,7 @@ static int plan_memory(dsq_engine_t *e, const dsq_engine_opts_t *opts, dsq_plan_
     dsq_plan_opts_t po;
     plan_opts_from(opts, &po);
     po.kv_dtype = *kvt;
-    po.host_int6 = host_packs_int6(opts, e->be);
+    po.host_x8 = host_interleaves(opts, e->be);
     if (device && (rc = device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto free_tv;
     rc = dsq_plan_compute(fc, tv, n_t, &po, plan, err, err_len);
@@ -455,7 +455,7 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
         goto done;
     }
     po.kv_dtype = kv_dtype_for(opts, f, !dsq_backend_is_host(be));
-    po.host_int6 = host_packs_int6(opts, be);
+    po.host_x8 = host_interleaves(opts, be);
     if (!dsq_backend_is_host(be) &&
         (rc = device_budget(be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto done;

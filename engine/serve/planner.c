@@ -160,12 +160,12 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
          * bytes dsq_quant_from_gguf allocates, or what the host's 6-bit
          * packing of Q6_K keeps (model_weights.c, kernels.h) */
         bytes = native;
-        dsq_weight_t w6 = {.format = DSQ_WFMT_INT6_X8, .n = n, .k = k, .group_size = 16,
-                           .zp_mode = DSQ_ZP_SYM, .scale_mode = DSQ_SCALE_SUPER};
-        dsq_weight_bytes_t b6;
-        if (o->host_int6 && t->type == DSQ_TYPE_Q6_K && !strstr(t->name, "attn_kv_b") &&
-            dsq_weight_layout(&w6, &b6) == DSQ_OK)
-            bytes = b6.total;
+        dsq_weight_t w, x8;
+        dsq_weight_bytes_t b8;
+        if (o->host_x8 && !strstr(t->name, "attn_kv_b") &&
+            dsq_quant_gguf_layout(t->type, n, k, &w) == DSQ_OK && w.zp_mode != DSQ_ZP_LUT &&
+            dsq_weight_x8_twin(&w, &x8) == DSQ_OK && dsq_weight_layout(&x8, &b8) == DSQ_OK)
+            bytes = b8.total;
     } else if (t->type == DSQ_TYPE_Q8_0) {
         bytes = lin_bytes(DSQ_WFMT_Q8_0, n, k, 32, false);
     } else if (t->type == DSQ_TYPE_F32) {

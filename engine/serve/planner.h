@@ -43,10 +43,12 @@ typedef struct dsq_plan_opts {
                                      (vLLM CPU's default KV space) and at
                                      max_num_seqs x max_model_len tokens      */
     const char *quantize;         /* "int4" = RTN linear weights at load      */
-    bool host_int6;               /* the host packs Q6_K into DSQ_WFMT_INT6_X8
-                                     (dsq_cpu_weight_prefers_x8, int8
-                                     activations): such tensors, but the
-                                     row-viewed attn_kv_b, count its bytes   */
+    bool host_x8;                 /* the host moves weights into their
+                                     interleaved twins (dsq_cpu_has_x8 for
+                                     the activation dtype): the GGUF tensors
+                                     with one (dsq_weight_x8_twin), but the
+                                     row-viewed attn_kv_b, count its bytes
+                                     (Q5/Q6 types: 5 or 6 bits, not 8)      */
     int group_size;               /* INT4 group with quantize (default 32)    */
     /* A device backend (CUDA): budget_bytes is then the caller's
      * min(total x gpu_memory_utilization - in use, free) of the device_* figures;

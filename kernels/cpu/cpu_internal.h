@@ -145,7 +145,8 @@ static inline float dsq__bf2f(uint16_t h)
 static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
                                  int64_t groups, float *s, float *c)
 {
-    const bool x8 = w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8;
+    const bool x8 = w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8 ||
+                    w->format == DSQ_WFMT_INT5_X8;
     const int64_t i = x8 ? ((row / 8) * groups + g) * 8 + row % 8 : row * groups + g;
     float sg, cg = 0.0f;
     if (w->scale_mode == DSQ_SCALE_SUPER) {
@@ -168,6 +169,8 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
     }
     if (w->zp_mode == DSQ_ZP_SYM && w->format == DSQ_WFMT_INT6_X8)
         cg = -32.0f * sg;
+    else if (w->zp_mode == DSQ_ZP_SYM && w->format == DSQ_WFMT_INT5_X8)
+        cg = -16.0f * sg;
     else if (w->zp_mode == DSQ_ZP_SYM && w->format != DSQ_WFMT_INT8G)
         cg = -8.0f * sg;
     *s = sg;
@@ -206,6 +209,17 @@ static inline unsigned dsq__int6_q(const dsq_weight_t *w, int64_t nb, int64_t ro
     const unsigned lo = (ch[32 * p + 4 * r + i] >> (4 * hi)) & 15;
     const unsigned top = (ch[128 + 32 * (p / 2) + 4 * r + i] >> (2 * (2 * (p % 2) + hi))) & 3;
     return lo | top << 4;
+}
+
+/* q (0..31) of weight j (< 32) of 32-weight chunk c of row `row` of an
+ * INT5_X8 weight (kernels.h). */
+static inline unsigned dsq__int5_q(const dsq_weight_t *w, int64_t nb, int64_t row,
+                                   int64_t c, int j)
+{
+    const uint8_t *ch = (const uint8_t *)w->data + ((row / 8) * nb + c) * 160;
+    const int jj = j % 16, p = jj / 4, i = jj % 4, hi = j >= 16, r = (int)(row % 8);
+    const unsigned lo = (ch[32 * p + 4 * r + i] >> (4 * hi)) & 15;
+    return lo | ((ch[128 + 4 * r + i] >> (2 * p + hi)) & 1u) << 4;
 }
 
 /* Activations of one matmul call, quantised per 32-block (see top). */

@@ -76,19 +76,20 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
     case DSQ_WFMT_INT4:
     case DSQ_WFMT_INT4_X8:
     case DSQ_WFMT_INT6_X8:
+    case DSQ_WFMT_INT5_X8:
     case DSQ_WFMT_INT8G: {
         if (dsq_weight_check(w) != DSQ_OK) {
             rc = DSQ_EINVAL;
             break;
         }
         const int64_t gs = w->group_size, nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
-        const bool int6 = w->format == DSQ_WFMT_INT6_X8;
+        const bool int6 = w->format == DSQ_WFMT_INT6_X8, int5 = w->format == DSQ_WFMT_INT5_X8;
         const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
         const int8_t *r8 = (const int8_t *)w->data + row * nb * 32;
         for (int64_t g = 0; g < groups; g++) {
             float s, c;
             dsq__group_sc(w, row, g, groups, &s, &c);
-            const int64_t zi = w->format == DSQ_WFMT_INT4_X8 || int6
+            const int64_t zi = w->format == DSQ_WFMT_INT4_X8 || int6 || int5
                                    ? ((row / 8) * groups + g) * 8 + row % 8
                                    : row * groups + g;
             const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
@@ -99,6 +100,10 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
                     q = (j % 32) < 16 ? (b & 15) : (b >> 4);
                 } else if (int6) {
                     q = (int)dsq__int6_q(w, nb, row, j / 32, (int)(j % 32)) - 32;
+                } else if (int5) {
+                    /* back to INT8G's q: SYM -16..15, MIN 0..31 */
+                    q = (int)dsq__int5_q(w, nb, row, j / 32, (int)(j % 32)) -
+                        (w->zp_mode == DSQ_ZP_SYM ? 16 : 0);
                 } else {
                     q = r8[j];
                 }

@@ -32,7 +32,7 @@
 /* ------------------------------------------------------------ scalar tiles */
 
 /* Every INT4 layout (kernels.h; INT4_X8 too, byte by byte through
- * dsq__int4_byte): per group, s and c from dsq__group_sc,
+ * dsq__int4_byte; and INT5_X8, q through dsq__int5_q): per group, s and c from dsq__group_sc,
  * acc += s * sum_chunks d_c * dot(v(q), x^) and c * gsum. Group 16 is half
  * a 32-chunk (low nibbles, then high nibbles). */
 static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
@@ -45,6 +45,7 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     for (int q = 0; q < 16; q++)
         v[q] = lut ? dsq_iq4nl_values[q] : (int8_t)q;
     const bool x8 = w->format == DSQ_WFMT_INT4_X8;
+    const bool five = w->format == DSQ_WFMT_INT5_X8;
     uint8_t chunk[16];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wr = (const uint8_t *)w->data + n * nb * 16;
@@ -69,6 +70,13 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                     const int64_t c1 = c0 + gs / 32 < nb ? c0 + gs / 32 : nb;
                     for (int64_t c = c0; c < c1; c++) {
                         const uint8_t *wc = wr + c * 16;
+                        if (five) {                  /* q of 5 bits, no codebook */
+                            int32_t dot = 0;
+                            for (int j = 0; j < 32; j++)
+                                dot += (int32_t)dsq__int5_q(w, nb, n, c, j) * xr[c * 32 + j];
+                            acc += (sg * d[c]) * (float)dot;
+                            continue;
+                        }
                         if (x8) {
                             for (int j = 0; j < 16; j++)
                                 chunk[j] = dsq__int4_byte(w, nb, n, c, j);
@@ -256,6 +264,7 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT4_X8] = tile_int4;
     tab[DSQ_WFMT_INT6_X8] = tile_int6x8;
     tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8;
+    tab[DSQ_WFMT_INT5_X8] = tile_int4;
     tab[DSQ__MM_INT4_GEN] = tile_int4;
 }
 
@@ -406,16 +415,9 @@ bool dsq_cpu_has_x8(dsq_act_dtype_t act)
 
 bool dsq_cpu_weight_prefers_x8(const dsq_weight_t *w)
 {
-    if (!w || (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
-               w->format != DSQ_WFMT_Q8_0) ||
-        w->zp_mode == DSQ_ZP_LUT || dsq_weight_check(w) != DSQ_OK)
-        return false;
-    dsq_weight_t x = *w;
-    x.format = w->format == DSQ_WFMT_INT4    ? DSQ_WFMT_INT4_X8
-               : w->format == DSQ_WFMT_INT8G ? DSQ_WFMT_INT6_X8
-                                             : DSQ_WFMT_Q8_0_X8;
-    dsq_weight_bytes_t b;
-    return dsq_weight_layout(&x, &b) == DSQ_OK && dsq_cpu_has_x8(w->act);
+    dsq_weight_t x;
+    return w && w->zp_mode != DSQ_ZP_LUT && dsq_weight_check(w) == DSQ_OK &&
+           dsq_weight_x8_twin(w, &x) == DSQ_OK && dsq_cpu_has_x8(w->act);
 }
 
 /* ----------------------------------------------------------------- driver */
@@ -453,7 +455,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (m == 0)
         return DSQ_OK;
     const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
-    const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8;
+    const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8 ||
+                         w->format == DSQ_WFMT_INT5_X8;
     const bool quantised = grouped || w->format == DSQ_WFMT_Q8_0_X8 ||
                            w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
     if (w->act == DSQ_ACT_F32 && quantised)

@@ -573,7 +573,7 @@ static fa_tile_fn pick(const dsq_weight_t *w)
 {
     const dsq_wformat_t f = w->format;
     if (f == DSQ_WFMT_INT8G || f == DSQ_WFMT_INT4_X8 || f == DSQ_WFMT_INT6_X8 ||
-        f == DSQ_WFMT_Q8_0_X8 ||
+        f == DSQ_WFMT_Q8_0_X8 || f == DSQ_WFMT_INT5_X8 ||
         (f == DSQ_WFMT_INT4 && !dsq__int4_classic(w)))
         return tile_generic;
     dsq__isa_t isa = dsq__cpu_isa_level();

@@ -242,20 +242,21 @@ static void test_matmul_every_isa(void **state)
     fprintf(stderr, "gguf_quant: matmul checked on %d ISA levels\n", levels);
 }
 
-/* The interleaved CPU layouts of the k-quant types that have one: Q4_K
- * and IQ4_XS in INT4_X8 (dsq_weight_interleave_x8, in place), Q6_K in
- * INT6_X8 (dsq_weight_pack_x8). Random blocks of 24 rows (3 tiles),
- * their fp16 fields set to finite scales. Every row dequantises to the
+/* The interleaved CPU layouts of the GGUF types that have one: Q4_K and
+ * IQ4_XS in INT4_X8 (dsq_weight_interleave_x8, in place), Q6_K in INT6_X8
+ * and Q5_0 / Q5_1 / Q5_K in INT5_X8 (dsq_weight_pack_x8). Random blocks
+ * of 24 rows (3 tiles), their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
- * bit (INT4_X8: the row-major one's, whose operations it repeats; INT6_X8:
- * its own scalar kernel's); each is within the FP64 bound of the
- * dequantised W. */
+ * bit (INT4_X8: the row-major one's, whose operations it repeats; INT6_X8
+ * and INT5_X8: their own scalar kernel's); each is within the FP64 bound
+ * of the dequantised W. */
 static void test_interleaved_x8(void **state)
 {
     (void)state;
     static const struct { const char *name; int f16[2]; int n_f16; } types[] = {
         {"Q4_K", {0, 2}, 2}, {"IQ4_XS", {0, 0}, 1}, {"Q6_K", {208, 0}, 1},
+        {"Q5_0", {0, 0}, 1}, {"Q5_1", {0, 2}, 2},   {"Q5_K", {0, 2}, 2},
     };
     const char *best = dsq_cpu_isa();
     const int64_t n = 24, ks[2] = {256, 1024}, m = 7;
@@ -263,8 +264,12 @@ static void test_interleaved_x8(void **state)
         for (int ki = 0; ki < 2; ki++) {
             const int64_t k = ks[ki];
             const dsq_type_t ty = type_of(types[ti].name);
+            /* packed into a copy of fewer bits (INT6_X8, INT5_X8), or
+             * interleaved in place (INT4_X8) */
             const bool six = ty == DSQ_TYPE_Q6_K;
-            const size_t bb = dsq_type_block_bytes(ty), nblk = (size_t)(n * k / 256);
+            const bool five = ty == DSQ_TYPE_Q5_0 || ty == DSQ_TYPE_Q5_1 || ty == DSQ_TYPE_Q5_K;
+            const size_t bb = dsq_type_block_bytes(ty),
+                         nblk = (size_t)(n * k / dsq_type_block_elems(ty));
             uint8_t *bytes = aligned_alloc(64, (nblk * bb + 63) / 64 * 64);
             for (size_t i = 0; i < nblk * bb; i++)
                 bytes[i] = (uint8_t)((rndf() + 1.0f) * 127.99f);
@@ -281,7 +286,8 @@ static void test_interleaved_x8(void **state)
             void *st = NULL, *st6 = NULL;
             char err[256];
             assert_int_equal(dsq_quant_from_gguf(&t, &w, &st, err, sizeof(err)), DSQ_OK);
-            assert_int_equal(w.scale_mode, DSQ_SCALE_SUPER);
+            assert_int_equal(w.scale_mode, ty == DSQ_TYPE_Q5_0 || ty == DSQ_TYPE_Q5_1
+                                               ? DSQ_SCALE_F16 : DSQ_SCALE_SUPER);
             rm = w;
             dsq_weight_bytes_t before, after;
             assert_int_equal(dsq_weight_layout(&w, &before), DSQ_OK);
@@ -294,7 +300,15 @@ static void test_interleaved_x8(void **state)
             for (int64_t i = 0; i < m * k; i++)
                 x[i] = rndf();
             assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
-            if (six) {
+            if (five) {
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
+                assert_int_equal(w.format, DSQ_WFMT_INT5_X8);
+                assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
+                /* 5 bits a weight, where INT8G spends 8 */
+                assert_int_equal(after.data, (size_t)(n * k) * 5 / 8);
+                assert_int_equal(after.total, before.total - (size_t)(n * k) * 3 / 8);
+                assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
+            } else if (six) {
                 assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
                 assert_int_equal(w.format, DSQ_WFMT_INT6_X8);
                 assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
