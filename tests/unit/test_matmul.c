@@ -130,6 +130,28 @@ static void test_int4(void **state)
         }
 }
 
+/* Every ISA level's product of w with the first m rows of xs (m = 1,
+ * 1 + step, ... <= m_max) equals yref bit for bit; what names the case. */
+static void expect_isas_bitwise(const dsq_weight_t *w, const float *xs, int64_t m_max,
+                                int64_t step, const float *yref, const char *what)
+{
+    float *y = malloc((size_t)(m_max * w->n) * sizeof(float));
+    for (int i = 0; i < N_ISAS; i++) {
+        if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
+            continue;
+        for (int64_t mm = 1; mm <= m_max; mm += step) {
+            memset(y, 0xff, (size_t)(mm * w->n) * sizeof(float));
+            assert_int_equal(dsq_cpu_matmul(y, xs, mm, w), DSQ_OK);
+            for (int64_t e = 0; e < mm * w->n; e++)
+                if (memcmp(&y[e], &yref[e], sizeof(float)) != 0)
+                    fail_msg("%s isa %s m %lld: y[%lld] = %.9g, the scalar kernel's %.9g",
+                             what, isas[i], (long long)mm, (long long)e, y[e], yref[e]);
+        }
+    }
+    assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+    free(y);
+}
+
 /* INT4_X8 (8 rows interleaved, the x86 CPU layout): built as INT4, then
  * interleaved in place; every ISA level against the FP64 reference of the
  * same weights, and each row dequantises to what the native row did. */
@@ -150,7 +172,6 @@ static void test_int4_x8(void **state)
                 /* the native scalar kernel's results, to compare bit for bit */
                 float *xs = malloc((size_t)(70 * k) * sizeof(float));
                 float *yref = malloc((size_t)(70 * n) * sizeof(float));
-                float *yx8 = malloc((size_t)(70 * n) * sizeof(float));
                 for (int64_t i = 0; i < 70 * k; i++)
                     xs[i] = rndf(-1, 1);
                 if (!best_isa)
@@ -161,23 +182,11 @@ static void test_int4_x8(void **state)
                 assert_int_equal(b.w.format, DSQ_WFMT_INT4_X8);
                 /* every ISA level's INT4_X8 kernel does the scalar kernel's
                  * fp32 operations in its order: the same bits */
-                for (int i = 0; i < N_ISAS; i++) {
-                    if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
-                        continue;
-                    for (int64_t mm = 1; mm <= 70; mm += 23) {
-                        memset(yx8, 0xff, (size_t)(mm * n) * sizeof(float));
-                        assert_int_equal(dsq_cpu_matmul(yx8, xs, mm, &b.w), DSQ_OK);
-                        for (int64_t e = 0; e < mm * n; e++)
-                            if (memcmp(&yx8[e], &yref[e], sizeof(float)) != 0)
-                                fail_msg("INT4_X8 isa %s zp %d gs %d m %lld: y[%lld] = %.9g, "
-                                         "the native scalar kernel's %.9g", isas[i], z,
-                                         gsz[g], (long long)mm, (long long)e, yx8[e], yref[e]);
-                    }
-                }
-                assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+                char what[64];
+                snprintf(what, sizeof(what), "INT4_X8 zp %d gs %d", z, gsz[g]);
+                expect_isas_bitwise(&b.w, xs, 70, 23, yref, what);
                 free(xs);
                 free(yref);
-                free(yx8);
                 for (int64_t r = 0; r < n; r++) {
                     assert_int_equal(dsq_weight_dequant_row(&b.w, r, row), DSQ_OK);
                     assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
@@ -233,7 +242,6 @@ static void test_q8_0_x8(void **state)
             assert_int_equal(dsq_weight_dequant_row(&b.w, r, native + r * k), DSQ_OK);
         float *xs = malloc((size_t)(9 * k) * sizeof(float));
         float *yref = malloc((size_t)(9 * n) * sizeof(float));
-        float *y = malloc((size_t)(9 * n) * sizeof(float));
         for (int64_t i = 0; i < 9 * k; i++)
             xs[i] = rndf(-1, 1);
         if (!best_isa)
@@ -245,20 +253,9 @@ static void test_q8_0_x8(void **state)
         assert_int_equal(dsq_weight_pack_x8(&rm, &x8, &st), DSQ_OK);
         assert_int_equal(x8.format, DSQ_WFMT_Q8_0_X8);
         b.w = x8;
-        for (int i = 0; i < N_ISAS; i++) {
-            if (dsq_cpu_force_isa(isas[i]) != DSQ_OK)
-                continue;
-            for (int64_t mm = 1; mm <= 9; mm += 4) {
-                memset(y, 0xff, (size_t)(mm * n) * sizeof(float));
-                assert_int_equal(dsq_cpu_matmul(y, xs, mm, &b.w), DSQ_OK);
-                for (int64_t e = 0; e < mm * n; e++)
-                    if (memcmp(&y[e], &yref[e], sizeof(float)) != 0)
-                        fail_msg("Q8_0_X8 isa %s n %lld k %lld m %lld: y[%lld] = %.9g, the "
-                                 "row-major scalar kernel's %.9g", isas[i], (long long)n,
-                                 (long long)k, (long long)mm, (long long)e, y[e], yref[e]);
-            }
-        }
-        assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+        char what[64];
+        snprintf(what, sizeof(what), "Q8_0_X8 n %lld k %lld", (long long)n, (long long)k);
+        expect_isas_bitwise(&b.w, xs, 9, 4, yref, what);
         for (int64_t r = 0; r < n; r++) {
             assert_int_equal(dsq_weight_dequant_row(&b.w, r, row), DSQ_OK);
             assert_memory_equal(row, native + r * k, (size_t)k * sizeof(float));
@@ -272,7 +269,6 @@ static void test_q8_0_x8(void **state)
         free(st);
         free(xs);
         free(yref);
-        free(y);
         free(native);
         free(row);
         free_built(&b);
