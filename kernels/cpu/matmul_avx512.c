@@ -13,6 +13,10 @@
  * fp16->fp32 conversion and one multiply) and spread to the two chunks'
  * lanes with one permute. The fp32 operations are the AVX2 kernel's, in
  * its order, so results are bitwise identical to it (see int4g32_block).
+ * The interleaved layouts (INT4_X8, INT5_X8, INT6_X8, Q8_0_X8) take two
+ * tiles of 8 rows per 512-bit vector: one broadcast of 4 activations then
+ * feeds 16 rows, half the broadcasts and dot instructions of the 256-bit
+ * kernels for the same bits.
  */
 #include "cpu_internal.h"
 
@@ -152,6 +156,286 @@ static void tile_int4_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
     }
 }
 
+/* ---- INT4_X8 / INT5_X8 two tiles at a time: lanes 0-7 of every vector
+ * are tile t (rows 8t..8t+7) and lanes 8-15 tile t + 1, so one broadcast
+ * of 4 activations feeds 16 rows (the 256-bit kernel's feeds 8) and each
+ * vpdpbusd does twice the work. Each lane does int4x8_rows' fp32
+ * operations in its order, so the bits are those of the 256-bit kernel
+ * and of the scalar tile. */
+
+/* 32 bytes at a in the low half, 32 at b in the high half */
+INLINE __m512i ld2x32(const uint8_t *a, const uint8_t *b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/* 8 fp16 at a, then 8 at b, as 16 fp32 */
+INLINE __m512 ld2_f16(const uint16_t *a, const uint16_t *b)
+{
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+        _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+/* 8 int8 at a, then 8 at b, as 16 fp32 (exact) */
+INLINE __m512 ld2_i8(const int8_t *a, const int8_t *b)
+{
+    const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                         _mm_loadl_epi64((const __m128i *)b));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+}
+
+/* 4 activations at x in every 32-bit lane */
+INLINE __m512i bcast4_512(const int8_t *x)
+{
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE void int4x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t, const bool five)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups, cpg = xq->cpg;
+    const int64_t cb = five ? 160 : 128;          /* bytes per chunk of a tile */
+    const int64_t tw = nb * cb, tg = groups * 8, ts = (w->k / 256) * 16; /* tile strides */
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const bool super = w->scale_mode == DSQ_SCALE_SUPER;
+    const uint16_t *st = super ? NULL : w->scales + t * tg;
+    const uint16_t *zt = w->zeros ? w->zeros + t * tg : NULL;
+    const int8_t *sst = super ? w->sub_scales + t * tg : NULL;
+    const int8_t *szt = w->sub_zeros ? w->sub_zeros + t * tg : NULL;
+    const uint16_t *sup = super ? w->super + t * ts : NULL;
+    const dsq_zp_mode_t zp = w->zp_mode;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const int8_t *xr = xq->q + m0 * kp;
+    __m512 acc[4], corr[4];
+    for (int r = 0; r < mr; r++) {
+        acc[r] = _mm512_setzero_ps();
+        corr[r] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        const __m512 sv = super ? _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16, sup + ts + (g / 8) * 16),
+                                                ld2_i8(sst + g * 8, sst + tg + g * 8))
+                                : ld2_f16(st + g * 8, st + tg + g * 8);
+        const int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
+        for (int64_t c = g * cpg; c < c1; c++) {
+            const uint8_t *wc = wt + c * cb;
+            const int8_t *xc = xr + c * 32;
+            __m512i s[4];
+            for (int r = 0; r < mr; r++)
+                s[r] = _mm512_setzero_si512();
+            const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) {
+                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+                __m512i lo = _mm512_and_si512(v, lo4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                if (five) {   /* the top bits as in int4x8_rows */
+                    const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
+                                     : p == 1 ? _mm512_slli_epi16(tb, 2)
+                                     : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
+                    const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
+                                     : p == 1 ? _mm512_slli_epi16(tb, 1)
+                                     : p == 2 ? _mm512_srli_epi16(tb, 1)
+                                              : _mm512_srli_epi16(tb, 3);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < mr; r++) {
+                    s[r] = _mm512_dpbusd_epi32(s[r], lo, bcast4_512(xc + r * kp + 4 * p));
+                    s[r] = _mm512_dpbusd_epi32(s[r], hi, bcast4_512(xc + r * kp + 16 + 4 * p));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                __m512 mul = _mm512_mul_ps(sv, _mm512_set1_ps(xq->d[(m0 + r) * nb + c]));
+                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(mul, _mm512_cvtepi32_ps(s[r])));
+            }
+        }
+        __m512 cv, zv = _mm512_setzero_ps();
+        if (zp != DSQ_ZP_SYM)
+            zv = super ? ld2_i8(szt + g * 8, szt + tg + g * 8)
+                       : ld2_f16(zt + g * 8, zt + tg + g * 8);
+        if (zp == DSQ_ZP_SYM)
+            cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv);
+        else if (zp == DSQ_ZP_INT)
+            cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv);
+        else if (super)
+            cv = _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16 + 8, sup + ts + (g / 8) * 16 + 8), zv);
+        else
+            cv = zv;
+        for (int r = 0; r < mr; r++)
+            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(cv,
+                          _mm512_set1_ps(xq->gsum[(m0 + r) * groups + g])));
+    }
+    for (int r = 0; r < mr; r++)
+        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, _mm512_add_ps(acc[r], corr[r]));
+}
+
+/* Pairs of tiles on 512-bit vectors, a last odd tile on the 256-bit
+ * kernel (tile_int4x8 in matmul_x86.inc). */
+static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                            int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    if (w->zp_mode == DSQ_ZP_LUT) {
+        tile_int4x8(y, ldy, xq, m0, m1, w, n0, n1);
+        return;
+    }
+    const bool five = w->format == DSQ_WFMT_INT5_X8;
+    int64_t t = n0 / 8;
+    for (; t + 2 <= n1 / 8; t += 2) {
+        switch ((m1 - m0) * 2 + five) {
+        case 8: int4x8_rows2(y, ldy, xq, m0, 4, w, t, false); break;
+        case 6: int4x8_rows2(y, ldy, xq, m0, 3, w, t, false); break;
+        case 4: int4x8_rows2(y, ldy, xq, m0, 2, w, t, false); break;
+        case 9: int4x8_rows2(y, ldy, xq, m0, 4, w, t, true); break;
+        case 7: int4x8_rows2(y, ldy, xq, m0, 3, w, t, true); break;
+        case 5: int4x8_rows2(y, ldy, xq, m0, 2, w, t, true); break;
+        default:
+            for (int64_t r = m0; r < m1; r++)
+                if (five)
+                    int4x8_rows2(y, ldy, xq, r, 1, w, t, true);
+                else
+                    int4x8_rows2(y, ldy, xq, r, 1, w, t, false);
+            break;
+        }
+    }
+    if (t < n1 / 8)
+        tile_int4x8(y, ldy, xq, m0, m1, w, 8 * t, n1);
+}
+
+/* INT6_X8 two tiles at a time: int6x8_rows (matmul_x86.inc) on 512-bit
+ * vectors, lanes 8-15 for tile t + 1; the same fp32 operations per lane. */
+INLINE void int6x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups;
+    const int64_t tw = nb * 192, tg = groups * 8, ts = (w->k / 256) * 16;
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const int8_t *sst = w->sub_scales + t * tg;
+    const uint16_t *sup = w->super + t * ts;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512 m32 = _mm512_set1_ps(-32.0f);
+    const int8_t *xr = xq->q + m0 * kp;
+    __m512 acc[4], corr[4];
+    for (int r = 0; r < mr; r++) {
+        acc[r] = _mm512_setzero_ps();
+        corr[r] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < nb; c++) {
+        const uint8_t *wc = wt + c * 192;
+        const int8_t *xc = xr + c * 32;
+        __m512i sl[4], sh[4];
+        for (int r = 0; r < mr; r++)
+            sl[r] = sh[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i hb = ld2x32(wc + 128 + 32 * h, wc + tw + 128 + 32 * h);
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int p = 2 * h + e;
+                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+                const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
+                const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4),
+                                                   _mm512_and_si512(tl, top));
+                const __m512i hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), _mm512_and_si512(th, top));
+#pragma GCC unroll 4
+                for (int r = 0; r < mr; r++) {
+                    sl[r] = _mm512_dpbusd_epi32(sl[r], lo, bcast4_512(xc + r * kp + 4 * p));
+                    sh[r] = _mm512_dpbusd_epi32(sh[r], hi, bcast4_512(xc + r * kp + 16 + 4 * p));
+                }
+            }
+        }
+        const __m512 dv = ld2_f16(sup + (c / 8) * 16, sup + ts + (c / 8) * 16);
+        const __m512 s0 = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c, sst + tg + 16 * c));
+        const __m512 s1 = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c + 8, sst + tg + 16 * c + 8));
+        const __m512 c0 = _mm512_mul_ps(m32, s0), c1 = _mm512_mul_ps(m32, s1);
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
+            const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
+                                                         _mm512_cvtepi32_ps(sl[r])));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
+                                                         _mm512_cvtepi32_ps(sh[r])));
+            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
+            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, _mm512_add_ps(acc[r], corr[r]));
+}
+
+/* Q8_0_X8 two tiles at a time: q8x8_rows on 512-bit vectors. AVX-512 has
+ * no vpsignb: the activations are negated under the mask of negative
+ * weights instead (where a weight is 0 its |w| makes the product 0 either
+ * way), so the integer sums are q8x8_rows' exactly. */
+INLINE void q8x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                       const int mr, const dsq_weight_t *w, int64_t t)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, tw = nb * 272;
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const int8_t *xr = xq->q + m0 * kp;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[4];
+    for (int r = 0; r < mr; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nb; c++) {
+        const uint8_t *wc = wt + c * 272;
+        const int8_t *xc = xr + c * 32;
+        __m512i s[4];
+        for (int r = 0; r < mr; r++)
+            s[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            const __m512i v = ld2x32(wc + 16 + 32 * p, wc + tw + 16 + 32 * p);
+            const __m512i av = _mm512_abs_epi8(v);
+            const __mmask64 neg = _mm512_movepi8_mask(v);
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                const __m512i xb = bcast4_512(xc + r * kp + 4 * p);
+                s[r] = _mm512_dpbusd_epi32(s[r], av, _mm512_mask_sub_epi8(xb, neg, zero, xb));
+            }
+        }
+        const __m512 dv = ld2_f16((const uint16_t *)wc, (const uint16_t *)(wc + tw));
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++)
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(
+                         _mm512_mul_ps(dv, _mm512_set1_ps(xq->d[(m0 + r) * nb + c])),
+                         _mm512_cvtepi32_ps(s[r])));
+    }
+    for (int r = 0; r < mr; r++)
+        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, acc[r]);
+}
+
+/* Pairs of tiles through ROWS2, a last odd one through the 256-bit TILE1 */
+#define TILE_PAIRS(name, ROWS2, TILE1)                                          \
+    static void name(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,    \
+                     int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1) \
+    {                                                                           \
+        int64_t t = n0 / 8;                                                     \
+        for (; t + 2 <= n1 / 8; t += 2) {                                       \
+            switch (m1 - m0) {                                                  \
+            case 4: ROWS2(y, ldy, xq, m0, 4, w, t); break;                      \
+            case 3: ROWS2(y, ldy, xq, m0, 3, w, t); break;                      \
+            case 2: ROWS2(y, ldy, xq, m0, 2, w, t); break;                      \
+            default:                                                            \
+                for (int64_t r = m0; r < m1; r++)                               \
+                    ROWS2(y, ldy, xq, r, 1, w, t);                              \
+                break;                                                          \
+            }                                                                   \
+        }                                                                       \
+        if (t < n1 / 8)                                                         \
+            TILE1(y, ldy, xq, m0, m1, w, 8 * t, n1);                            \
+    }
+TILE_PAIRS(tile_int6x8_512, int6x8_rows2, tile_int6x8)
+TILE_PAIRS(tile_q8_0x8_512, q8x8_rows2, tile_q8_0x8)
+
 /* Q8_0 decode (one activation row): nr = 4 weight rows at once, each with
  * exactly the AVX2 kernel's per-row operation sequence (q8_0_rows), so the
  * bits are the same; the four independent fma chains hide the latency that
@@ -207,6 +491,10 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     mm_avx512_base(tab);
     tab[DSQ_WFMT_INT4] = tile_int4_512;
     tab[DSQ_WFMT_Q8_0] = tile_q8_0_512;
+    tab[DSQ_WFMT_INT4_X8] = tile_int4x8_512;
+    tab[DSQ_WFMT_INT5_X8] = tile_int4x8_512;
+    tab[DSQ_WFMT_INT6_X8] = tile_int6x8_512;
+    tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8_512;
 }
 
 #else
