@@ -194,8 +194,14 @@ INLINE __m512i bcast4_512(const int8_t *x)
     return _mm512_set1_epi32(v);
 }
 
-INLINE void int4x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
-                         const int mr, const dsq_weight_t *w, int64_t t, const bool five)
+/* np pairs of tiles (t, t + 1), (t + 2, t + 3), ... against activation
+ * rows m0..m0+mr-1, np * mr <= 4: decode (mr = 1) takes two pairs, so a
+ * thread reads four tiles side by side (four streams keep more misses in
+ * flight than two; the bandwidth probe of dsq-bench shows the difference).
+ * Sums are indexed j = q * mr + r (pair q, activation row r). */
+INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t, const bool five,
+                         const int np)
 {
     const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups, cpg = xq->cpg;
     const int64_t cb = five ? 160 : 128;          /* bytes per chunk of a tile */
@@ -211,72 +217,93 @@ INLINE void int4x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const int8_t *xr = xq->q + m0 * kp;
     __m512 acc[4], corr[4];
-    for (int r = 0; r < mr; r++) {
-        acc[r] = _mm512_setzero_ps();
-        corr[r] = _mm512_setzero_ps();
+    for (int j = 0; j < np * mr; j++) {
+        acc[j] = _mm512_setzero_ps();
+        corr[j] = _mm512_setzero_ps();
     }
     for (int64_t g = 0; g < groups; g++) {
-        const __m512 sv = super ? _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16, sup + ts + (g / 8) * 16),
-                                                ld2_i8(sst + g * 8, sst + tg + g * 8))
-                                : ld2_f16(st + g * 8, st + tg + g * 8);
+        __m512 sv[2];
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {   /* pair q: tiles t + 2q and t + 2q + 1 */
+            const int64_t o = 2 * q;
+            sv[q] = super ? _mm512_mul_ps(ld2_f16(sup + o * ts + (g / 8) * 16,
+                                                  sup + (o + 1) * ts + (g / 8) * 16),
+                                          ld2_i8(sst + o * tg + g * 8, sst + (o + 1) * tg + g * 8))
+                          : ld2_f16(st + o * tg + g * 8, st + (o + 1) * tg + g * 8);
+        }
         const int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
         for (int64_t c = g * cpg; c < c1; c++) {
-            const uint8_t *wc = wt + c * cb;
             const int8_t *xc = xr + c * 32;
             __m512i s[4];
-            for (int r = 0; r < mr; r++)
-                s[r] = _mm512_setzero_si512();
-            const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+            for (int j = 0; j < np * mr; j++)
+                s[j] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int q = 0; q < np; q++) {
+                const uint8_t *wc = wt + 2 * q * tw + c * cb;
+                const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) {
-                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-                __m512i lo = _mm512_and_si512(v, lo4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                if (five) {   /* the top bits as in int4x8_rows */
-                    const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
-                                     : p == 1 ? _mm512_slli_epi16(tb, 2)
-                                     : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
-                    const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
-                                     : p == 1 ? _mm512_slli_epi16(tb, 1)
-                                     : p == 2 ? _mm512_srli_epi16(tb, 1)
-                                              : _mm512_srli_epi16(tb, 3);
-                    lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
-                    hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
+                for (int p = 0; p < 4; p++) {
+                    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+                    __m512i lo = _mm512_and_si512(v, lo4);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    if (five) {   /* the top bits as in int4x8_rows */
+                        const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
+                                         : p == 1 ? _mm512_slli_epi16(tb, 2)
+                                         : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
+                        const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
+                                         : p == 1 ? _mm512_slli_epi16(tb, 1)
+                                         : p == 2 ? _mm512_srli_epi16(tb, 1)
+                                                  : _mm512_srli_epi16(tb, 3);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
+                    }
+#pragma GCC unroll 4
+                    for (int r = 0; r < mr; r++) {
+                        const int j = q * mr + r;
+                        s[j] = _mm512_dpbusd_epi32(s[j], lo, bcast4_512(xc + r * kp + 4 * p));
+                        s[j] = _mm512_dpbusd_epi32(s[j], hi, bcast4_512(xc + r * kp + 16 + 4 * p));
+                    }
                 }
+            }
+#pragma GCC unroll 2
+            for (int q = 0; q < np; q++)
 #pragma GCC unroll 4
                 for (int r = 0; r < mr; r++) {
-                    s[r] = _mm512_dpbusd_epi32(s[r], lo, bcast4_512(xc + r * kp + 4 * p));
-                    s[r] = _mm512_dpbusd_epi32(s[r], hi, bcast4_512(xc + r * kp + 16 + 4 * p));
+                    const int j = q * mr + r;
+                    __m512 mul = _mm512_mul_ps(sv[q], _mm512_set1_ps(xq->d[(m0 + r) * nb + c]));
+                    acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(mul, _mm512_cvtepi32_ps(s[j])));
                 }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < mr; r++) {
-                __m512 mul = _mm512_mul_ps(sv, _mm512_set1_ps(xq->d[(m0 + r) * nb + c]));
-                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(mul, _mm512_cvtepi32_ps(s[r])));
-            }
         }
-        __m512 cv, zv = _mm512_setzero_ps();
-        if (zp != DSQ_ZP_SYM)
-            zv = super ? ld2_i8(szt + g * 8, szt + tg + g * 8)
-                       : ld2_f16(zt + g * 8, zt + tg + g * 8);
-        if (zp == DSQ_ZP_SYM)
-            cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv);
-        else if (zp == DSQ_ZP_INT)
-            cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv);
-        else if (super)
-            cv = _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16 + 8, sup + ts + (g / 8) * 16 + 8), zv);
-        else
-            cv = zv;
-        for (int r = 0; r < mr; r++)
-            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(cv,
-                          _mm512_set1_ps(xq->gsum[(m0 + r) * groups + g])));
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const int64_t o = 2 * q;
+            __m512 cv, zv = _mm512_setzero_ps();
+            if (zp != DSQ_ZP_SYM)
+                zv = super ? ld2_i8(szt + o * tg + g * 8, szt + (o + 1) * tg + g * 8)
+                           : ld2_f16(zt + o * tg + g * 8, zt + (o + 1) * tg + g * 8);
+            if (zp == DSQ_ZP_SYM)
+                cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv[q]);
+            else if (zp == DSQ_ZP_INT)
+                cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv[q]);
+            else if (super)
+                cv = _mm512_mul_ps(ld2_f16(sup + o * ts + (g / 8) * 16 + 8,
+                                           sup + (o + 1) * ts + (g / 8) * 16 + 8), zv);
+            else
+                cv = zv;
+            for (int r = 0; r < mr; r++)
+                corr[q * mr + r] = _mm512_add_ps(corr[q * mr + r], _mm512_mul_ps(cv,
+                                       _mm512_set1_ps(xq->gsum[(m0 + r) * groups + g])));
+        }
     }
-    for (int r = 0; r < mr; r++)
-        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, _mm512_add_ps(acc[r], corr[r]));
+    for (int q = 0; q < np; q++)
+        for (int r = 0; r < mr; r++)
+            _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * (t + 2 * q),
+                             _mm512_add_ps(acc[q * mr + r], corr[q * mr + r]));
 }
 
-/* Pairs of tiles on 512-bit vectors, a last odd tile on the 256-bit
- * kernel (tile_int4x8 in matmul_x86.inc). */
+/* Pairs of tiles on 512-bit vectors (two pairs at once for one activation
+ * row), a last odd tile on the 256-bit kernel (tile_int4x8 in
+ * matmul_x86.inc). */
 static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                             int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
 {
@@ -286,20 +313,27 @@ static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t 
     }
     const bool five = w->format == DSQ_WFMT_INT5_X8;
     int64_t t = n0 / 8;
+    if (m1 - m0 == 1)
+        for (; t + 4 <= n1 / 8; t += 4) {
+            if (five)
+                int4x8_pairs(y, ldy, xq, m0, 1, w, t, true, 2);
+            else
+                int4x8_pairs(y, ldy, xq, m0, 1, w, t, false, 2);
+        }
     for (; t + 2 <= n1 / 8; t += 2) {
         switch ((m1 - m0) * 2 + five) {
-        case 8: int4x8_rows2(y, ldy, xq, m0, 4, w, t, false); break;
-        case 6: int4x8_rows2(y, ldy, xq, m0, 3, w, t, false); break;
-        case 4: int4x8_rows2(y, ldy, xq, m0, 2, w, t, false); break;
-        case 9: int4x8_rows2(y, ldy, xq, m0, 4, w, t, true); break;
-        case 7: int4x8_rows2(y, ldy, xq, m0, 3, w, t, true); break;
-        case 5: int4x8_rows2(y, ldy, xq, m0, 2, w, t, true); break;
+        case 8: int4x8_pairs(y, ldy, xq, m0, 4, w, t, false, 1); break;
+        case 6: int4x8_pairs(y, ldy, xq, m0, 3, w, t, false, 1); break;
+        case 4: int4x8_pairs(y, ldy, xq, m0, 2, w, t, false, 1); break;
+        case 9: int4x8_pairs(y, ldy, xq, m0, 4, w, t, true, 1); break;
+        case 7: int4x8_pairs(y, ldy, xq, m0, 3, w, t, true, 1); break;
+        case 5: int4x8_pairs(y, ldy, xq, m0, 2, w, t, true, 1); break;
         default:
             for (int64_t r = m0; r < m1; r++)
                 if (five)
-                    int4x8_rows2(y, ldy, xq, r, 1, w, t, true);
+                    int4x8_pairs(y, ldy, xq, r, 1, w, t, true, 1);
                 else
-                    int4x8_rows2(y, ldy, xq, r, 1, w, t, false);
+                    int4x8_pairs(y, ldy, xq, r, 1, w, t, false, 1);
             break;
         }
     }

@@ -259,7 +259,9 @@ static void test_interleaved_x8(void **state)
         {"Q5_0", {0, 0}, 1}, {"Q5_1", {0, 2}, 2},   {"Q5_K", {0, 2}, 2},
     };
     const char *best = dsq_cpu_isa();
-    const int64_t n = 24, ks[2] = {256, 1024}, m = 7;
+    /* 5 tiles of 8 rows: decode (m = 1) walks 4 of them at once on
+     * AVX-512, then a last odd one; m = 4 two pairs; m = 7 tiles of 16 */
+    const int64_t n = 40, ks[2] = {256, 1024}, m = 7;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (int ki = 0; ki < 2; ki++) {
             const int64_t k = ks[ki];
