@@ -608,9 +608,12 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
     snprintf(stot, sizeof(stot), "%lld", (long long)ctx * n_seqs);
     argv[n++] = sp->exe;
     if (strcmp(sp->kind, "dsqd") == 0) {
+        /* no --kv-cache-memory: the planner's default holds every
+         * sequence at --max-model-len, the KV llama-server gets from -c
+         * (a fixed size would hold fewer tokens of a bigger model) */
         const char *a[] = {"--model", model, "--host", "127.0.0.1", "--port", sport,
                            "--threads", sthr, "--max-num-seqs", sseq, "--max-model-len", sctx,
-                           "--kv-cache-memory", "256MiB", "--log-level", "warn"};
+                           "--log-level", "warn"};
         for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
             argv[n++] = a[i];
     } else {

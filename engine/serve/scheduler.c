@@ -49,6 +49,19 @@ typedef struct cand {
  * instead of one token each. */
 #define MIN_SHARE_ROWS 4
 
+/* With a step budget, a step may always take this many times the
+ * predicted cost of a one-row step (the fixed cost, reading every weight
+ * once, plus one row). A budget meant for responsiveness must not make a
+ * big model on a small machine run steps of a few rows, each paying the
+ * whole weight read: at 8x a step's rows beyond the first get at least
+ * 7/8 of its time. The one-row step, not the fit's fixed cost alone, is
+ * the unit because steps of a few rows cannot tell the fixed cost from
+ * the per-row one, and a fit of such steps may put all of it in either.
+ * Measured on a 6.7B model on 2 cores (docs/benchmarks.md, serving at
+ * real size): a one-row step ~150-190 ms, ~31 ms a prompt token, so the
+ * default 250 ms budget had left 1-4 prompt tokens a step. */
+#define MIN_STEPS_PER_STEP 8.0
+
 struct dsq_sched {
     dsq_kv_cache_t *kv;
     dsq_sched_opts_t o;
@@ -722,9 +735,10 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     /* 2. Decode rows, round-robin across requests. With a step budget
      * they get what is left of 90% of it after the fixed cost, less a
      * quarter for prefill when a prompt is pending; at least half of it,
-     * and where a step's fixed cost alone is out of reach, as much as that
-     * (so decode rows at most double such a step instead of crawling a
-     * row at a time). At least one row per step. */
+     * and at least MIN_STEPS_PER_STEP - 1 one-row steps' cost (a decode
+     * row costs little beside the weight read every step pays, so a big
+     * model's step holds as many as that allows instead of taking turns a
+     * few rows at a time). At least one row per step. */
     bool timed = s->budget_ms > 0;
     bool prefill_pending = false;
     int n_dec = 0;
@@ -745,13 +759,14 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     }
     turn_order(s->dec, n_dec);
     double decode_ms = 0, decode_cost = 0;
+    double one_row_ms = s->cost.fixed_ms + s->cost.token_ms + s->cost.pair_ms;
     if (timed) {
         decode_ms = 0.9 * s->budget_ms - s->cost.fixed_ms -
                     (prefill_pending ? 0.25 * s->budget_ms : 0);
         if (decode_ms < 0.5 * s->budget_ms)
             decode_ms = 0.5 * s->budget_ms;
-        if (decode_ms < s->cost.fixed_ms)
-            decode_ms = s->cost.fixed_ms;
+        if (decode_ms < (MIN_STEPS_PER_STEP - 1) * one_row_ms)
+            decode_ms = (MIN_STEPS_PER_STEP - 1) * one_row_ms;
         s->trust_rows_left = s->cost.trust_rows;
         s->trust_pairs_left = s->cost.trust_pairs;
     }
@@ -792,19 +807,28 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         max_pf = prefill_left;          /* a token each at least */
     if (timed) {
         /* what fits beside the decodes; at least a quarter of the budget;
-         * and where the budget is out of reach (a step without prefill
-         * already costs more: a big model on a small machine, a
-         * simulator), as much as that step, so prefill at most doubles
-         * it instead of crawling a token per step */
+         * at least as much as the step without prefill costs, so prefill
+         * moves as fast as the decodes do and at most doubles their step
+         * (a big model on a small machine, a simulator: a step of decode
+         * rows may alone cost more than the budget, or leave a few prompt
+         * tokens' worth of it); and with no decode row, where nobody
+         * waits between tokens, the budget stretched to MIN_STEPS_PER_STEP
+         * one-row steps, so a prompt-only step is not mostly the weight
+         * read */
         double base_ms = s->cost.fixed_ms + decode_cost;
-        prefill_ms = 0.9 * s->budget_ms - base_ms;
-        if (prefill_ms < 0.25 * s->budget_ms)
-            prefill_ms = 0.25 * s->budget_ms;
-        if (base_ms > s->budget_ms && prefill_ms < base_ms)
+        double budget_ms = s->budget_ms;
+        if (picked.n == 0 && budget_ms < MIN_STEPS_PER_STEP * one_row_ms)
+            budget_ms = MIN_STEPS_PER_STEP * one_row_ms;
+        prefill_ms = 0.9 * budget_ms - base_ms;
+        if (prefill_ms < 0.25 * budget_ms)
+            prefill_ms = 0.25 * budget_ms;
+        if (prefill_ms < base_ms)
             prefill_ms = base_ms;
+        /* two prompts at least, so a new prompt is not held behind a
+         * long one for all of its chunks when the time fits few rows */
         double row_ms = MIN_SHARE_ROWS * (s->cost.token_ms + s->cost.pair_ms);
-        if (row_ms > 0 && prefill_ms / row_ms < max_pf)
-            max_pf = prefill_ms / row_ms >= 1 ? (int)(prefill_ms / row_ms) : 1;
+        if (row_ms > 0 && prefill_ms / row_ms < max_pf && max_pf > 2)
+            max_pf = prefill_ms / row_ms >= 2 ? (int)(prefill_ms / row_ms) : 2;
     }
     /* Selection, in turn: the running prompt scheduled least recently
      * first (so every admitted prompt keeps moving, whatever arrives),

@@ -7,12 +7,15 @@
 #
 # usage: tests/ref/run_gguf_bench.sh [BUILD_DIR]   (default: build)
 # env:   ROUNDS (default "A B"), THREADS (default "1 2"),
-#        FILES (default "Q4_K_M Q5_K_M Q6_K Q8_0")
+#        FILES (default "Q4_K_M Q5_K_M Q6_K Q8_0"),
+#        LLAMA_CPP_VERSION (the peer's llama-cpp-python release, 0.3.36)
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=${1:-$ROOT/build}
 Q=$ROOT/models/smollm2-quants
-LB=$("$ROOT/tests/ref/build_llama_tools.sh" llama-bench | tail -n 1)
+# the peer: the newest llama-cpp-python release's llama.cpp
+LB=$(LLAMA_CPP_VERSION=${LLAMA_CPP_VERSION:-0.3.36} \
+    "$ROOT/tests/ref/build_llama_tools.sh" llama-bench | tail -n 1)
 for round in ${ROUNDS:-A B}; do
   for t in ${THREADS:-1 2}; do
     for v in ${FILES:-Q4_K_M Q5_K_M Q6_K Q8_0}; do

@@ -15,12 +15,21 @@
 # settings (dsq-bench serve unsets OMP_WAIT_POLICY / GOMP_SPINCOUNT for
 # them; this script sets none). Loopback only.
 #
+# The realsize section serves a DeepSeek-Coder-6.7B-shaped Q4_0 file
+# (random weights, `dsq-bench write-model --shape 6.7b`, written once into
+# the cache, never into git) the same way at REAL_CLIENTS, with 8 requests
+# a round (a 6.7B model on 2 cores makes ~5-8 tokens a second).
+#
 # usage: tests/ref/run_serve_compare.sh [BUILDDIR] [MODEL]
 #   BUILDDIR  a dsq build (default build-release, as scripts/serve builds)
 #   MODEL     GGUF both servers load (default the SmolLM2 Q4_1 file)
 # env: ROUNDS (default 2), CLIENTS (default "1 4 8 16"), REQUESTS (32),
 #      THREADS (2), PY (python with the openai package, default .venv),
-#      PARTS (default "serve crosscheck kernels": which sections run)
+#      PARTS (default "serve crosscheck kernels": which sections run;
+#      "realsize" adds the 6.7B section), REAL_MODEL (default
+#      ${XDG_CACHE_HOME:-$HOME/.cache}/dsq/ds-coder-6.7b-q4_0.gguf, written
+#      when missing), REAL_CLIENTS (default 4), LLAMA_CPP_VERSION (the
+#      peer's llama-cpp-python release, default 0.3.36)
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=${1:-$ROOT/build-release}
@@ -35,7 +44,10 @@ part() { case "$PARTS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 for f in "$B/tools/dsqd" "$B/tools/dsq-bench" "$MODEL"; do
     [ -e "$f" ] || { echo "run_serve_compare.sh: missing $f" >&2; exit 1; }
 done
-BIN=$("$ROOT/tests/ref/build_llama_tools.sh" llama-server llama-bench llama-batched-bench)
+# the peer: the newest llama-cpp-python release's llama.cpp (PyPI's newest
+# on 2026-12-05), not the 0.3.16 the golden files pin
+BIN=$(LLAMA_CPP_VERSION=${LLAMA_CPP_VERSION:-0.3.36} \
+    "$ROOT/tests/ref/build_llama_tools.sh" llama-server llama-bench llama-batched-bench)
 LS=$(echo "$BIN" | sed -n 1p)
 LB=$(echo "$BIN" | sed -n 2p)
 LBB=$(echo "$BIN" | sed -n 3p)
@@ -52,6 +64,24 @@ while [ $r -le "$ROUNDS" ]; do
     done
     r=$((r + 1))
 done
+
+if part realsize; then
+    RM=${REAL_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/dsq/ds-coder-6.7b-q4_0.gguf}
+    if [ ! -e "$RM" ]; then
+        mkdir -p "$(dirname "$RM")"
+        "$B/tools/dsq-bench" write-model --shape 6.7b "$RM.tmp" && mv "$RM.tmp" "$RM"
+    fi
+    r=1
+    while [ $r -le "$ROUNDS" ]; do
+        for c in ${REAL_CLIENTS:-4}; do
+            echo "## realsize round $r, C = $c, $(basename "$RM"), load $(cut -d' ' -f1-3 /proc/loadavg)"
+            "$B/tools/dsq-bench" serve --model "$RM" --threads "$T" --requests 8 \
+                --prompt-len 128 --max-tokens 64 --clients "$c" \
+                --dsqd "$B/tools/dsqd" --llama-server "$LS" || true
+        done
+        r=$((r + 1))
+    done
+fi
 
 # the independent client: one server at a time, dsq-bench serve and the
 # OpenAI SDK against it back to back

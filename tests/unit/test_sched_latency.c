@@ -202,9 +202,9 @@ static void test_defer(void **state)
  * chunk of n at position p costs n + 0.01 (n p + n (n + 1) / 2): with one
  * decoder beside it a 400-token prompt goes in chunks that are each the
  * largest n that fits (largest_fit, a linear search), shrinking as p
- * grows. A decode cost near the budget still leaves a quarter of it to
- * prefill, one above it as much as itself; the trust region caps rows and pairs; with no time at all one
- * token moves. */
+ * grows. A decode cost near the budget or above it leaves prefill as
+ * much as itself; the trust region caps rows and pairs; with no time at
+ * all one token moves. */
 static int largest_fit(double token_ms, double pair_ms, int p, double ms)
 {
     int n = 0;
@@ -244,13 +244,15 @@ static void test_step_budget(void **state)
         steps++;
     }
     assert_true(steps >= 6);
-    /* decodes near the budget: prefill still gets a quarter of it */
+    /* decodes near the budget: prefill gets as much as the step without
+     * it (fixed 80 + a's and b's decode rows), not the 8 ms left of 90 */
     dsq_seq_t *d = new_seq(2, 400, 5);
     dsq_step_cost_t heavy = {.fixed_ms = 80, .token_ms = 1, .pair_ms = 0.01};
     dsq_sched_set_step_budget(sch, 100, &heavy);
     assert_int_equal(dsq_sched_add(sch, d), DSQ_OK);
+    double near = 80 + 2 + 0.01 * (a->n_computed + 1 + b->n_computed + 1);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-    assert_int_equal(tokens_of(&out, d), largest_fit(1, 0.01, 0, 25));
+    assert_int_equal(tokens_of(&out, d), largest_fit(1, 0.01, 0, near));
     commit(sch, &out);
     /* a step the budget cannot hold at all (fixed 300 ms): prefill gets as
      * much as the rest of the step, not a crawl */
@@ -290,9 +292,13 @@ static void test_step_budget(void **state)
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 16);
     commit(sch, &out);
-    /* no prompt token fits the prefill's share (25 ms, a token costs 40):
-     * one still moves */
-    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 40, .pair_ms = 0};
+    /* d alone, deep in its prompt (past position 100): no token fits
+     * the prefill's 90 ms (a token at position p costs 1 + p ms), yet one
+     * moves */
+    dsq_sched_remove(sch, a);
+    dsq_sched_remove(sch, b);
+    assert_true(d->n_computed > 100);
+    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 1, .pair_ms = 1};
     dsq_sched_set_step_budget(sch, 100, &stuck);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 1);
@@ -301,14 +307,88 @@ static void test_step_budget(void **state)
     dsq_sched_set_step_budget(sch, 0, NULL);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
     assert_int_equal(tokens_of(&out, d), 400 - d->n_computed);
-    dsq_sched_remove(sch, a);
-    dsq_sched_remove(sch, b);
     dsq_sched_remove(sch, d);
     assert_int_equal(dsq_kv_n_free(kv), 128);
     dsq_sched_destroy(sch);
     free_seq(a);
     free_seq(b);
     free_seq(d);
+    dsq_kv_destroy(kv);
+}
+
+/* The step budget's floors (dsq_sched_set_step_budget) for a model whose
+ * fixed cost is a large part of the budget (a 6.7B model on 2 cores:
+ * ~140 ms fixed, ~31 ms a prompt token, budget 250 ms). Budget 100 ms
+ * here. Fixed 60 ms, 1 ms a row: a prompt alone gets 8 one-row steps
+ * (8 x 61 ms), 0.9 * 488 - 60 = 379 tokens (not 0.9 * 100 - 60 = 30);
+ * beside one decode
+ * row (a step of 61 ms) 61 tokens, as much as the decode step (not 29).
+ * Fixed 2 ms, 10 ms a row: 78 ms of prefill is less than two prompts'
+ * minimum share (4 rows each), yet a new 4-token prompt goes beside the
+ * long one's chunk (3 tokens, half the time; the new one the rest).
+ * Fixed 60 ms, 20 ms a row: 8 decode rows fit 7 x 80 ms, all in one step
+ * (not 3 in the 60 ms the budget alone left them). */
+static void test_fixed_cost_floors(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(256);
+    dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 2048};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_step_cost_t c = {.fixed_ms = 60, .token_ms = 1, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &c);
+    dsq_sched_out_t out;
+    dsq_seq_t *z = new_seq(3, 1000, 5);
+    assert_int_equal(dsq_sched_add(sch, z), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, z), 379);
+    commit(sch, &out);
+    dsq_sched_remove(sch, z);
+    free_seq(z);
+    dsq_seq_t *a = new_seq(0, 4, 500), *b = new_seq(1, 1000, 5);
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    commit(sch, &out);                       /* a's prompt */
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, a), 1);
+    assert_int_equal(tokens_of(&out, b), 61);
+    commit(sch, &out);
+    dsq_step_cost_t slow = {.fixed_ms = 2, .token_ms = 10, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &slow);
+    dsq_seq_t *d = new_seq(2, 4, 500);
+    assert_int_equal(dsq_sched_add(sch, d), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, a), 1);
+    assert_int_equal(tokens_of(&out, b), 3);
+    assert_int_equal(tokens_of(&out, d), 4);
+    commit(sch, &out);
+    dsq_sched_remove(sch, a);
+    dsq_sched_remove(sch, b);
+    dsq_sched_remove(sch, d);
+    free_seq(a);
+    free_seq(b);
+    free_seq(d);
+    /* eight streams */
+    dsq_sched_set_step_budget(sch, 0, NULL);
+    dsq_seq_t *e[8];
+    for (int i = 0; i < 8; i++) {
+        e[i] = new_seq(10 + (uint64_t)i, 4, 50);
+        assert_int_equal(dsq_sched_add(sch, e[i]), DSQ_OK);
+    }
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    commit(sch, &out);                       /* their prompts */
+    dsq_step_cost_t dec = {.fixed_ms = 60, .token_ms = 20, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &dec);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_seqs, 8);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(tokens_of(&out, e[i]), 1);
+        dsq_sched_remove(sch, e[i]);
+        free_seq(e[i]);
+    }
+    assert_int_equal(dsq_kv_n_free(kv), 256);
+    dsq_sched_destroy(sch);
     dsq_kv_destroy(kv);
 }
 
@@ -454,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_prefill_cap),
         cmocka_unit_test(test_defer),
         cmocka_unit_test(test_step_budget),
+        cmocka_unit_test(test_fixed_cost_floors),
         cmocka_unit_test(test_paused_free_slots),
         cmocka_unit_test(test_property),
     };
