@@ -342,9 +342,11 @@ static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t 
 }
 
 /* INT6_X8 two tiles at a time: int6x8_rows (matmul_x86.inc) on 512-bit
- * vectors, lanes 8-15 for tile t + 1; the same fp32 operations per lane. */
-INLINE void int6x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
-                         const int mr, const dsq_weight_t *w, int64_t t)
+ * vectors, lanes 8-15 for tile t + 1; the same fp32 operations per lane.
+ * np pairs side by side as int4x8_pairs (decode: two pairs, four
+ * streams); sums indexed j = q * mr + r. */
+INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t, const int np)
 {
     const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups;
     const int64_t tw = nb * 192, tg = groups * 8, ts = (w->k / 256) * 16;
@@ -355,120 +357,150 @@ INLINE void int6x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const __m512 m32 = _mm512_set1_ps(-32.0f);
     const int8_t *xr = xq->q + m0 * kp;
     __m512 acc[4], corr[4];
-    for (int r = 0; r < mr; r++) {
-        acc[r] = _mm512_setzero_ps();
-        corr[r] = _mm512_setzero_ps();
+    for (int j = 0; j < np * mr; j++) {
+        acc[j] = _mm512_setzero_ps();
+        corr[j] = _mm512_setzero_ps();
     }
     for (int64_t c = 0; c < nb; c++) {
-        const uint8_t *wc = wt + c * 192;
         const int8_t *xc = xr + c * 32;
         __m512i sl[4], sh[4];
-        for (int r = 0; r < mr; r++)
-            sl[r] = sh[r] = _mm512_setzero_si512();
+        for (int j = 0; j < np * mr; j++)
+            sl[j] = sh[j] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m512i hb = ld2x32(wc + 128 + 32 * h, wc + tw + 128 + 32 * h);
+        for (int q = 0; q < np; q++) {
+            const uint8_t *wc = wt + 2 * q * tw + c * 192;
 #pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int p = 2 * h + e;
-                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-                const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
-                const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
-                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4),
-                                                   _mm512_and_si512(tl, top));
-                const __m512i hi = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), _mm512_and_si512(th, top));
+            for (int h = 0; h < 2; h++) {
+                const __m512i hb = ld2x32(wc + 128 + 32 * h, wc + tw + 128 + 32 * h);
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const int p = 2 * h + e;
+                    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+                    const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
+                    const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
+                    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4),
+                                                       _mm512_and_si512(tl, top));
+                    const __m512i hi = _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4),
+                        _mm512_and_si512(th, top));
 #pragma GCC unroll 4
-                for (int r = 0; r < mr; r++) {
-                    sl[r] = _mm512_dpbusd_epi32(sl[r], lo, bcast4_512(xc + r * kp + 4 * p));
-                    sh[r] = _mm512_dpbusd_epi32(sh[r], hi, bcast4_512(xc + r * kp + 16 + 4 * p));
+                    for (int r = 0; r < mr; r++) {
+                        const int j = q * mr + r;
+                        sl[j] = _mm512_dpbusd_epi32(sl[j], lo, bcast4_512(xc + r * kp + 4 * p));
+                        sh[j] = _mm512_dpbusd_epi32(sh[j], hi,
+                                                    bcast4_512(xc + r * kp + 16 + 4 * p));
+                    }
                 }
             }
         }
-        const __m512 dv = ld2_f16(sup + (c / 8) * 16, sup + ts + (c / 8) * 16);
-        const __m512 s0 = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c, sst + tg + 16 * c));
-        const __m512 s1 = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c + 8, sst + tg + 16 * c + 8));
-        const __m512 c0 = _mm512_mul_ps(m32, s0), c1 = _mm512_mul_ps(m32, s1);
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const int64_t o = 2 * q;
+            const __m512 dv = ld2_f16(sup + o * ts + (c / 8) * 16,
+                                      sup + (o + 1) * ts + (c / 8) * 16);
+            const __m512 s0 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c,
+                                                       sst + (o + 1) * tg + 16 * c));
+            const __m512 s1 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c + 8,
+                                                       sst + (o + 1) * tg + 16 * c + 8));
+            const __m512 c0 = _mm512_mul_ps(m32, s0), c1 = _mm512_mul_ps(m32, s1);
 #pragma GCC unroll 4
-        for (int r = 0; r < mr; r++) {
-            const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
-            const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
-                                                         _mm512_cvtepi32_ps(sl[r])));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
-                                                         _mm512_cvtepi32_ps(sh[r])));
-            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
-            corr[r] = _mm512_add_ps(corr[r], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
+            for (int r = 0; r < mr; r++) {
+                const int j = q * mr + r;
+                const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
+                const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
+                                                             _mm512_cvtepi32_ps(sl[j])));
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
+                                                             _mm512_cvtepi32_ps(sh[j])));
+                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
+                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
+            }
         }
     }
-    for (int r = 0; r < mr; r++)
-        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, _mm512_add_ps(acc[r], corr[r]));
+    for (int q = 0; q < np; q++)
+        for (int r = 0; r < mr; r++)
+            _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * (t + 2 * q),
+                             _mm512_add_ps(acc[q * mr + r], corr[q * mr + r]));
 }
 
 /* Q8_0_X8 two tiles at a time: q8x8_rows on 512-bit vectors. AVX-512 has
  * no vpsignb: the activations are negated under the mask of negative
  * weights instead (where a weight is 0 its |w| makes the product 0 either
- * way), so the integer sums are q8x8_rows' exactly. */
-INLINE void q8x8_rows2(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
-                       const int mr, const dsq_weight_t *w, int64_t t)
+ * way), so the integer sums are q8x8_rows' exactly. np pairs side by side
+ * as int4x8_pairs. */
+INLINE void q8x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                       const int mr, const dsq_weight_t *w, int64_t t, const int np)
 {
     const int64_t nb = xq->nb, kp = xq->k_pad, tw = nb * 272;
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const int8_t *xr = xq->q + m0 * kp;
     const __m512i zero = _mm512_setzero_si512();
     __m512 acc[4];
-    for (int r = 0; r < mr; r++)
-        acc[r] = _mm512_setzero_ps();
+    for (int j = 0; j < np * mr; j++)
+        acc[j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < nb; c++) {
-        const uint8_t *wc = wt + c * 272;
         const int8_t *xc = xr + c * 32;
         __m512i s[4];
-        for (int r = 0; r < mr; r++)
-            s[r] = _mm512_setzero_si512();
+        for (int j = 0; j < np * mr; j++)
+            s[j] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const uint8_t *wc = wt + 2 * q * tw + c * 272;
 #pragma GCC unroll 8
-        for (int p = 0; p < 8; p++) {
-            const __m512i v = ld2x32(wc + 16 + 32 * p, wc + tw + 16 + 32 * p);
-            const __m512i av = _mm512_abs_epi8(v);
-            const __mmask64 neg = _mm512_movepi8_mask(v);
+            for (int p = 0; p < 8; p++) {
+                const __m512i v = ld2x32(wc + 16 + 32 * p, wc + tw + 16 + 32 * p);
+                const __m512i av = _mm512_abs_epi8(v);
+                const __mmask64 neg = _mm512_movepi8_mask(v);
 #pragma GCC unroll 4
-            for (int r = 0; r < mr; r++) {
-                const __m512i xb = bcast4_512(xc + r * kp + 4 * p);
-                s[r] = _mm512_dpbusd_epi32(s[r], av, _mm512_mask_sub_epi8(xb, neg, zero, xb));
+                for (int r = 0; r < mr; r++) {
+                    const int j = q * mr + r;
+                    const __m512i xb = bcast4_512(xc + r * kp + 4 * p);
+                    s[j] = _mm512_dpbusd_epi32(s[j], av, _mm512_mask_sub_epi8(xb, neg, zero, xb));
+                }
             }
         }
-        const __m512 dv = ld2_f16((const uint16_t *)wc, (const uint16_t *)(wc + tw));
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const uint8_t *wc = wt + 2 * q * tw + c * 272;
+            const __m512 dv = ld2_f16((const uint16_t *)wc, (const uint16_t *)(wc + tw));
 #pragma GCC unroll 4
-        for (int r = 0; r < mr; r++)
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(
-                         _mm512_mul_ps(dv, _mm512_set1_ps(xq->d[(m0 + r) * nb + c])),
-                         _mm512_cvtepi32_ps(s[r])));
+            for (int r = 0; r < mr; r++)
+                acc[q * mr + r] = _mm512_add_ps(acc[q * mr + r], _mm512_mul_ps(
+                                      _mm512_mul_ps(dv, _mm512_set1_ps(xq->d[(m0 + r) * nb + c])),
+                                      _mm512_cvtepi32_ps(s[q * mr + r])));
+        }
     }
-    for (int r = 0; r < mr; r++)
-        _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * t, acc[r]);
+    for (int q = 0; q < np; q++)
+        for (int r = 0; r < mr; r++)
+            _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * (t + 2 * q), acc[q * mr + r]);
 }
 
-/* Pairs of tiles through ROWS2, a last odd one through the 256-bit TILE1 */
-#define TILE_PAIRS(name, ROWS2, TILE1)                                          \
+/* Pairs of tiles through PAIRS (two pairs side by side for one activation
+ * row, decode), a last odd tile through the 256-bit TILE1 */
+#define TILE_PAIRS(name, PAIRS, TILE1)                                          \
     static void name(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,    \
                      int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1) \
     {                                                                           \
         int64_t t = n0 / 8;                                                     \
+        if (m1 - m0 == 1)                                                       \
+            for (; t + 4 <= n1 / 8; t += 4)                                     \
+                PAIRS(y, ldy, xq, m0, 1, w, t, 2);                              \
         for (; t + 2 <= n1 / 8; t += 2) {                                       \
             switch (m1 - m0) {                                                  \
-            case 4: ROWS2(y, ldy, xq, m0, 4, w, t); break;                      \
-            case 3: ROWS2(y, ldy, xq, m0, 3, w, t); break;                      \
-            case 2: ROWS2(y, ldy, xq, m0, 2, w, t); break;                      \
+            case 4: PAIRS(y, ldy, xq, m0, 4, w, t, 1); break;                   \
+            case 3: PAIRS(y, ldy, xq, m0, 3, w, t, 1); break;                   \
+            case 2: PAIRS(y, ldy, xq, m0, 2, w, t, 1); break;                   \
             default:                                                            \
                 for (int64_t r = m0; r < m1; r++)                               \
-                    ROWS2(y, ldy, xq, r, 1, w, t);                              \
+                    PAIRS(y, ldy, xq, r, 1, w, t, 1);                           \
                 break;                                                          \
             }                                                                   \
         }                                                                       \
         if (t < n1 / 8)                                                         \
             TILE1(y, ldy, xq, m0, m1, w, 8 * t, n1);                            \
     }
-TILE_PAIRS(tile_int6x8_512, int6x8_rows2, tile_int6x8)
-TILE_PAIRS(tile_q8_0x8_512, q8x8_rows2, tile_q8_0x8)
+TILE_PAIRS(tile_int6x8_512, int6x8_pairs, tile_int6x8)
+TILE_PAIRS(tile_q8_0x8_512, q8x8_pairs, tile_q8_0x8)
 
 /* Q8_0 decode (one activation row): nr = 4 weight rows at once, each with
  * exactly the AVX2 kernel's per-row operation sequence (q8_0_rows), so the
