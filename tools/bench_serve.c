@@ -610,7 +610,8 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
     if (strcmp(sp->kind, "dsqd") == 0) {
         /* no --kv-cache-memory: the planner's default holds every
          * sequence at --max-model-len, the KV llama-server gets from -c
-         * (a fixed size would hold fewer tokens of a bigger model) */
+         * (a fixed size would hold fewer tokens of a bigger model), up to
+         * its CPU cap of 4 GiB and what the memory budget leaves */
         const char *a[] = {"--model", model, "--host", "127.0.0.1", "--port", sport,
                            "--threads", sthr, "--max-num-seqs", sseq, "--max-model-len", sctx,
                            "--log-level", "warn"};

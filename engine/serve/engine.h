@@ -86,7 +86,9 @@ typedef struct dsq_engine_opts {
                                         rows (dsq_sched_set_step_budget), so
                                         running streams, cancellation and
                                         /metrics wait about one budget for a
-                                        step end; 0 = 250, < 0 = no budget  */
+                                        step end (up to ~16 one-row steps
+                                        where 8 exceed the budget);
+                                        0 = 250, < 0 = no budget            */
     double max_queue_wait_s;         /* a request not scheduled this
                                         long after submit is aborted; its final
                                         events carry queue_timeout; 0 = none */

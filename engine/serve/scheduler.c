@@ -57,8 +57,8 @@ typedef struct cand {
  * 7/8 of its time. The one-row step, not the fit's fixed cost alone, is
  * the unit because steps of a few rows cannot tell the fixed cost from
  * the per-row one, and a fit of such steps may put all of it in either.
- * Measured on a 6.7B model on 2 cores (docs/benchmarks.md, serving at
- * real size): a one-row step ~150-190 ms, ~31 ms a prompt token, so the
+ * Measured on a 6.7B model on 2 cores (docs/benchmarks.md, "Serving a
+ * 6.7B model"): a one-row step ~150-190 ms, ~31 ms a prompt token, so the
  * default 250 ms budget had left 1-4 prompt tokens a step. */
 #define MIN_STEPS_PER_STEP 8.0
 
@@ -735,10 +735,11 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     /* 2. Decode rows, round-robin across requests. With a step budget
      * they get what is left of 90% of it after the fixed cost, less a
      * quarter for prefill when a prompt is pending; at least half of it,
-     * and at least MIN_STEPS_PER_STEP - 1 one-row steps' cost (a decode
-     * row costs little beside the weight read every step pays, so a big
-     * model's step holds as many as that allows instead of taking turns a
-     * few rows at a time). At least one row per step. */
+     * and where the budget is small for the model, at least
+     * MIN_STEPS_PER_STEP - 1 one-row steps' time (a decode row costs
+     * little beside the weight read every step pays, so a big model's
+     * step holds as many as that allows instead of taking turns a few
+     * rows at a time). At least one row per step. */
     bool timed = s->budget_ms > 0;
     bool prefill_pending = false;
     int n_dec = 0;
@@ -760,12 +761,14 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     turn_order(s->dec, n_dec);
     double decode_ms = 0, decode_cost = 0;
     double one_row_ms = s->cost.fixed_ms + s->cost.token_ms + s->cost.pair_ms;
+    /* the budget is small for the model: see MIN_STEPS_PER_STEP */
+    const bool small_budget = timed && MIN_STEPS_PER_STEP * one_row_ms > s->budget_ms;
     if (timed) {
         decode_ms = 0.9 * s->budget_ms - s->cost.fixed_ms -
                     (prefill_pending ? 0.25 * s->budget_ms : 0);
         if (decode_ms < 0.5 * s->budget_ms)
             decode_ms = 0.5 * s->budget_ms;
-        if (decode_ms < (MIN_STEPS_PER_STEP - 1) * one_row_ms)
+        if (small_budget && decode_ms < (MIN_STEPS_PER_STEP - 1) * one_row_ms)
             decode_ms = (MIN_STEPS_PER_STEP - 1) * one_row_ms;
         s->trust_rows_left = s->cost.trust_rows;
         s->trust_pairs_left = s->cost.trust_pairs;
@@ -807,25 +810,28 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         max_pf = prefill_left;          /* a token each at least */
     if (timed) {
         /* what fits beside the decodes; at least a quarter of the budget;
-         * at least as much as the step without prefill costs, so prefill
-         * moves as fast as the decodes do and at most doubles their step
-         * (a big model on a small machine, a simulator: a step of decode
-         * rows may alone cost more than the budget, or leave a few prompt
-         * tokens' worth of it); and with no decode row, where nobody
-         * waits between tokens, the budget stretched to MIN_STEPS_PER_STEP
-         * one-row steps, so a prompt-only step is not mostly the weight
-         * read */
+         * where the budget is too small for the model (MIN_STEPS_PER_STEP
+         * one-row steps exceed it: a big model on a small machine, a
+         * simulator) or the decode rows alone exceed it, at least as much
+         * as the step without prefill costs, so prefill moves as fast as
+         * the decodes do and at most doubles their step instead of
+         * crawling a few tokens a step; and there, with no decode row
+         * (nobody waits between tokens), the budget stretched to
+         * MIN_STEPS_PER_STEP one-row steps, so a prompt-only step is not
+         * mostly the weight read. A model the budget fits keeps the
+         * budget as its bound. */
         double base_ms = s->cost.fixed_ms + decode_cost;
         double budget_ms = s->budget_ms;
-        if (picked.n == 0 && budget_ms < MIN_STEPS_PER_STEP * one_row_ms)
+        if (picked.n == 0 && small_budget)
             budget_ms = MIN_STEPS_PER_STEP * one_row_ms;
         prefill_ms = 0.9 * budget_ms - base_ms;
         if (prefill_ms < 0.25 * budget_ms)
             prefill_ms = 0.25 * budget_ms;
-        if (prefill_ms < base_ms)
+        if (prefill_ms < base_ms && (small_budget || base_ms > s->budget_ms))
             prefill_ms = base_ms;
-        /* two prompts at least, so a new prompt is not held behind a
-         * long one for all of its chunks when the time fits few rows */
+        /* two prompts at least (where two slots allow), so a new prompt
+         * is not held behind a long one for all of its chunks when the
+         * time fits few rows */
         double row_ms = MIN_SHARE_ROWS * (s->cost.token_ms + s->cost.pair_ms);
         if (row_ms > 0 && prefill_ms / row_ms < max_pf && max_pf > 2)
             max_pf = prefill_ms / row_ms >= 2 ? (int)(prefill_ms / row_ms) : 2;

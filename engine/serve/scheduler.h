@@ -188,16 +188,18 @@ void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens);
  * in 90% of budget_ms after its fixed cost and the step's decode rows
  * (each decode row: token_ms + pair_ms * its position + 1), and never less
  * than a quarter of budget_ms, so prefill keeps moving when decodes alone
- * fill the budget, nor less than the step without prefill (fixed + decode
- * rows) costs, so prefill at most doubles a step that the budget cannot
- * hold anyway or that leaves it little. A step with no decode row may
- * take 8x the predicted cost of a one-row step (fixed + one row), so its
- * prompt rows, not the weight read, fill it, and decode rows get at least
- * 7x that. A chunk's cost grows
- * with its position (attention pairs), so a long prompt's later chunks
- * get fewer tokens. At least two prompts share a step's prefill when two
- * are ready, and at least one prefill token per step moves whatever the
- * prediction (progress). Combines
+ * fill the budget. Where the budget is small for the model (8 predicted
+ * one-row steps, fixed + one row, exceed it) or the decode rows alone
+ * exceed it, prefill also gets at least what the step without it costs
+ * (it at most doubles that step); there a step with no decode row has
+ * its budget stretched to 8 one-row steps (so its prompt rows, not the
+ * weight read, fill it), and decode rows get at least 7 one-row steps'
+ * time: such a step can take ~16 one-row steps (a 6.7B model on 2
+ * cores: ~2.5 s at 250 ms). A chunk's cost grows with its position
+ * (attention pairs), so a long prompt's later chunks get fewer tokens. At
+ * least two prompts share a step's prefill when two are ready and two
+ * slots are free, and at least one prefill token per step moves whatever
+ * the prediction (progress). Combines
  * with the token caps (max_prefill_tokens_with_decode,
  * dsq_sched_set_prefill_cap, max_num_batched_tokens: the smallest
  * applies). budget_ms <= 0 or cost NULL removes it. The model is copied. */

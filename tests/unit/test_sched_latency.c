@@ -293,8 +293,8 @@ static void test_step_budget(void **state)
     assert_int_equal(tokens_of(&out, d), 16);
     commit(sch, &out);
     /* d alone, deep in its prompt (past position 100): no token fits
-     * the prefill's 90 ms (a token at position p costs 1 + p ms), yet one
-     * moves */
+     * the prefill's 90 ms (a token at position p costs 1 + (p + 1) ms),
+     * yet one moves */
     dsq_sched_remove(sch, a);
     dsq_sched_remove(sch, b);
     assert_true(d->n_computed > 100);
@@ -326,8 +326,9 @@ static void test_step_budget(void **state)
  * Fixed 2 ms, 10 ms a row: 78 ms of prefill is less than two prompts'
  * minimum share (4 rows each), yet a new 4-token prompt goes beside the
  * long one's chunk (3 tokens, half the time; the new one the rest).
- * Fixed 60 ms, 20 ms a row: 8 decode rows fit 7 x 80 ms, all in one step
- * (not 3 in the 60 ms the budget alone left them). */
+ * Fixed 60 ms, 20 ms a row: decode rows get 7 one-row steps (7 x 80 ms):
+ * 28 of 32 streams in one step (not 3 in the 60 ms the budget alone left
+ * them). A model the budget fits keeps the budget's bound. */
 static void test_fixed_cost_floors(void **state)
 {
     (void)state;
@@ -369,10 +370,13 @@ static void test_fixed_cost_floors(void **state)
     free_seq(a);
     free_seq(b);
     free_seq(d);
-    /* eight streams */
-    dsq_sched_set_step_budget(sch, 0, NULL);
-    dsq_seq_t *e[8];
-    for (int i = 0; i < 8; i++) {
+    dsq_sched_destroy(sch);
+    /* 32 streams: 28 decode rows fit 7 one-row steps of 80 ms */
+    so.max_num_seqs = 33;
+    sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *e[32];
+    for (int i = 0; i < 32; i++) {
         e[i] = new_seq(10 + (uint64_t)i, 4, 50);
         assert_int_equal(dsq_sched_add(sch, e[i]), DSQ_OK);
     }
@@ -381,9 +385,23 @@ static void test_fixed_cost_floors(void **state)
     dsq_step_cost_t dec = {.fixed_ms = 60, .token_ms = 20, .pair_ms = 0};
     dsq_sched_set_step_budget(sch, 100, &dec);
     assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
-    assert_int_equal(out.n_seqs, 8);
-    for (int i = 0; i < 8; i++) {
-        assert_int_equal(tokens_of(&out, e[i]), 1);
+    assert_int_equal(out.n_seqs, 28);
+    commit(sch, &out);
+    /* a model the budget fits (8 one-row steps of 12 ms < 100): the
+     * budget bounds the step as before. Decode rows get 90 - 2 - 25 = 63
+     * ms (6 rows), the prompt 90 - 62 = 28 ms (2 tokens), not the 62 ms
+     * the decode step costs */
+    dsq_step_cost_t fits = {.fixed_ms = 2, .token_ms = 10, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &fits);
+    dsq_seq_t *p = new_seq(50, 100, 5);
+    assert_int_equal(dsq_sched_add(sch, p), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, p), 2);
+    assert_int_equal(out.n_seqs, 7);
+    commit(sch, &out);
+    dsq_sched_remove(sch, p);
+    free_seq(p);
+    for (int i = 0; i < 32; i++) {
         dsq_sched_remove(sch, e[i]);
         free_seq(e[i]);
     }
