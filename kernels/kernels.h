@@ -33,7 +33,8 @@ typedef enum dsq_wformat {
                            Q5_1, Q5_K, Q6_K)                                   */
     DSQ_WFMT_INT4_X8,   /* INT4 with rows interleaved in tiles of 8: the CPU
                            products' layout (see below); made from an INT4
-                           weight in place by dsq_weight_interleave_x8      */
+                           weight in place by dsq_weight_interleave_x8
+                           (fp16 scales) or dsq_weight_pack_x8 (SUPER)    */
     DSQ_WFMT_INT6_X8,   /* 6-bit q in tiles of 8 rows, GGUF Q6_K's bits (see
                            below); made from INT8G by dsq_weight_pack_x8    */
     DSQ_WFMT_Q8_0_X8,   /* Q8_0 blocks in tiles of 8 rows (see below); made
@@ -72,7 +73,8 @@ typedef enum dsq_zp_mode {
  * nibble q stands for the integer dsq_iq4nl_values[q]. */
 extern const int8_t dsq_iq4nl_values[16];
 
-/* Where an INT4 / INT8G weight keeps its per-group scale s and zero z / m:
+/* Where an INT4 / INT8G weight keeps its per-group scale s and zero z / m
+ * (the X8 formats regroup these arrays, see their layouts):
  *   F16:   scales fp16 [n][groups] = s; zeros fp16 [n][groups] = z (INT) or
  *          m (MIN), NULL for SYM/LUT. (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, AWQ,
  *          GPTQ: their scales are fp16 already, so this is exact.)
@@ -126,10 +128,18 @@ typedef enum dsq_act_dtype {
  * (t * k_pad/32 + c) * 128, where byte 32p + 4r + i (p < 4, r < 8, i < 4)
  * is byte 4p + i of row 8t + r's native chunk c (so its low nibble is
  * weight 4p + i of the chunk, its high nibble weight 16 + 4p + i); scales
- * and zeros fp16 [n/8][groups][8], entry (t, g, r) for row 8t + r; SUPER:
- * sub_scales and sub_zeros int8 [n/8][groups][8] the same way, super fp16
+ * and zeros fp16 [n/8][groups][8], entry (t, g, r) for row 8t + r; SUPER
+ * (zp_mode MIN only: Q4_K) keeps a and b in 6 bits as the file does, in
+ * sub_scales (sub_zeros NULL): 96 bytes per tile and super-block at
+ * (t * k/256 + b) * 96 holding the 128 values v[8g + r] = a and
+ * v[64 + 8g + r] = b of group 8b + g of row 8t + r (g, r < 8): byte j
+ * (j < 64) = v[j] & 15 | (v[64 + j] & 15) << 4, byte 64 + j (j < 32) =
+ * v[j] >> 4 | v[32 + j] >> 4 << 2 | v[64 + j] >> 4 << 4 | v[96 + j] >> 4
+ * << 6 (so four 32-byte operations unpack a super-block's 128 values in
+ * the order one 8-lane load per group wants); super fp16
  * [n/8][k/256][2][8], entry (t, b, 0, r) = d and (t, b, 1, r) = dm of row
- * 8t + r's super-block b. One 32-byte load then holds 4 weights of each
+ * 8t + r's super-block b: 144 bytes per 256 weights of a row, Q4_K's
+ * own. One 32-byte load then holds 4 weights of each
  * of 8 rows, so a SIMD product keeps one row per 32-bit lane and needs no
  * horizontal sum (the idea of llama.cpp's Q4_0_8x8 repacking), and the 8
  * rows' scales of a group are one 8-lane load.
@@ -151,7 +161,8 @@ typedef enum dsq_act_dtype {
  * 128 bytes of q's low 4 bits, then 32 bytes of top bits: byte 128 +
  * 4r + i (r < 8, i < 4), bit 2p (p < 4) = bit 4 of weight 4p + i of row
  * 8t + r, bit 2p + 1 = of weight 16 + 4p + i. 20 bytes per 32 weights of
- * a row besides the scales: Q5_0 and Q5_1's own size, Q5_K + 2.3 %.
+ * a row besides the scales (SUPER: INT4_X8's 6-bit ones): Q5_0, Q5_1 and
+ * Q5_K's own sizes.
  * DSQ_WFMT_Q8_0_X8 byte layout: Q8_0's bytes with the rows taken 8 at a
  * time (n % 8 == 0, k % 32 == 0): tile t, 32-block c: 272 bytes at
  * (t * k/32 + c) * 272, the 8 rows' fp16 d first (row 8t + r at 2r), then
@@ -174,7 +185,8 @@ typedef struct dsq_weight {
     const void *data;          /* qweight or plain matrix, see format           */
     const uint16_t *scales;    /* F16 mode: fp16 [n][groups]; INT8: fp16 [n]    */
     const uint16_t *zeros;     /* F16 mode INT/MIN: fp16 [n][groups]            */
-    const int8_t *sub_scales;  /* SUPER: int8 [n][groups]                       */
+    const int8_t *sub_scales;  /* SUPER: int8 [n][groups]; INT4_X8 / INT5_X8:
+                                  the 6-bit a and b (layout below)           */
     const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]               */
     const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm)             */
     const float *bias;         /* fp32 [n] or NULL                              */
@@ -213,8 +225,9 @@ size_t dsq_weight_scale_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_s
 /* (F16 INT/MIN modes: zeros take the same bytes as scales.) These two only
  * describe the F16 scale mode; dsq_weight_layout describes every layout. */
 
-/* Turn a DSQ_WFMT_INT4 weight (F16 scale mode with group_size 32/64/128,
- * or SUPER with group_size 32; n % 8 == 0) into DSQ_WFMT_INT4_X8 in place:
+/* Turn a DSQ_WFMT_INT4 weight (F16 scale mode with group_size 32/64/128;
+ * n % 8 == 0) into DSQ_WFMT_INT4_X8 in place (SUPER weights shrink:
+ * dsq_weight_pack_x8):
  * its data and scale arrays are rewritten (they must be writable memory
  * the caller owns, not a file mapping) and w->format changes; sizes and
  * pointers stay. Tile by tile, with a 8-row scratch of its own (no
@@ -226,14 +239,18 @@ int dsq_weight_interleave_x8(dsq_weight_t *w);
 /* A copy of src in the interleaved layout of its format, in one new
  * 64-byte aligned block (data | sub_scales | super) that the caller owns
  * through *storage (free()); src is not changed:
+ *   - INT4 with SUPER scales, group 32, zp_mode MIN and every sub-scale
+ *     and sub-zero in [0, 63] (GGUF Q4_K) -> DSQ_WFMT_INT4_X8;
  *   - INT8G with SUPER scales, group 16, zp_mode SYM and every q in
  *     [-32, 31] (GGUF Q6_K) -> DSQ_WFMT_INT6_X8;
  *   - INT8G with group 32, zp_mode SYM (q in [-16, 15]) or MIN (q in
- *     [0, 31]) (GGUF Q5_0, Q5_1, Q5_K) -> DSQ_WFMT_INT5_X8;
+ *     [0, 31]) (GGUF Q5_0, Q5_1, Q5_K; SUPER: sub-scales and sub-zeros in [0, 63])
+ *     -> DSQ_WFMT_INT5_X8;
  *   - Q8_0 -> DSQ_WFMT_Q8_0_X8.
  * n % 8 == 0 for all. Returns 0, DSQ_EINVAL (another format or layout,
- * a q out of range: *dst and *storage untouched) or DSQ_ENOMEM. (INT4
- * weights are interleaved in place: dsq_weight_interleave_x8.) */
+ * a value out of range: *dst and *storage untouched) or DSQ_ENOMEM. (INT4
+ * weights with fp16 scales are interleaved in place:
+ * dsq_weight_interleave_x8.) */
 int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage);
 
 /* The interleaved twin of w's layout: *out = *w with the format

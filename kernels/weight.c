@@ -79,9 +79,15 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
             return DSQ_EINVAL;
         if (five && (gs != 32 || (w->zp_mode != DSQ_ZP_SYM && w->zp_mode != DSQ_ZP_MIN)))
             return DSQ_EINVAL;
+        /* SUPER: Q4_K / Q5_K's 6-bit sub-scales and mins, 12 bytes a
+         * super-block row as in the file (no sub_zeros array) */
+        if (super && w->zp_mode != DSQ_ZP_MIN)
+            return DSQ_EINVAL;
         b->data = five ? n * kp / 32 * 20 : n * kp / 2;
-        b->scales = n * (size_t)((w->k + gs - 1) / gs) * (super ? 1 : 2);
-        b->zeros = w->zp_mode == DSQ_ZP_INT || w->zp_mode == DSQ_ZP_MIN ? b->scales : 0;
+        b->scales = super ? n * (size_t)(w->k / 256) * 12
+                          : n * (size_t)((w->k + gs - 1) / gs) * 2;
+        b->zeros = !super && (w->zp_mode == DSQ_ZP_INT || w->zp_mode == DSQ_ZP_MIN)
+                       ? b->scales : 0;
         b->super = super ? n * (size_t)(w->k / 256) * 4 : 0;
         b->total = b->data + b->scales + b->zeros + b->super;
         return DSQ_OK;
@@ -195,27 +201,51 @@ static void tile_transpose(uint8_t *tile, uint8_t *tmp, size_t per_row, size_t u
             memcpy(tile + (u * 8 + r) * unit, tmp + r * per_row + u * unit, unit);
 }
 
+/* The sub-scales a and mins b of a SUPER group-32 weight (row-major int8
+ * [n][k/32] each, every one 0..63: GGUF Q4_K, Q5_K) into the X8 formats'
+ * 6-bit array at dst, [n/8][k/256][96] (kernels.h). DSQ_EINVAL when one
+ * does not fit 6 bits. */
+static int pack_sub6(const dsq_weight_t *src, uint8_t *dst)
+{
+    const int64_t groups = src->k / 32, sbs = src->k / 256;
+    for (int64_t t = 0; t < src->n / 8; t++)
+        for (int64_t s = 0; s < sbs; s++) {
+            uint8_t v[128], *o = dst + (t * sbs + s) * 96;
+            for (int g = 0; g < 8; g++)
+                for (int r = 0; r < 8; r++) {
+                    const int64_t i = (8 * t + r) * groups + 8 * s + g;
+                    const int a = src->sub_scales[i], b = src->sub_zeros[i];
+                    if (a < 0 || a > 63 || b < 0 || b > 63)
+                        return DSQ_EINVAL;
+                    v[8 * g + r] = (uint8_t)a;
+                    v[64 + 8 * g + r] = (uint8_t)b;
+                }
+            for (int j = 0; j < 64; j++)
+                o[j] = (uint8_t)((v[j] & 15) | (v[64 + j] & 15) << 4);
+            for (int j = 0; j < 32; j++)
+                o[64 + j] = (uint8_t)(v[j] >> 4 | (v[32 + j] >> 4) << 2 |
+                                      (v[64 + j] >> 4) << 4 | (v[96 + j] >> 4) << 6);
+        }
+    return DSQ_OK;
+}
+
 int dsq_weight_interleave_x8(dsq_weight_t *w)
 {
-    if (!w || w->format != DSQ_WFMT_INT4 || dsq_weight_check(w) != DSQ_OK)
+    /* SUPER weights shrink (6-bit sub-scales): dsq_weight_pack_x8 */
+    if (!w || w->format != DSQ_WFMT_INT4 || w->scale_mode != DSQ_SCALE_F16 ||
+        dsq_weight_check(w) != DSQ_OK)
         return DSQ_EINVAL;
     dsq_weight_t x = *w;
     x.format = DSQ_WFMT_INT4_X8;
     dsq_weight_bytes_t b;
     if (dsq_weight_layout(&x, &b) != DSQ_OK)
         return DSQ_EINVAL;
-    const bool super = w->scale_mode == DSQ_SCALE_SUPER;
     const size_t tiles = (size_t)w->n / 8, row_data = b.data / (size_t)w->n,
-                 row_sc = b.scales / (size_t)w->n, row_sup = b.super / (size_t)w->n;
-    /* SUPER: int8 sub-scales (unit 1) and fp16 (d, dm) pairs, which go to
-     * [super-block][d or dm][8 rows] (unit 2) */
-    const size_t sc_unit = super ? 1 : 2;
+                 row_sc = b.scales / (size_t)w->n;
     uint8_t *tmp = malloc(8 * (row_data > row_sc ? row_data : row_sc));
     if (!tmp)
         return DSQ_ENOMEM;
     uint8_t *data = (uint8_t *)w->data;
-    uint8_t *sc = super ? (uint8_t *)w->sub_scales : (uint8_t *)w->scales;
-    uint8_t *zr = super ? (uint8_t *)w->sub_zeros : (uint8_t *)w->zeros;
     const size_t chunks = row_data / 16;
     for (size_t t = 0; t < tiles; t++) {
         /* qweight: [8 rows][chunks][4 units of 4 bytes] -> [chunks][4][8 rows][4] */
@@ -225,11 +255,9 @@ int dsq_weight_interleave_x8(dsq_weight_t *w)
             for (size_t p = 0; p < 4; p++)
                 for (size_t r = 0; r < 8; r++)
                     memcpy(td + c * 128 + p * 32 + r * 4, tmp + r * row_data + c * 16 + p * 4, 4);
-        tile_transpose(sc + t * 8 * row_sc, tmp, row_sc, sc_unit);
-        if (zr && b.zeros)
-            tile_transpose(zr + t * 8 * row_sc, tmp, row_sc, sc_unit);
-        if (super)
-            tile_transpose((uint8_t *)w->super + t * 8 * row_sup, tmp, row_sup, 2);
+        tile_transpose((uint8_t *)w->scales + t * 8 * row_sc, tmp, row_sc, 2);
+        if (w->zeros && b.zeros)
+            tile_transpose((uint8_t *)w->zeros + t * 8 * row_sc, tmp, row_sc, 2);
     }
     free(tmp);
     w->format = DSQ_WFMT_INT4_X8;
@@ -287,9 +315,82 @@ int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out)
     return DSQ_OK;
 }
 
+/* The scale arrays of src (INT4 or INT8G, group 32) in INT4_X8 / INT5_X8
+ * tile order into one block at p (kernels.h): F16 scales (and zeros) at
+ * p + db (and p + db + sb), [n/8][groups][8]; SUPER the 6-bit sub-scales
+ * at p + db and the (d, dm) pairs at p + db + sb, [n/8][k/256][2][8].
+ * Points x's arrays at them. DSQ_EINVAL when a sub-scale does not fit. */
+static int put_scales_x8(const dsq_weight_t *src, const dsq_weight_bytes_t *b, uint8_t *p,
+                         dsq_weight_t *x)
+{
+    const size_t db = (b->data + 63) / 64 * 64, sb = (b->scales + 63) / 64 * 64;
+    const int64_t groups = (src->k + 31) / 32, sbs = src->k / 256;
+    x->scales = x->zeros = NULL;
+    x->sub_scales = x->sub_zeros = NULL;
+    x->super = NULL;
+    if (src->scale_mode == DSQ_SCALE_SUPER) {
+        if (pack_sub6(src, p + db) != DSQ_OK)
+            return DSQ_EINVAL;
+        uint16_t *sup = (uint16_t *)(p + db + sb);
+        for (int64_t row = 0; row < src->n; row++)
+            for (int64_t s2 = 0; s2 < sbs; s2++) {
+                const int64_t t = row / 8, r = row % 8;
+                sup[(t * sbs + s2) * 16 + r] = src->super[2 * (row * sbs + s2)];
+                sup[(t * sbs + s2) * 16 + 8 + r] = src->super[2 * (row * sbs + s2) + 1];
+            }
+        x->sub_scales = (const int8_t *)(p + db);
+        x->super = sup;
+        return DSQ_OK;
+    }
+    uint16_t *sc = (uint16_t *)(p + db), *zr = (uint16_t *)(p + db + sb);
+    for (int64_t row = 0; row < src->n; row++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t i = ((row / 8) * groups + g) * 8 + row % 8;
+            sc[i] = src->scales[row * groups + g];
+            if (b->zeros)
+                zr[i] = src->zeros[row * groups + g];
+        }
+    x->scales = sc;
+    x->zeros = b->zeros ? zr : NULL;
+    return DSQ_OK;
+}
+
+/* INT4 SUPER (group 32, MIN: GGUF Q4_K) -> INT4_X8: the nibbles regrouped
+ * as dsq_weight_interleave_x8 does, the sub-scales packed to 6 bits, into
+ * a new block (the file's 144 bytes per 256 weights of a row). */
+static int pack_int4_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **storage,
+                        dsq_weight_t *dst)
+{
+    dsq_weight_t x = *x0;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
+                 pb = (b.super + 63) / 64 * 64;
+    uint8_t *p = aligned_alloc(64, db + sb + pb);
+    if (!p)
+        return DSQ_ENOMEM;
+    memset(p + b.data, 0, db + sb + pb - b.data);
+    if (put_scales_x8(src, &b, p, &x) != DSQ_OK) {
+        free(p);
+        return DSQ_EINVAL;
+    }
+    const int64_t nb = (src->k + 31) / 32;
+    const uint8_t *q = src->data;
+    for (int64_t row = 0; row < src->n; row++)
+        for (int64_t c = 0; c < nb; c++)
+            for (int pp = 0; pp < 4; pp++)
+                memcpy(p + ((row / 8) * nb + c) * 128 + 32 * pp + 4 * (row % 8),
+                       q + (row * nb + c) * 16 + 4 * pp, 4);
+    x.data = p;
+    *dst = x;
+    *storage = p;
+    return DSQ_OK;
+}
+
 /* INT8G (group 32, SYM or MIN) -> INT5_X8 (kernels.h): q made 0..31 (SYM:
  * + 16), nibbles as INT4_X8's, top bits in the plane after them; the
- * scale arrays regrouped as INT4_X8's. */
+ * scale arrays as INT4_X8's. */
 static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **storage,
                         dsq_weight_t *dst)
 {
@@ -305,15 +406,14 @@ static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
             return DSQ_EINVAL;
     const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
                  zb = (b.zeros + 63) / 64 * 64, pb = (b.super + 63) / 64 * 64;
-    uint8_t *p = aligned_alloc(64, db + sb + zb + pb > 0 ? db + sb + zb + pb : 64);
+    uint8_t *p = aligned_alloc(64, db + sb + zb + pb);
     if (!p)
         return DSQ_ENOMEM;
     memset(p + b.data, 0, db + sb + zb + pb - b.data);
-    const bool super = src->scale_mode == DSQ_SCALE_SUPER;
-    const size_t unit = super ? 1 : 2;
-    const uint8_t *ssrc = super ? (const uint8_t *)src->sub_scales : (const uint8_t *)src->scales;
-    const uint8_t *zsrc = super ? (const uint8_t *)src->sub_zeros : (const uint8_t *)src->zeros;
-    const int64_t groups = (src->k + 31) / 32, sbs = src->k / 256;
+    if (put_scales_x8(src, &b, p, &x) != DSQ_OK) {
+        free(p);
+        return DSQ_EINVAL;
+    }
     for (int64_t row = 0; row < src->n; row++) {
         const int64_t t = row / 8, r = row % 8;
         for (int64_t c = 0; c < nb; c++) {
@@ -332,31 +432,8 @@ static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
                 ch[128 + i] = (uint8_t)top;
             }
         }
-        for (int64_t g = 0; g < groups; g++) {
-            memcpy(p + db + ((t * groups + g) * 8 + r) * unit, ssrc + (row * groups + g) * unit,
-                   unit);
-            if (b.zeros)
-                memcpy(p + db + sb + ((t * groups + g) * 8 + r) * unit,
-                       zsrc + (row * groups + g) * unit, unit);
-        }
-        for (int64_t s2 = 0; super && s2 < sbs; s2++) {
-            uint16_t *sup = (uint16_t *)(p + db + sb + zb);
-            sup[(t * sbs + s2) * 16 + r] = src->super[2 * (row * sbs + s2)];
-            sup[(t * sbs + s2) * 16 + 8 + r] = src->super[2 * (row * sbs + s2) + 1];
-        }
     }
     x.data = p;
-    x.scales = x.zeros = NULL;
-    x.sub_scales = x.sub_zeros = NULL;
-    x.super = NULL;
-    if (super) {
-        x.sub_scales = (const int8_t *)(p + db);
-        x.sub_zeros = b.zeros ? (const int8_t *)(p + db + sb) : NULL;
-        x.super = (const uint16_t *)(p + db + sb + zb);
-    } else {
-        x.scales = (const uint16_t *)(p + db);
-        x.zeros = b.zeros ? (const uint16_t *)(p + db + sb) : NULL;
-    }
     *dst = x;
     *storage = p;
     return DSQ_OK;
@@ -372,6 +449,8 @@ int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storag
         return pack_q8_0_x8(src, dst, storage);
     if (x.format == DSQ_WFMT_INT5_X8)
         return pack_int5_x8(src, &x, storage, dst);
+    if (x.format == DSQ_WFMT_INT4_X8 && src->scale_mode == DSQ_SCALE_SUPER)
+        return pack_int4_x8(src, &x, storage, dst);
     if (x.format != DSQ_WFMT_INT6_X8)
         return DSQ_EINVAL;
     dsq_weight_bytes_t b;

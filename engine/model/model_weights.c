@@ -201,15 +201,17 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
     if (rc == DSQ_OK && opts)
         w->act = opts->activation_dtype;
     /* On the host, a weight goes into the CPU products' interleaved layout
-     * when the CPU has a kernel for it: an INT4 weight the model owns is
-     * regrouped in place (same bytes); Q6_K's INT8G is packed to 6 bits a
-     * weight and Q8_0 (a view of the file) copied into tiles, the source
-     * released (a weight whose q do not fit stays INT8G). Not for weights
+     * when the CPU has a kernel for it: an INT4 weight with fp16 scales
+     * the model owns is regrouped in place (same bytes); Q4_K's and
+     * Q5_K's sub-scales are packed to 6 bits as in the file, Q6_K's INT8G
+     * to 6 bits a weight and Q8_0 (a view of the file) copied into tiles,
+     * each into a new block, the source released (a weight whose values
+     * do not fit stays as it was). Not for weights
      * the graph takes row views of, which need whole rows (an interleaved
      * weight keeps whole tiles of 8). */
     if (rc == DSQ_OK && !row_views && !(opts && opts->rows_layout) &&
         dsq_backend_is_host(m->be) && dsq_cpu_weight_prefers_x8(w)) {
-        if (w->format == DSQ_WFMT_INT4) {
+        if (w->format == DSQ_WFMT_INT4 && w->scale_mode == DSQ_SCALE_F16) {
             if (storage)
                 rc = dsq_weight_interleave_x8(w);
         } else {

@@ -138,6 +138,15 @@ static inline float dsq__bf2f(uint16_t h)
     return f;
 }
 
+/* Value j (0..127) of one 96-byte super-block of the INT4_X8 / INT5_X8
+ * 6-bit sub-scales (kernels.h): the 8 rows' a of its 8 groups at 8g + r,
+ * their b at 64 + 8g + r. */
+static inline int dsq__sub6(const uint8_t *p, int j)
+{
+    const int lo = (j < 64 ? p[j] : p[j - 64] >> 4) & 15;
+    return lo | ((p[64 + (j & 31)] >> (2 * (j >> 5))) & 3) << 4;
+}
+
 /* Scale s and additive constant c of group g (of `groups`) of row `row` of
  * an INT4 / INT8G weight, so that weight = s * v(q) + c with v(q) = q
  * (LUT: dsq_iq4nl_values[q]); kernels.h dsq_zp_mode_t / dsq_scale_mode_t.
@@ -155,11 +164,19 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
         const uint16_t *sb = x8 ? w->super + ((row / 8) * sbs + b) * 16 + row % 8
                                 : w->super + 2 * (row * sbs + b);
         const int64_t dm = x8 ? 8 : 1;
-        sg = dsq__h2f(sb[0]) * (float)w->sub_scales[i];
-        if (w->zp_mode == DSQ_ZP_INT)
-            cg = -(float)w->sub_zeros[i] * sg;
-        else if (w->zp_mode == DSQ_ZP_MIN)
-            cg = dsq__h2f(sb[dm]) * (float)w->sub_zeros[i];
+        if (x8 && w->format != DSQ_WFMT_INT6_X8) {
+            /* 6-bit a and b, zp MIN only */
+            const uint8_t *p6 = (const uint8_t *)w->sub_scales + ((row / 8) * sbs + b) * 96;
+            const int j = (int)(g % 8) * 8 + (int)(row % 8);
+            sg = dsq__h2f(sb[0]) * (float)dsq__sub6(p6, j);
+            cg = dsq__h2f(sb[dm]) * (float)dsq__sub6(p6, 64 + j);
+        } else {
+            sg = dsq__h2f(sb[0]) * (float)w->sub_scales[i];
+            if (w->zp_mode == DSQ_ZP_INT)
+                cg = -(float)w->sub_zeros[i] * sg;
+            else if (w->zp_mode == DSQ_ZP_MIN)
+                cg = dsq__h2f(sb[dm]) * (float)w->sub_zeros[i];
+        }
     } else {
         sg = dsq__h2f(w->scales[i]);
         if (w->zp_mode == DSQ_ZP_INT)

@@ -210,9 +210,13 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const bool super = w->scale_mode == DSQ_SCALE_SUPER;
     const uint16_t *st = super ? NULL : w->scales + t * tg;
     const uint16_t *zt = w->zeros ? w->zeros + t * tg : NULL;
-    const int8_t *sst = super ? w->sub_scales + t * tg : NULL;
-    const int8_t *szt = w->sub_zeros ? w->sub_zeros + t * tg : NULL;
+    /* SUPER (zp MIN): 6-bit a and b, 96 bytes a super-block, unpacked
+     * per super-block into u6 (unpack_sub6: a of group g at 8g, b at
+     * 64 + 8g) */
+    const int64_t t6 = (w->k / 256) * 96;
+    const uint8_t *s6 = super ? (const uint8_t *)w->sub_scales + t * t6 : NULL;
     const uint16_t *sup = super ? w->super + t * ts : NULL;
+    int8_t u6[4][128];
     const dsq_zp_mode_t zp = w->zp_mode;
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const int8_t *xr = xq->q + m0 * kp;
@@ -223,12 +227,15 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     }
     for (int64_t g = 0; g < groups; g++) {
         __m512 sv[2];
+        if (super && g % 8 == 0)
+            for (int o = 0; o < 2 * np; o++)
+                unpack_sub6(s6 + o * t6 + (g / 8) * 96, u6[o]);
 #pragma GCC unroll 2
         for (int q = 0; q < np; q++) {   /* pair q: tiles t + 2q and t + 2q + 1 */
             const int64_t o = 2 * q;
             sv[q] = super ? _mm512_mul_ps(ld2_f16(sup + o * ts + (g / 8) * 16,
                                                   sup + (o + 1) * ts + (g / 8) * 16),
-                                          ld2_i8(sst + o * tg + g * 8, sst + (o + 1) * tg + g * 8))
+                                          ld2_i8(u6[o] + (g % 8) * 8, u6[o + 1] + (g % 8) * 8))
                           : ld2_f16(st + o * tg + g * 8, st + (o + 1) * tg + g * 8);
         }
         const int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
@@ -279,7 +286,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
             const int64_t o = 2 * q;
             __m512 cv, zv = _mm512_setzero_ps();
             if (zp != DSQ_ZP_SYM)
-                zv = super ? ld2_i8(szt + o * tg + g * 8, szt + (o + 1) * tg + g * 8)
+                zv = super ? ld2_i8(u6[o] + 64 + (g % 8) * 8, u6[o + 1] + 64 + (g % 8) * 8)
                            : ld2_f16(zt + o * tg + g * 8, zt + (o + 1) * tg + g * 8);
             if (zp == DSQ_ZP_SYM)
                 cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv[q]);

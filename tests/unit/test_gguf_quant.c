@@ -242,9 +242,11 @@ static void test_matmul_every_isa(void **state)
     fprintf(stderr, "gguf_quant: matmul checked on %d ISA levels\n", levels);
 }
 
-/* The interleaved CPU layouts of the GGUF types that have one: Q4_K and
- * IQ4_XS in INT4_X8 (dsq_weight_interleave_x8, in place), Q6_K in INT6_X8
- * and Q5_0 / Q5_1 / Q5_K in INT5_X8 (dsq_weight_pack_x8). Random blocks
+/* The interleaved CPU layouts of the GGUF types that have one: Q4_K in
+ * INT4_X8, Q6_K in INT6_X8 and Q5_0 / Q5_1 / Q5_K in INT5_X8
+ * (dsq_weight_pack_x8; Q4_K and Q5_K in exactly the file's bytes, their
+ * sub-scales in 6 bits); IQ4_XS has none (signed sub-scales, a codebook:
+ * it stays on the row kernels). Random blocks
  * of 24 rows (3 tiles), their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
@@ -266,8 +268,8 @@ static void test_interleaved_x8(void **state)
         for (int ki = 0; ki < 2; ki++) {
             const int64_t k = ks[ki];
             const dsq_type_t ty = type_of(types[ti].name);
-            /* packed into a copy of fewer bits (INT6_X8, INT5_X8), or
-             * interleaved in place (INT4_X8) */
+            /* packed into a copy of fewer bits (INT6_X8, INT5_X8, Q4_K's
+             * sub-scales in INT4_X8) */
             const bool six = ty == DSQ_TYPE_Q6_K;
             const bool five = ty == DSQ_TYPE_Q5_0 || ty == DSQ_TYPE_Q5_1 || ty == DSQ_TYPE_Q5_K;
             const size_t bb = dsq_type_block_bytes(ty),
@@ -302,13 +304,34 @@ static void test_interleaved_x8(void **state)
             for (int64_t i = 0; i < m * k; i++)
                 x[i] = rndf();
             assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
+            if (ty == DSQ_TYPE_IQ4_XS) {
+                /* no X8 twin: both ways refuse and leave it as it was */
+                dsq_weight_t w2 = w, tw;
+                void *st2 = (void *)1;
+                assert_int_equal(dsq_weight_x8_twin(&w, &tw), DSQ_EINVAL);
+                assert_int_equal(dsq_weight_interleave_x8(&w2), DSQ_EINVAL);
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                assert_ptr_equal(st2, (void *)1);
+                assert_memory_equal(&w2, &w, sizeof(w));
+                free(native);
+                free(x);
+                free(yref);
+                free(y);
+                free(st);
+                free(bytes);
+                continue;
+            }
             if (five) {
                 assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
                 assert_int_equal(w.format, DSQ_WFMT_INT5_X8);
                 assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
-                /* 5 bits a weight, where INT8G spends 8 */
+                /* 5 bits a weight, where INT8G spends 8; Q5_K's sub-scales
+                 * in 6 bits: the file's own size */
                 assert_int_equal(after.data, (size_t)(n * k) * 5 / 8);
-                assert_int_equal(after.total, before.total - (size_t)(n * k) * 3 / 8);
+                if (ty == DSQ_TYPE_Q5_K)
+                    assert_int_equal(after.total, nblk * bb);
+                else
+                    assert_int_equal(after.total, before.total - (size_t)(n * k) * 3 / 8);
                 assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
             } else if (six) {
                 assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
@@ -320,10 +343,15 @@ static void test_interleaved_x8(void **state)
                 assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
             } else {
                 assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
-                assert_int_equal(dsq_weight_interleave_x8(&w), DSQ_OK);
+                dsq_weight_t w2 = w;
+                assert_int_equal(dsq_weight_interleave_x8(&w2), DSQ_EINVAL);
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
                 assert_int_equal(w.format, DSQ_WFMT_INT4_X8);
                 assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
-                assert_int_equal(after.total, before.total);
+                /* Q4_K's 144 bytes per 256 weights, 4 fewer than the
+                 * row-major int8 sub-scales */
+                assert_int_equal(after.total, nblk * bb);
+                assert_int_equal(after.total, before.total - (size_t)(n * k) / 64);
             }
             float *row = malloc((size_t)k * sizeof(float));
             for (int64_t r = 0; r < n; r++) {
@@ -353,6 +381,20 @@ static void test_interleaved_x8(void **state)
             assert_int_equal(dsq_weight_dequant_row(&v, 3, row), DSQ_OK);
             assert_memory_equal(row, native + 11 * k, (size_t)k * sizeof(float));
             assert_int_equal(dsq_weight_rows(&w, 4, 8, &v), DSQ_EINVAL);
+            if (ty == DSQ_TYPE_Q4_K || ty == DSQ_TYPE_Q5_K) {
+                /* a sub-scale or min beyond 6 bits cannot be packed */
+                for (int z = 0; z < 2; z++) {
+                    int8_t *a = (int8_t *)(z ? rm.sub_zeros : rm.sub_scales);
+                    const int8_t keep = a[9 * (k / 32) + 2];
+                    a[9 * (k / 32) + 2] = z ? -1 : 64;
+                    dsq_weight_t w2 = w;
+                    void *st2 = (void *)1;
+                    assert_int_equal(dsq_weight_pack_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                    assert_ptr_equal(st2, (void *)1);
+                    assert_memory_equal(&w2, &w, sizeof(w));
+                    a[9 * (k / 32) + 2] = keep;
+                }
+            }
             if (six) {
                 /* a q outside Q6_K's range cannot be packed: nothing changes */
                 int8_t *q8 = (int8_t *)rm.data;
