@@ -67,20 +67,22 @@ static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
  * ones) split y[m][n] the same way: tiles of DSQ__MM_TILE_M activation rows
  * x DSQ__MM_TILE_N weight rows, handed out as contiguous static ranges over
  * the thread pool (so results never depend on the thread count), each tile
- * walked DSQ__MM_MR activation rows at a time so an unpacked weight chunk
- * is reused from registers while the tile's weights stay in L1. */
+ * walked mr activation rows at a time (DSQ__MM_MR, or what the kernel
+ * takes: dsq__mm_avx512_rows) so an unpacked weight chunk is reused from
+ * registers while the tile's weights stay in L1. */
 #define DSQ__MM_TILE_N 16
 #define DSQ__MM_TILE_M 64
 #define DSQ__MM_MR 4
 
-/* Computes y rows [r0, r1) (at most DSQ__MM_MR of them) x columns [n0, n1)
+/* Computes y rows [r0, r1) (at most mr of them) x columns [n0, n1)
  * of one product; ctx is the path's own call state. */
 typedef void (*dsq__mm_block_fn)(void *ctx, int64_t r0, int64_t r1, int64_t n0, int64_t n1);
 
-/* Runs fn over every block of y[m][w->n] (row stride w->n) and adds
+/* Runs fn over every block of y[m][w->n] (row stride w->n), mr activation
+ * rows a call (1..8), and adds
  * w->bias (when set) to each block after it is computed. A call of fewer
  * than min_work multiply-adds per thread runs inline. */
-void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
+void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work, int mr,
                        dsq__mm_block_fn fn, void *ctx);
 
 /* IEEE binary16 -> binary32, exact. */
@@ -269,6 +271,10 @@ void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
 /* The scalar tile of w's format (the SIMD tiles' fallback). */
 dsq__mm_tile_fn dsq__mm_scalar_tile(const dsq_weight_t *w);
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
+/* Activation rows the AVX-512 kernel of format f takes per call: 8 for
+ * INT4_X8 / INT5_X8 (their unpacking then feeds 16 dot products, where 8
+ * left the shuffle ports the bound), else DSQ__MM_MR (also on AArch64). */
+int dsq__mm_avx512_rows(dsq_wformat_t f);
 /* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
  * variant then replaces the integer ones with SDOT versions. No-ops
  * elsewhere. */

@@ -195,9 +195,13 @@ INLINE __m512i bcast4_512(const int8_t *x)
 }
 
 /* np pairs of tiles (t, t + 1), (t + 2, t + 3), ... against activation
- * rows m0..m0+mr-1, np * mr <= 4: decode (mr = 1) takes two pairs, so a
+ * rows m0..m0+mr-1, np * mr <= 8: decode (mr = 1) takes two pairs, so a
  * thread reads four tiles side by side (four streams keep more misses in
- * flight than two; the bandwidth probe of dsq-bench shows the difference).
+ * flight than two; the bandwidth probe of dsq-bench shows the difference);
+ * prefill one pair against 8 rows, so each unpacked register (3 operations
+ * for INT4, 9 for INT5 on the two vector ports dpbusd shares) feeds 16
+ * dot products: +8-10 % prefill at 6.7B against 4 rows (docs/benchmarks.md).
+ * 8 rows keep 24 accumulators in the 32 registers (no spills in the loop).
  * Sums are indexed j = q * mr + r (pair q, activation row r). */
 INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                          const int mr, const dsq_weight_t *w, int64_t t, const bool five,
@@ -220,7 +224,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const dsq_zp_mode_t zp = w->zp_mode;
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const int8_t *xr = xq->q + m0 * kp;
-    __m512 acc[4], corr[4];
+    __m512 acc[8], corr[8];
     for (int j = 0; j < np * mr; j++) {
         acc[j] = _mm512_setzero_ps();
         corr[j] = _mm512_setzero_ps();
@@ -241,7 +245,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
         const int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
         for (int64_t c = g * cpg; c < c1; c++) {
             const int8_t *xc = xr + c * 32;
-            __m512i s[4];
+            __m512i s[8];
             for (int j = 0; j < np * mr; j++)
                 s[j] = _mm512_setzero_si512();
 #pragma GCC unroll 2
@@ -264,7 +268,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                         lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
                         hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
                     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                     for (int r = 0; r < mr; r++) {
                         const int j = q * mr + r;
                         s[j] = _mm512_dpbusd_epi32(s[j], lo, bcast4_512(xc + r * kp + 4 * p));
@@ -274,7 +278,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
             }
 #pragma GCC unroll 2
             for (int q = 0; q < np; q++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < mr; r++) {
                     const int j = q * mr + r;
                     __m512 mul = _mm512_mul_ps(sv[q], _mm512_set1_ps(xq->d[(m0 + r) * nb + c]));
@@ -309,8 +313,8 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
 }
 
 /* Pairs of tiles on 512-bit vectors (two pairs at once for one activation
- * row), a last odd tile on the 256-bit kernel (tile_int4x8 in
- * matmul_x86.inc). */
+ * row; up to 8 rows a pair, dsq__mm_avx512_rows), a last odd tile on the
+ * 256-bit kernel (tile_int4x8 in matmul_x86.inc). */
 static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                             int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
 {
@@ -328,7 +332,14 @@ static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t 
                 int4x8_pairs(y, ldy, xq, m0, 1, w, t, false, 2);
         }
     for (; t + 2 <= n1 / 8; t += 2) {
+        if (m1 - m0 > 4 && m1 - m0 < 8) {   /* a prompt's last rows */
+            tile_int4x8_512(y, ldy, xq, m0, m0 + 4, w, 8 * t, 8 * t + 16);
+            tile_int4x8_512(y, ldy, xq, m0 + 4, m1, w, 8 * t, 8 * t + 16);
+            continue;
+        }
         switch ((m1 - m0) * 2 + five) {
+        case 16: int4x8_pairs(y, ldy, xq, m0, 8, w, t, false, 1); break;
+        case 17: int4x8_pairs(y, ldy, xq, m0, 8, w, t, true, 1); break;
         case 8: int4x8_pairs(y, ldy, xq, m0, 4, w, t, false, 1); break;
         case 6: int4x8_pairs(y, ldy, xq, m0, 3, w, t, false, 1); break;
         case 4: int4x8_pairs(y, ldy, xq, m0, 2, w, t, false, 1); break;
@@ -344,8 +355,8 @@ static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t 
             break;
         }
     }
-    if (t < n1 / 8)
-        tile_int4x8(y, ldy, xq, m0, m1, w, 8 * t, n1);
+    for (int64_t r = m0; t < n1 / 8 && r < m1; r += 4)   /* a last odd tile */
+        tile_int4x8(y, ldy, xq, r, r + 4 < m1 ? r + 4 : m1, w, 8 * t, n1);
 }
 
 /* INT6_X8 two tiles at a time: int6x8_rows (matmul_x86.inc) on 512-bit
@@ -570,6 +581,16 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8_512;
 }
 
+int dsq__mm_avx512_rows(dsq_wformat_t f)
+{
+    return f == DSQ_WFMT_INT4_X8 || f == DSQ_WFMT_INT5_X8 ? 8 : DSQ__MM_MR;
+}
+
 #else
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
+int dsq__mm_avx512_rows(dsq_wformat_t f)
+{
+    (void)f;
+    return DSQ__MM_MR;
+}
 #endif

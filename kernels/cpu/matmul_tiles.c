@@ -16,7 +16,7 @@
 struct tiles_ctx {
     float *y;
     const dsq_weight_t *w;
-    int64_t m, tn, tile_n;
+    int64_t m, tn, tile_n, mr;
     dsq__mm_block_fn fn;
     void *fn_ctx;
 };
@@ -31,8 +31,8 @@ static void run_tiles(void *p, int64_t t0, int64_t t1)
         int64_t im = t / c->tn, in = t % c->tn;
         int64_t n0 = in * c->tile_n, n1 = n0 + c->tile_n < n ? n0 + c->tile_n : n;
         int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
-        for (int64_t r = mb0; r < mb1; r += MR) {
-            int64_t r1 = r + MR < mb1 ? r + MR : mb1;
+        for (int64_t r = mb0; r < mb1; r += c->mr) {
+            int64_t r1 = r + c->mr < mb1 ? r + c->mr : mb1;
             c->fn(c->fn_ctx, r, r1, n0, n1);
             if (c->w->bias)
                 for (int64_t i = r; i < r1; i++)
@@ -42,10 +42,10 @@ static void run_tiles(void *p, int64_t t0, int64_t t1)
     }
 }
 
-void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work,
+void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work, int mr,
                        dsq__mm_block_fn fn, void *ctx)
 {
-    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx};
+    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx, .mr = mr};
     /* decode (m <= MR) keeps nothing in L1 between activation rows, so its
      * tiles are twice as wide: a kernel may stream 4 interleaved 8-row
      * tiles side by side (more misses in flight per core than 2) */
