@@ -882,6 +882,14 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
     int plr_left = s->o.max_prompt_logit_rows > 0 ? s->o.max_prompt_logit_rows : INT_MAX;
     int tok_left = prefill_left;
     double ms_left = prefill_ms;
+    /* the first waiting prompt (admission order) gets a token even when
+     * its share of the time fits none: one that gets none stops admission
+     * (FCFS, below), and a running prompt whose tokens each cost more
+     * than the step's time would hold it back for all of its chunks */
+    int first_wait = INT_MAX;
+    for (int j = 0; j < n_pf; j++)
+        if (s->pre[j].waiting && s->pre[j].sel < first_wait)
+            first_wait = s->pre[j].sel;
     for (int j = 0; j < n_pf; j++) {
         cand_t *c = &s->pre[j];
         int left = n_pf - j;
@@ -894,7 +902,10 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             want = plr_left;
         if (timed) {
             double ms = ms_left / left, ms0 = ms;
+            const int asked = want;
             want = fit_chunk(s, c->n_done, want, &ms, j > 0);
+            if (want == 0 && asked > 0 && c->sel == first_wait)
+                want = fit_chunk(s, c->n_done, 1, &ms, false);
             ms_left -= ms0 - ms;
         }
         c->want = want;

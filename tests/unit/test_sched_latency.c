@@ -410,6 +410,80 @@ static void test_fixed_cost_floors(void **state)
     dsq_kv_destroy(kv);
 }
 
+/* A running prompt deep in its context whose every token costs more than
+ * the step's time (fixed 0, 1 ms a row, 1 ms a pair, budget 100 ms, past
+ * position 200) moves a token a step; a new prompt beside it still
+ * starts, a token a step, instead of waiting for all of the long one's
+ * chunks (it got none, which stopped admission); then the two take
+ * turns. With one slot free, one prompt is picked whatever the
+ * two-prompt rule wants, and gets all of the prefill time. */
+static void test_waiting_floor(void **state)
+{
+    (void)state;
+    dsq_kv_cache_t *kv = kv_new(128);
+    dsq_sched_opts_t so = {.max_num_seqs = 8, .max_num_batched_tokens = 200};
+    dsq_sched_t *sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *b = new_seq(0, 400, 5), *w = new_seq(1, 8, 5);
+    dsq_sched_out_t out;
+    assert_int_equal(dsq_sched_add(sch, b), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, b), 200);
+    commit(sch, &out);
+    dsq_step_cost_t stuck = {.fixed_ms = 0, .token_ms = 1, .pair_ms = 1};
+    dsq_sched_set_step_budget(sch, 100, &stuck);
+    assert_int_equal(dsq_sched_add(sch, w), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(tokens_of(&out, w), 1);
+    assert_int_equal(w->state, DSQ_SEQ_RUNNING);
+    commit(sch, &out);
+    /* then the two running prompts take turns at the step's one token */
+    int w_got = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+        assert_true(tokens_of(&out, b) + tokens_of(&out, w) >= 1);
+        w_got += tokens_of(&out, w);
+        commit(sch, &out);
+    }
+    assert_true(w_got >= 2);
+    dsq_sched_remove(sch, b);
+    dsq_sched_remove(sch, w);
+    free_seq(b);
+    free_seq(w);
+    dsq_sched_destroy(sch);
+    /* two slots: a decoding sequence and two new prompts under a budget
+     * that wants two prompts a step; one slot is free, so one goes */
+    so.max_num_seqs = 2;
+    sch = dsq_sched_create(kv, &so);
+    assert_non_null(sch);
+    dsq_seq_t *a = new_seq(2, 4, 50), *p = new_seq(3, 40, 5), *q = new_seq(4, 40, 5);
+    assert_int_equal(dsq_sched_add(sch, a), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    commit(sch, &out);
+    dsq_step_cost_t slow = {.fixed_ms = 2, .token_ms = 10, .pair_ms = 0};
+    dsq_sched_set_step_budget(sch, 100, &slow);
+    assert_int_equal(dsq_sched_add(sch, p), DSQ_OK);
+    assert_int_equal(dsq_sched_add(sch, q), DSQ_OK);
+    assert_int_equal(dsq_sched_step(sch, &out), DSQ_OK);
+    assert_int_equal(out.n_seqs, 2);
+    assert_int_equal(tokens_of(&out, a), 1);
+    /* all of the prefill's 90 - 2 - 10 = 78 ms (7 tokens), none shared
+     * with a prompt that cannot be admitted */
+    assert_int_equal(tokens_of(&out, p), 7);
+    assert_int_equal(tokens_of(&out, q), 0);
+    assert_int_equal(q->state, DSQ_SEQ_WAITING);
+    commit(sch, &out);
+    dsq_sched_remove(sch, a);
+    dsq_sched_remove(sch, p);
+    dsq_sched_remove(sch, q);
+    free_seq(a);
+    free_seq(p);
+    free_seq(q);
+    assert_int_equal(dsq_kv_n_free(kv), 128);
+    dsq_sched_destroy(sch);
+    dsq_kv_destroy(kv);
+}
+
 /* Paused sequences (their client is not reading) keep their KV but not a
  * max_num_seqs slot: with both slots held, a new request is admitted; once
  * they resume, a step still carries at most max_num_seqs sequences, and
@@ -553,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_defer),
         cmocka_unit_test(test_step_budget),
         cmocka_unit_test(test_fixed_cost_floors),
+        cmocka_unit_test(test_waiting_floor),
         cmocka_unit_test(test_paused_free_slots),
         cmocka_unit_test(test_property),
     };
