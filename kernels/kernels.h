@@ -122,8 +122,9 @@ typedef enum dsq_act_dtype {
  *   - scales/zeros or sub_scales/sub_zeros/super per dsq_scale_mode_t.
  * DSQ_WFMT_INT4_X8 byte layout: the same nibbles, scales and zeros as
  * DSQ_WFMT_INT4 in the F16 scale mode (group_size 32, 64 or 128; any
- * zp_mode) or the SUPER one (group_size 32: Q4_K, IQ4_XS), in the same
- * number of bytes, with the rows taken 8 at a time (n % 8 == 0): for tile
+ * zp_mode; the same number of bytes) or the SUPER one (group_size 32,
+ * zp_mode MIN: Q4_K; sub-scales in 6 bits, fewer bytes), with the rows
+ * taken 8 at a time (n % 8 == 0): for tile
  * t (rows 8t..8t+7) and 32-weight chunk c, 128 bytes of qweight at
  * (t * k_pad/32 + c) * 128, where byte 32p + 4r + i (p < 4, r < 8, i < 4)
  * is byte 4p + i of row 8t + r's native chunk c (so its low nibble is
@@ -186,8 +187,9 @@ typedef struct dsq_weight {
     const uint16_t *scales;    /* F16 mode: fp16 [n][groups]; INT8: fp16 [n]    */
     const uint16_t *zeros;     /* F16 mode INT/MIN: fp16 [n][groups]            */
     const int8_t *sub_scales;  /* SUPER: int8 [n][groups]; INT4_X8 / INT5_X8:
-                                  the 6-bit a and b (layout below)           */
-    const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]               */
+                                  the 6-bit a and b (layout above)           */
+    const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]; NULL in
+                                  INT4_X8 / INT5_X8 (b is in sub_scales)     */
     const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm)             */
     const float *bias;         /* fp32 [n] or NULL                              */
     dsq_act_dtype_t act;       /* quantised formats: activation precision of

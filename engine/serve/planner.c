@@ -157,8 +157,10 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
         bytes = lin_bytes(DSQ_WFMT_INT4, n, k, g, true);
     } else if (!float_src && dsq_quant_gguf_bytes(t->type, n, k, &native) == DSQ_OK) {
         /* the GGUF's own quantisation, repacked exactly (quant.h): the
-         * bytes dsq_quant_from_gguf allocates, or what the host's 6-bit
-         * packing of Q6_K keeps (model_weights.c, kernels.h) */
+         * bytes dsq_quant_from_gguf allocates, or what the host's
+         * interleaved twin keeps (Q4_K and Q5_K with 6-bit sub-scales,
+         * Q5_* and Q6_K in 5 or 6 bits a weight: model_weights.c,
+         * kernels.h) */
         bytes = native;
         dsq_weight_t w, x8;
         dsq_weight_bytes_t b8;

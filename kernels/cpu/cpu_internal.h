@@ -271,10 +271,10 @@ void dsq__mm_avx2(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
 /* The scalar tile of w's format (the SIMD tiles' fallback). */
 dsq__mm_tile_fn dsq__mm_scalar_tile(const dsq_weight_t *w);
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
-/* Activation rows the AVX-512 kernel of format f takes per call: 8 for
- * INT4_X8 / INT5_X8 (their unpacking then feeds 16 dot products, where 8
- * left the shuffle ports the bound), else DSQ__MM_MR (also on AArch64). */
-int dsq__mm_avx512_rows(dsq_wformat_t f);
+/* Activation rows the AVX-512 kernel of w takes per call: 8 for INT4_X8 /
+ * INT5_X8 without a codebook (their unpacking then feeds 16 dot products
+ * where 4 rows fed 8), else DSQ__MM_MR (also on AArch64). */
+int dsq__mm_avx512_rows(const dsq_weight_t *w);
 /* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
  * variant then replaces the integer ones with SDOT versions. No-ops
  * elsewhere. */

@@ -501,7 +501,7 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
                                                                           : (int)w->format;
     c.fn = fast[slot] ? fast[slot] : tab[w->format];
     /* at least ~128k multiply-adds per thread */
-    const int mr = isa >= DSQ__ISA_AVX512 ? dsq__mm_avx512_rows(w->format) : DSQ__MM_MR;
+    const int mr = isa >= DSQ__ISA_AVX512 ? dsq__mm_avx512_rows(w) : DSQ__MM_MR;
     dsq__mm_run_tiles(y, m, w, 131072, mr, mm_block, &c);
     free(buf);
     return DSQ_OK;

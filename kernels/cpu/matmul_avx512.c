@@ -201,7 +201,7 @@ INLINE __m512i bcast4_512(const int8_t *x)
  * prefill one pair against 8 rows, so each unpacked register (3 operations
  * for INT4, 9 for INT5 on the two vector ports dpbusd shares) feeds 16
  * dot products: +8-10 % prefill at 6.7B against 4 rows (docs/benchmarks.md).
- * 8 rows keep 24 accumulators in the 32 registers (no spills in the loop).
+ * 8 rows keep 24 accumulators in the 32 registers.
  * Sums are indexed j = q * mr + r (pair q, activation row r). */
 INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                          const int mr, const dsq_weight_t *w, int64_t t, const bool five,
@@ -581,16 +581,20 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8_512;
 }
 
-int dsq__mm_avx512_rows(dsq_wformat_t f)
+int dsq__mm_avx512_rows(const dsq_weight_t *w)
 {
-    return f == DSQ_WFMT_INT4_X8 || f == DSQ_WFMT_INT5_X8 ? 8 : DSQ__MM_MR;
+    /* a codebook weight takes the 256-bit kernel (tile_int4x8_512) */
+    return (w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT5_X8) &&
+                   w->zp_mode != DSQ_ZP_LUT
+               ? 8
+               : DSQ__MM_MR;
 }
 
 #else
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
-int dsq__mm_avx512_rows(dsq_wformat_t f)
+int dsq__mm_avx512_rows(const dsq_weight_t *w)
 {
-    (void)f;
+    (void)w;
     return DSQ__MM_MR;
 }
 #endif

@@ -3,8 +3,9 @@
  * activation rows x DSQ__MM_TILE_N weight rows, handed out as contiguous
  * static ranges over the thread pool so that results never depend on the
  * thread count or timing, and a product under the caller's minimum work
- * runs inline without a dispatch. Each tile is walked DSQ__MM_MR
- * activation rows at a time, so the kernel reuses an unpacked weight
+ * runs inline without a dispatch. Each tile is walked mr activation rows
+ * at a time (DSQ__MM_MR, or what the kernel takes), so the kernel reuses
+ * an unpacked weight
  * chunk from registers while the tile's weights stay in L1 (prefill), and
  * decode (m <= 4) streams every weight byte once. */
 #include "cpu_internal.h"

@@ -247,7 +247,7 @@ static void test_matmul_every_isa(void **state)
  * (dsq_weight_pack_x8; Q4_K and Q5_K in exactly the file's bytes, their
  * sub-scales in 6 bits); IQ4_XS has none (signed sub-scales, a codebook:
  * it stays on the row kernels). Random blocks
- * of 24 rows (3 tiles), their fp16 fields set to finite scales. Every row dequantises to the
+ * of 40 rows (5 tiles), their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
  * bit (INT4_X8: the row-major one's, whose operations it repeats; INT6_X8
