@@ -315,22 +315,38 @@ int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out)
     return DSQ_OK;
 }
 
-/* The scale arrays of src (INT4 or INT8G, group 32) in INT4_X8 / INT5_X8
- * tile order into one block at p (kernels.h): F16 scales (and zeros) at
- * p + db (and p + db + sb), [n/8][groups][8]; SUPER the 6-bit sub-scales
- * at p + db and the (d, dm) pairs at p + db + sb, [n/8][k/256][2][8].
- * Points x's arrays at them. DSQ_EINVAL when a sub-scale does not fit. */
-static int put_scales_x8(const dsq_weight_t *src, const dsq_weight_bytes_t *b, uint8_t *p,
-                         dsq_weight_t *x)
+/* A new 64-byte aligned block for x (INT4_X8 or INT5_X8, made from src:
+ * INT4 or INT8G, group 32), data | scales | zeros | super as kernels.h
+ * lays them out, with src's scale arrays in tile order: F16 scales (and
+ * zeros) [n/8][groups][8]; SUPER the 6-bit sub-scales and the (d, dm)
+ * pairs [n/8][k/256][2][8]. Points x's arrays at them (x->data at the
+ * block, its bytes the caller's to fill) and returns the block in *out
+ * (free()). DSQ_EINVAL (a sub-scale does not fit 6 bits) or DSQ_ENOMEM:
+ * nothing allocated. */
+static int x8_block(const dsq_weight_t *src, dsq_weight_t *x, uint8_t **out)
 {
+    dsq_weight_bytes_t bb;
+    if (dsq_weight_layout(x, &bb) != DSQ_OK)
+        return DSQ_EINVAL;
+    const dsq_weight_bytes_t *b = &bb;
+    const size_t zb = (b->zeros + 63) / 64 * 64, pb = (b->super + 63) / 64 * 64;
     const size_t db = (b->data + 63) / 64 * 64, sb = (b->scales + 63) / 64 * 64;
     const int64_t groups = (src->k + 31) / 32, sbs = src->k / 256;
+    uint8_t *p = aligned_alloc(64, db + sb + zb + pb);
+    if (!p)
+        return DSQ_ENOMEM;
+    memset(p + b->data, 0, db + sb + zb + pb - b->data);
+    x->data = p;
+    *out = p;
     x->scales = x->zeros = NULL;
     x->sub_scales = x->sub_zeros = NULL;
     x->super = NULL;
     if (src->scale_mode == DSQ_SCALE_SUPER) {
-        if (pack_sub6(src, p + db) != DSQ_OK)
+        if (pack_sub6(src, p + db) != DSQ_OK) {
+            free(p);
+            *out = NULL;
             return DSQ_EINVAL;
+        }
         uint16_t *sup = (uint16_t *)(p + db + sb);
         for (int64_t row = 0; row < src->n; row++)
             for (int64_t s2 = 0; s2 < sbs; s2++) {
@@ -362,19 +378,10 @@ static int pack_int4_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
                         dsq_weight_t *dst)
 {
     dsq_weight_t x = *x0;
-    dsq_weight_bytes_t b;
-    if (dsq_weight_layout(&x, &b) != DSQ_OK)
-        return DSQ_EINVAL;
-    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
-                 pb = (b.super + 63) / 64 * 64;
-    uint8_t *p = aligned_alloc(64, db + sb + pb);
-    if (!p)
-        return DSQ_ENOMEM;
-    memset(p + b.data, 0, db + sb + pb - b.data);
-    if (put_scales_x8(src, &b, p, &x) != DSQ_OK) {
-        free(p);
-        return DSQ_EINVAL;
-    }
+    uint8_t *p;
+    const int rc = x8_block(src, &x, &p);
+    if (rc != DSQ_OK)
+        return rc;
     const int64_t nb = (src->k + 31) / 32;
     const uint8_t *q = src->data;
     for (int64_t row = 0; row < src->n; row++)
@@ -382,7 +389,6 @@ static int pack_int4_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
             for (int pp = 0; pp < 4; pp++)
                 memcpy(p + ((row / 8) * nb + c) * 128 + 32 * pp + 4 * (row % 8),
                        q + (row * nb + c) * 16 + 4 * pp, 4);
-    x.data = p;
     *dst = x;
     *storage = p;
     return DSQ_OK;
@@ -395,25 +401,16 @@ static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
                         dsq_weight_t *dst)
 {
     dsq_weight_t x = *x0;
-    dsq_weight_bytes_t b;
-    if (dsq_weight_layout(&x, &b) != DSQ_OK)
-        return DSQ_EINVAL;
     const int64_t kp = (src->k + 31) / 32 * 32, nb = kp / 32;
     const int off = src->zp_mode == DSQ_ZP_SYM ? 16 : 0;
     const int8_t *q8 = src->data;
     for (int64_t i = 0; i < src->n * kp; i++)
         if (q8[i] + off < 0 || q8[i] + off > 31)
             return DSQ_EINVAL;
-    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
-                 zb = (b.zeros + 63) / 64 * 64, pb = (b.super + 63) / 64 * 64;
-    uint8_t *p = aligned_alloc(64, db + sb + zb + pb);
-    if (!p)
-        return DSQ_ENOMEM;
-    memset(p + b.data, 0, db + sb + zb + pb - b.data);
-    if (put_scales_x8(src, &b, p, &x) != DSQ_OK) {
-        free(p);
-        return DSQ_EINVAL;
-    }
+    uint8_t *p;
+    const int rc = x8_block(src, &x, &p);
+    if (rc != DSQ_OK)
+        return rc;
     for (int64_t row = 0; row < src->n; row++) {
         const int64_t t = row / 8, r = row % 8;
         for (int64_t c = 0; c < nb; c++) {
@@ -433,7 +430,6 @@ static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
             }
         }
     }
-    x.data = p;
     *dst = x;
     *storage = p;
     return DSQ_OK;
