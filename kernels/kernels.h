@@ -42,10 +42,14 @@ typedef enum dsq_wformat {
     DSQ_WFMT_INT5_X8,   /* 5-bit q in tiles of 8 rows, GGUF Q5_0/Q5_1/Q5_K's
                            bits (see below); made from INT8G by
                            dsq_weight_pack_x8                              */
+    DSQ_WFMT_INT2_X8,   /* 2-bit q in tiles of 8 rows, GGUF Q2_K's bits (see
+                           below); made from INT4 by dsq_weight_pack_x8    */
+    DSQ_WFMT_INT3_X8,   /* 3-bit q in tiles of 8 rows, GGUF Q3_K's bits (see
+                           below); made from INT4 by dsq_weight_pack_x8    */
 } dsq_wformat_t;
 
 /* Number of dsq_wformat_t values (size of per-format tables). */
-#define DSQ_WFMT_COUNT 11
+#define DSQ_WFMT_COUNT 13
 
 /* Zero-point convention of a DSQ_WFMT_INT4 / INT8G weight, per group with
  * scale s (see dsq_scale_mode_t for where s and z/m are stored):
@@ -164,6 +168,24 @@ typedef enum dsq_act_dtype {
  * 8t + r, bit 2p + 1 = of weight 16 + 4p + i. 20 bytes per 32 weights of
  * a row besides the scales (SUPER: INT4_X8's 6-bit ones): Q5_0, Q5_1 and
  * Q5_K's own sizes.
+ * DSQ_WFMT_INT2_X8 / DSQ_WFMT_INT3_X8 byte layouts (GGUF Q2_K / Q3_K on
+ * the CPU: 2 or 3 bits a weight where INT4 spends 4): SUPER scales, group
+ * 16, k % 256 == 0, n % 8 == 0. Tile t, chunk c: 64 (INT2) or 96 (INT3)
+ * bytes at (t * k/32 + c) * 64 (96): byte 32h + 4r + i (h < 2, r < 8,
+ * i < 4) holds in bits 2j..2j+1 (j < 4) the low 2 bits of q of weight
+ * 16h + 4j + i of row 8t + r (so load h is one group, and shift j of it
+ * 4 weights of each of the 8 rows); INT3: then byte 64 + 4r + i, bit
+ * 4h + j = bit 2 of the same weight's q.
+ *   INT2_X8: q in 0..3, zp_mode MIN, w = q * d*a + dm*b (Q2_K's a and b
+ *   in 0..15): sub_scales 128 bytes per tile and super-block at
+ *   (t * k/256 + s) * 128, byte 8g + r = a | b << 4 of group 16s + g
+ *   (g < 16) of row 8t + r; super fp16 [n/8][k/256][2][8] (d, dm) as
+ *   INT4_X8's: 84 bytes per 256 weights of a row, Q2_K's own.
+ *   INT3_X8: q in 0..7, zp_mode SYM, w = (q - 4) * d*a (Q3_K's a in
+ *   -32..31): sub_scales 96 bytes per tile and super-block, the 128
+ *   values v[8g + r] = a + 32 of group 16s + g of row 8t + r in INT4_X8's
+ *   6-bit packing; super fp16 [n/8][k/256][8] = d alone: 110 bytes per
+ *   256 weights of a row, Q3_K's own.
  * DSQ_WFMT_Q8_0_X8 byte layout: Q8_0's bytes with the rows taken 8 at a
  * time (n % 8 == 0, k % 32 == 0): tile t, 32-block c: 272 bytes at
  * (t * k/32 + c) * 272, the 8 rows' fp16 d first (row 8t + r at 2r), then
@@ -187,7 +209,8 @@ typedef struct dsq_weight {
     const uint16_t *scales;    /* F16 mode: fp16 [n][groups]; INT8: fp16 [n]    */
     const uint16_t *zeros;     /* F16 mode INT/MIN: fp16 [n][groups]            */
     const int8_t *sub_scales;  /* SUPER: int8 [n][groups]; INT4_X8 / INT5_X8:
-                                  the 6-bit a and b (layout above)           */
+                                  the 6-bit a and b; INT2_X8 / INT3_X8: their
+                                  own packing (layouts above)                */
     const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]; NULL in
                                   INT4_X8 / INT5_X8 (b is in sub_scales)     */
     const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm)             */
@@ -248,6 +271,12 @@ int dsq_weight_interleave_x8(dsq_weight_t *w);
  *   - INT8G with group 32, zp_mode SYM (q in [-16, 15]) or MIN (q in
  *     [0, 31]) (GGUF Q5_0, Q5_1, Q5_K; SUPER: sub-scales and sub-zeros in [0, 63])
  *     -> DSQ_WFMT_INT5_X8;
+ *   - INT4 with SUPER scales, group 16, zp_mode MIN, every q in [0, 3]
+ *     and every sub-scale and sub-zero in [0, 15] (GGUF Q2_K) ->
+ *     DSQ_WFMT_INT2_X8;
+ *   - INT4 with SUPER scales, group 16, zp_mode INT, every q in [0, 7],
+ *     every sub-zero 4 and every sub-scale in [-32, 31] (GGUF Q3_K) ->
+ *     DSQ_WFMT_INT3_X8 (zp_mode SYM: its offset 4 is the format's);
  *   - Q8_0 -> DSQ_WFMT_Q8_0_X8.
  * n % 8 == 0 for all. Returns 0, DSQ_EINVAL (another format or layout,
  * a value out of range: *dst and *storage untouched) or DSQ_ENOMEM. (INT4
@@ -257,8 +286,10 @@ int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storag
 
 /* The interleaved twin of w's layout: *out = *w with the format
  * dsq_weight_interleave_x8 / dsq_weight_pack_x8 would give it (INT4 ->
- * INT4_X8, INT8G -> INT6_X8 or INT5_X8, Q8_0 -> Q8_0_X8; pointers are
- * not touched, so only its layout means anything). Returns 0, or
+ * INT4_X8, or with group-16 SUPER scales INT2_X8 (MIN) or INT3_X8 (INT,
+ * then zp_mode SYM); INT8G -> INT6_X8 or INT5_X8, Q8_0 -> Q8_0_X8;
+ * pointers are not touched, so only its layout means anything; whether
+ * the values fit is pack's check). Returns 0, or
  * DSQ_EINVAL where w has none (other formats, n % 8 != 0, ...). */
 int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out);
 

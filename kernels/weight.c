@@ -30,6 +30,8 @@ size_t dsq_weight_data_bytes(dsq_wformat_t f, int64_t n, int64_t k, int group_si
     case DSQ_WFMT_INT6_X8: return un * ((uk + 31) / 32) * 24;
     case DSQ_WFMT_Q8_0_X8: return un * ((uk + 31) / 32) * 34;
     case DSQ_WFMT_INT5_X8: return un * ((uk + 31) / 32) * 20;
+    case DSQ_WFMT_INT2_X8: return un * ((uk + 31) / 32) * 8;
+    case DSQ_WFMT_INT3_X8: return un * ((uk + 31) / 32) * 12;
     }
     return 0;
 }
@@ -103,6 +105,19 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
         b->total = b->data + b->scales + b->super;
         return DSQ_OK;
     }
+    if (w->format == DSQ_WFMT_INT2_X8 || w->format == DSQ_WFMT_INT3_X8) {
+        /* GGUF Q2_K's and Q3_K's layouts only: SUPER, group 16 */
+        const bool three = w->format == DSQ_WFMT_INT3_X8;
+        if (w->n % 8 || w->k % 256 || w->scale_mode != DSQ_SCALE_SUPER || gs != 16 ||
+            w->zp_mode != (three ? DSQ_ZP_SYM : DSQ_ZP_MIN))
+            return DSQ_EINVAL;
+        const size_t sbs = (size_t)(w->k / 256);
+        b->data = n * kp / 32 * (three ? 12 : 8);
+        b->scales = n * sbs * (three ? 12 : 16);
+        b->super = n * sbs * (three ? 2 : 4);
+        b->total = b->data + b->scales + b->super;
+        return DSQ_OK;
+    }
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G) {
         if (w->scale_mode != DSQ_SCALE_F16)
             return DSQ_EINVAL;
@@ -151,7 +166,8 @@ int dsq_weight_check(const dsq_weight_t *w)
         return DSQ_EINVAL;
     if (w->format != DSQ_WFMT_INT4 && w->format != DSQ_WFMT_INT8G &&
         w->format != DSQ_WFMT_INT4_X8 && w->format != DSQ_WFMT_INT6_X8 &&
-        w->format != DSQ_WFMT_INT5_X8)
+        w->format != DSQ_WFMT_INT5_X8 && w->format != DSQ_WFMT_INT2_X8 &&
+        w->format != DSQ_WFMT_INT3_X8)
         return DSQ_OK;
     if (w->scale_mode == DSQ_SCALE_SUPER)
         return w->sub_scales && w->super && (!b.zeros || w->sub_zeros) ? DSQ_OK
@@ -166,7 +182,9 @@ int dsq_weight_rows(const dsq_weight_t *w, int64_t r0, int64_t n, dsq_weight_t *
         return DSQ_EINVAL;
     /* an interleaved weight keeps whole tiles contiguous, not rows */
     if ((w->format == DSQ_WFMT_INT4_X8 || w->format == DSQ_WFMT_INT6_X8 ||
-         w->format == DSQ_WFMT_Q8_0_X8 || w->format == DSQ_WFMT_INT5_X8) && (r0 % 8 || n % 8))
+         w->format == DSQ_WFMT_Q8_0_X8 || w->format == DSQ_WFMT_INT5_X8 ||
+         w->format == DSQ_WFMT_INT2_X8 || w->format == DSQ_WFMT_INT3_X8) &&
+        (r0 % 8 || n % 8))
         return DSQ_EINVAL;
     const size_t rn = (size_t)w->n, o = (size_t)r0;
     dsq_weight_t v = *w;
@@ -201,6 +219,17 @@ static void tile_transpose(uint8_t *tile, uint8_t *tmp, size_t per_row, size_t u
             memcpy(tile + (u * 8 + r) * unit, tmp + r * per_row + u * unit, unit);
 }
 
+/* 128 values of 6 bits into 96 bytes: low nibbles in pairs, then 2-bit
+ * planes (the X8 formats' 6-bit sub-scale packing, kernels.h). */
+static void sub6_bytes(const uint8_t v[128], uint8_t *o)
+{
+    for (int j = 0; j < 64; j++)
+        o[j] = (uint8_t)((v[j] & 15) | (v[64 + j] & 15) << 4);
+    for (int j = 0; j < 32; j++)
+        o[64 + j] = (uint8_t)(v[j] >> 4 | (v[32 + j] >> 4) << 2 | (v[64 + j] >> 4) << 4 |
+                              (v[96 + j] >> 4) << 6);
+}
+
 /* The sub-scales a and mins b of a SUPER group-32 weight (row-major int8
  * [n][k/32] each, every one 0..63: GGUF Q4_K, Q5_K) into the X8 formats'
  * 6-bit array at dst, [n/8][k/256][96] (kernels.h). DSQ_EINVAL when one
@@ -220,11 +249,7 @@ static int pack_sub6(const dsq_weight_t *src, uint8_t *dst)
                     v[8 * g + r] = (uint8_t)a;
                     v[64 + 8 * g + r] = (uint8_t)b;
                 }
-            for (int j = 0; j < 64; j++)
-                o[j] = (uint8_t)((v[j] & 15) | (v[64 + j] & 15) << 4);
-            for (int j = 0; j < 32; j++)
-                o[64 + j] = (uint8_t)(v[j] >> 4 | (v[32 + j] >> 4) << 2 |
-                                      (v[64 + j] >> 4) << 4 | (v[96 + j] >> 4) << 6);
+            sub6_bytes(v, o);
         }
     return DSQ_OK;
 }
@@ -302,7 +327,15 @@ int dsq_weight_x8_twin(const dsq_weight_t *w, dsq_weight_t *out)
         return DSQ_EINVAL;
     dsq_weight_t x = *w;
     switch (w->format) {
-    case DSQ_WFMT_INT4: x.format = DSQ_WFMT_INT4_X8; break;
+    case DSQ_WFMT_INT4:
+        x.format = DSQ_WFMT_INT4_X8;
+        if (w->scale_mode == DSQ_SCALE_SUPER && w->group_size == 16) {
+            /* Q2_K's 2 bits and mins, Q3_K's 3 bits less 4 (pack checks) */
+            x.format = w->zp_mode == DSQ_ZP_INT ? DSQ_WFMT_INT3_X8 : DSQ_WFMT_INT2_X8;
+            if (w->zp_mode == DSQ_ZP_INT)
+                x.zp_mode = DSQ_ZP_SYM;
+        }
+        break;
     case DSQ_WFMT_INT8G:
         x.format = w->group_size == 16 ? DSQ_WFMT_INT6_X8 : DSQ_WFMT_INT5_X8;
         break;
@@ -435,6 +468,88 @@ static int pack_int5_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **
     return DSQ_OK;
 }
 
+/* INT4 SUPER group 16 -> INT2_X8 (MIN: GGUF Q2_K) or INT3_X8 (INT with
+ * z = 4: Q3_K), kernels.h: q's low 2 bits by group and shift, Q3_K's bit
+ * 2 in a plane after them, the sub-scales in the file's bits. Checks every
+ * value first: DSQ_EINVAL with nothing allocated when one does not fit. */
+static int pack_low_x8(const dsq_weight_t *src, const dsq_weight_t *x0, void **storage,
+                       dsq_weight_t *dst)
+{
+    dsq_weight_t x = *x0;
+    dsq_weight_bytes_t b;
+    if (dsq_weight_layout(&x, &b) != DSQ_OK)
+        return DSQ_EINVAL;
+    const bool three = x.format == DSQ_WFMT_INT3_X8;
+    const int64_t nb = src->k / 32, groups = src->k / 16, sbs = src->k / 256;
+    const int64_t cb = three ? 96 : 64;
+    const uint8_t *q4 = src->data;
+    const int qmax = three ? 7 : 3;
+    for (int64_t i = 0; i < src->n * nb * 16; i++)
+        if ((q4[i] & 15) > qmax || (q4[i] >> 4) > qmax)
+            return DSQ_EINVAL;
+    for (int64_t i = 0; i < src->n * groups; i++) {
+        const int a = src->sub_scales[i], z = src->sub_zeros[i];
+        if (three ? (a < -32 || a > 31 || z != 4) : (a < 0 || a > 15 || z < 0 || z > 15))
+            return DSQ_EINVAL;
+    }
+    const size_t db = (b.data + 63) / 64 * 64, sb = (b.scales + 63) / 64 * 64,
+                 pb = (b.super + 63) / 64 * 64;
+    uint8_t *p = aligned_alloc(64, db + sb + pb);
+    if (!p)
+        return DSQ_ENOMEM;
+    memset(p, 0, db + sb + pb);
+    uint8_t *ss = p + db;
+    uint16_t *sup = (uint16_t *)(p + db + sb);
+    for (int64_t row = 0; row < src->n; row++) {
+        const int64_t t = row / 8, r = row % 8;
+        for (int64_t c = 0; c < nb; c++) {
+            uint8_t *ch = p + (t * nb + c) * cb + 4 * r, q[32];
+            for (int j = 0; j < 16; j++) {
+                q[j] = q4[(row * nb + c) * 16 + j] & 15;
+                q[j + 16] = q4[(row * nb + c) * 16 + j] >> 4;
+            }
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 4; i++) {
+                        const int v = q[16 * h + 4 * j + i];
+                        ch[32 * h + i] |= (uint8_t)((v & 3) << 2 * j);
+                        if (three)
+                            ch[64 + i] |= (uint8_t)((v >> 2) << (4 * h + j));
+                    }
+        }
+        for (int64_t s = 0; s < sbs; s++) {
+            const int64_t i0 = row * groups + 16 * s;
+            if (three) {
+                sup[(t * sbs + s) * 8 + r] = src->super[2 * (row * sbs + s)];
+            } else {
+                for (int g = 0; g < 16; g++)
+                    ss[(t * sbs + s) * 128 + 8 * g + r] =
+                        (uint8_t)(src->sub_scales[i0 + g] | src->sub_zeros[i0 + g] << 4);
+                sup[(t * sbs + s) * 16 + r] = src->super[2 * (row * sbs + s)];
+                sup[(t * sbs + s) * 16 + 8 + r] = src->super[2 * (row * sbs + s) + 1];
+            }
+        }
+    }
+    if (three)
+        for (int64_t t = 0; t < src->n / 8; t++)
+            for (int64_t s = 0; s < sbs; s++) {
+                uint8_t v[128];
+                for (int g = 0; g < 16; g++)
+                    for (int r = 0; r < 8; r++)
+                        v[8 * g + r] =
+                            (uint8_t)(src->sub_scales[(8 * t + r) * groups + 16 * s + g] + 32);
+                sub6_bytes(v, ss + (t * sbs + s) * 96);
+            }
+    x.data = p;
+    x.scales = x.zeros = NULL;
+    x.sub_scales = (const int8_t *)ss;
+    x.sub_zeros = NULL;
+    x.super = sup;
+    *dst = x;
+    *storage = p;
+    return DSQ_OK;
+}
+
 int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storage)
 {
     dsq_weight_t x;
@@ -445,6 +560,8 @@ int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storag
         return pack_q8_0_x8(src, dst, storage);
     if (x.format == DSQ_WFMT_INT5_X8)
         return pack_int5_x8(src, &x, storage, dst);
+    if (x.format == DSQ_WFMT_INT2_X8 || x.format == DSQ_WFMT_INT3_X8)
+        return pack_low_x8(src, &x, storage, dst);
     if (x.format == DSQ_WFMT_INT4_X8 && src->scale_mode == DSQ_SCALE_SUPER)
         return pack_int4_x8(src, &x, storage, dst);
     if (x.format != DSQ_WFMT_INT6_X8)

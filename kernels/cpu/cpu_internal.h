@@ -160,6 +160,25 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
                     w->format == DSQ_WFMT_INT5_X8;
     const int64_t i = x8 ? ((row / 8) * groups + g) * 8 + row % 8 : row * groups + g;
     float sg, cg = 0.0f;
+    if (w->format == DSQ_WFMT_INT2_X8 || w->format == DSQ_WFMT_INT3_X8) {
+        /* group 16: 16 groups a super-block, the file's bits (kernels.h) */
+        const int64_t sbs = w->k / 256, t = row / 8, b = g / 16;
+        const int j = (int)(g % 16) * 8 + (int)(row % 8);
+        if (w->format == DSQ_WFMT_INT3_X8) {
+            const uint8_t *p6 = (const uint8_t *)w->sub_scales + (t * sbs + b) * 96;
+            sg = dsq__h2f(w->super[(t * sbs + b) * 8 + row % 8]) *
+                 (float)(dsq__sub6(p6, j) - 32);
+            cg = -4.0f * sg;
+        } else {
+            const uint8_t ab = ((const uint8_t *)w->sub_scales)[(t * sbs + b) * 128 + j];
+            const uint16_t *sb = w->super + (t * sbs + b) * 16 + row % 8;
+            sg = dsq__h2f(sb[0]) * (float)(ab & 15);
+            cg = dsq__h2f(sb[8]) * (float)(ab >> 4);
+        }
+        *s = sg;
+        *c = cg;
+        return;
+    }
     if (w->scale_mode == DSQ_SCALE_SUPER) {
         /* (d, dm): adjacent in a row-major weight, 8 apart in an INT4_X8 one */
         const int64_t sbs = w->k / 256, b = g * w->group_size / 256;
@@ -228,6 +247,18 @@ static inline unsigned dsq__int6_q(const dsq_weight_t *w, int64_t nb, int64_t ro
     const unsigned lo = (ch[32 * p + 4 * r + i] >> (4 * hi)) & 15;
     const unsigned top = (ch[128 + 32 * (p / 2) + 4 * r + i] >> (2 * (2 * (p % 2) + hi))) & 3;
     return lo | top << 4;
+}
+
+/* q (0..3 / 0..7) of weight j (< 32) of 32-weight chunk c of row `row`
+ * of an INT2_X8 / INT3_X8 weight (kernels.h). */
+static inline unsigned dsq__int23_q(const dsq_weight_t *w, int64_t nb, int64_t row,
+                                    int64_t c, int j)
+{
+    const bool three = w->format == DSQ_WFMT_INT3_X8;
+    const uint8_t *ch = (const uint8_t *)w->data + ((row / 8) * nb + c) * (three ? 96 : 64);
+    const int h = j / 16, jj = (j % 16) / 4, i = j % 4, r = (int)(row % 8);
+    const unsigned lo = (ch[32 * h + 4 * r + i] >> (2 * jj)) & 3;
+    return three ? lo | ((ch[64 + 4 * r + i] >> (4 * h + jj)) & 1u) << 2 : lo;
 }
 
 /* q (0..31) of weight j (< 32) of 32-weight chunk c of row `row` of an

@@ -77,6 +77,8 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
     case DSQ_WFMT_INT4_X8:
     case DSQ_WFMT_INT6_X8:
     case DSQ_WFMT_INT5_X8:
+    case DSQ_WFMT_INT2_X8:
+    case DSQ_WFMT_INT3_X8:
     case DSQ_WFMT_INT8G: {
         if (dsq_weight_check(w) != DSQ_OK) {
             rc = DSQ_EINVAL;
@@ -84,6 +86,7 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
         }
         const int64_t gs = w->group_size, nb = (k + 31) / 32, groups = (k + gs - 1) / gs;
         const bool int6 = w->format == DSQ_WFMT_INT6_X8, int5 = w->format == DSQ_WFMT_INT5_X8;
+        const bool int23 = w->format == DSQ_WFMT_INT2_X8 || w->format == DSQ_WFMT_INT3_X8;
         const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
         const int8_t *r8 = (const int8_t *)w->data + row * nb * 32;
         for (int64_t g = 0; g < groups; g++) {
@@ -100,6 +103,10 @@ int dsq_weight_dequant_row(const dsq_weight_t *w, int64_t row, float *out)
                     q = (j % 32) < 16 ? (b & 15) : (b >> 4);
                 } else if (int6) {
                     q = (int)dsq__int6_q(w, nb, row, j / 32, (int)(j % 32)) - 32;
+                } else if (int23) {
+                    /* INT3: q - 4, so SYM's q * s below is Q3_K's formula */
+                    q = (int)dsq__int23_q(w, nb, row, j / 32, (int)(j % 32)) -
+                        (w->format == DSQ_WFMT_INT3_X8 ? 4 : 0);
                 } else if (int5) {
                     /* back to INT8G's q: SYM -16..15, MIN 0..31 */
                     q = (int)dsq__int5_q(w, nb, row, j / 32, (int)(j % 32)) -

@@ -96,14 +96,16 @@ static void tile_int4(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     }
 }
 
-/* INT6_X8 (kernels.h): q in 0..63, group 16 (a 32-chunk's two halves),
- * c = -32 s. Per chunk: acc += (s0 * d) * dot0, acc += (s1 * d) * dot1,
- * corr += c0 * gsum0, corr += c1 * gsum1; y = acc + corr. The SIMD
- * kernels do these fp32 operations in this order. */
+/* The group-16 X8 formats (kernels.h): INT6_X8 (q in 0..63, c = -32 s),
+ * INT3_X8 (0..7, c = -4 s) and INT2_X8 (0..3, c = dm * b), a 32-chunk's
+ * two halves two groups. Per chunk: acc += (s0 * d) * dot0, acc +=
+ * (s1 * d) * dot1, corr += c0 * gsum0, corr += c1 * gsum1; y = acc +
+ * corr. The SIMD kernels do these fp32 operations in this order. */
 static void tile_int6x8(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                         int64_t m1, const dsq_weight_t *w, int64_t n0, int64_t n1)
 {
     const int64_t nb = xq->nb, kp = xq->k_pad, groups = w->k / 16;
+    const bool six = w->format == DSQ_WFMT_INT6_X8;
     uint8_t q[32];
     for (int64_t n = n0; n < n1; n++)
         for (int64_t r = m0; r < m1; r++) {
@@ -112,7 +114,8 @@ static void tile_int6x8(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
             float acc = 0.0f, corr = 0.0f;
             for (int64_t c = 0; c < nb; c++) {
                 for (int j = 0; j < 32; j++)
-                    q[j] = (uint8_t)dsq__int6_q(w, nb, n, c, j);
+                    q[j] = (uint8_t)(six ? dsq__int6_q(w, nb, n, c, j)
+                                         : dsq__int23_q(w, nb, n, c, j));
                 int32_t dot[2] = {0, 0};
                 for (int j = 0; j < 32; j++)
                     dot[j / 16] += q[j] * xr[c * 32 + j];
@@ -265,6 +268,8 @@ void dsq__mm_scalar(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT6_X8] = tile_int6x8;
     tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8;
     tab[DSQ_WFMT_INT5_X8] = tile_int4;
+    tab[DSQ_WFMT_INT2_X8] = tile_int6x8;
+    tab[DSQ_WFMT_INT3_X8] = tile_int6x8;
     tab[DSQ__MM_INT4_GEN] = tile_int4;
 }
 
@@ -456,7 +461,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         return DSQ_OK;
     const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
     const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8 ||
-                         w->format == DSQ_WFMT_INT5_X8;
+                         w->format == DSQ_WFMT_INT5_X8 || w->format == DSQ_WFMT_INT2_X8 ||
+                         w->format == DSQ_WFMT_INT3_X8;
     const bool quantised = grouped || w->format == DSQ_WFMT_Q8_0_X8 ||
                            w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
     if (w->act == DSQ_ACT_F32 && quantised)

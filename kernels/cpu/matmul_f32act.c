@@ -572,9 +572,8 @@ static void fa_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
 static fa_tile_fn pick(const dsq_weight_t *w)
 {
     const dsq_wformat_t f = w->format;
-    if (f == DSQ_WFMT_INT8G || f == DSQ_WFMT_INT4_X8 || f == DSQ_WFMT_INT6_X8 ||
-        f == DSQ_WFMT_Q8_0_X8 || f == DSQ_WFMT_INT5_X8 ||
-        (f == DSQ_WFMT_INT4 && !dsq__int4_classic(w)))
+    /* the layouts without an fp32-activation kernel of their own */
+    if (f != DSQ_WFMT_Q8_0 && f != DSQ_WFMT_INT8 && !dsq__int4_classic(w))
         return tile_generic;
     dsq__isa_t isa = dsq__cpu_isa_level();
     (void)isa;

@@ -94,6 +94,8 @@ static void make_weight(hw_t *h, dsq_wformat_t f, dsq_zp_mode_t zp, int gs, int6
     case DSQ_WFMT_INT6_X8:
     case DSQ_WFMT_Q8_0_X8:
     case DSQ_WFMT_INT5_X8:
+    case DSQ_WFMT_INT2_X8:
+    case DSQ_WFMT_INT3_X8:
         break;
     case DSQ_WFMT_INT4: {
         w->group_size = gs;

@@ -116,6 +116,8 @@ static inline built_t build_weights(uint64_t *rng, dsq_wformat_t f, dsq_zp_mode_
     case DSQ_WFMT_INT6_X8: /* made from Q6_K's INT8G: test_gguf_quant.c */
     case DSQ_WFMT_Q8_0_X8: /* made from Q8_0 by dsq_weight_pack_x8 */
     case DSQ_WFMT_INT5_X8: /* made from Q5's INT8G: test_gguf_quant.c */
+    case DSQ_WFMT_INT2_X8: /* made from Q2_K's INT4: test_gguf_quant.c */
+    case DSQ_WFMT_INT3_X8: /* made from Q3_K's INT4: test_gguf_quant.c */
         break;
     case DSQ_WFMT_INT4: {
         b.w.group_size = gs;

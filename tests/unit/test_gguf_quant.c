@@ -243,15 +243,15 @@ static void test_matmul_every_isa(void **state)
 }
 
 /* The interleaved CPU layouts of the GGUF types that have one: Q4_K in
- * INT4_X8, Q6_K in INT6_X8 and Q5_0 / Q5_1 / Q5_K in INT5_X8
- * (dsq_weight_pack_x8; Q4_K and Q5_K in exactly the file's bytes, their
- * sub-scales in 6 bits); IQ4_XS has none (signed sub-scales, a codebook:
+ * INT4_X8, Q6_K in INT6_X8, Q5_0 / Q5_1 / Q5_K in INT5_X8, Q2_K in
+ * INT2_X8 and Q3_K in INT3_X8 (dsq_weight_pack_x8; Q4_K, Q5_K, Q2_K and
+ * Q3_K in exactly the file's bytes, their sub-scales in the file's bits); IQ4_XS has none (signed sub-scales, a codebook:
  * it stays on the row kernels). Random blocks
  * of 40 rows (5 tiles), their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
- * bit (INT4_X8: the row-major one's, whose operations it repeats; INT6_X8
- * and INT5_X8: their own scalar kernel's); each is within the FP64 bound
+ * bit (INT4_X8: the row-major one's, whose operations it repeats; the
+ * others: their own scalar kernel's); each is within the FP64 bound
  * of the dequantised W. */
 static void test_interleaved_x8(void **state)
 {
@@ -259,6 +259,7 @@ static void test_interleaved_x8(void **state)
     static const struct { const char *name; int f16[2]; int n_f16; } types[] = {
         {"Q4_K", {0, 2}, 2}, {"IQ4_XS", {0, 0}, 1}, {"Q6_K", {208, 0}, 1},
         {"Q5_0", {0, 0}, 1}, {"Q5_1", {0, 2}, 2},   {"Q5_K", {0, 2}, 2},
+        {"Q2_K", {80, 82}, 2}, {"Q3_K", {108, 0}, 1},
     };
     const char *best = dsq_cpu_isa();
     /* 5 tiles of 8 rows: decode (m = 1) walks 4 of them at once on
@@ -273,6 +274,7 @@ static void test_interleaved_x8(void **state)
              * sub-scales in INT4_X8) */
             const bool six = ty == DSQ_TYPE_Q6_K;
             const bool five = ty == DSQ_TYPE_Q5_0 || ty == DSQ_TYPE_Q5_1 || ty == DSQ_TYPE_Q5_K;
+            const bool low = ty == DSQ_TYPE_Q2_K || ty == DSQ_TYPE_Q3_K;
             const size_t bb = dsq_type_block_bytes(ty),
                          nblk = (size_t)(n * k / dsq_type_block_elems(ty));
             uint8_t *bytes = aligned_alloc(64, (nblk * bb + 63) / 64 * 64);
@@ -334,6 +336,16 @@ static void test_interleaved_x8(void **state)
                 else
                     assert_int_equal(after.total, before.total - (size_t)(n * k) * 3 / 8);
                 assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
+            } else if (low) {
+                /* 2 or 3 bits a weight where INT4 spends 4, the sub-scales
+                 * in the file's bits: Q2_K's and Q3_K's own sizes */
+                const bool q3 = ty == DSQ_TYPE_Q3_K;
+                assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
+                assert_int_equal(w.format, q3 ? DSQ_WFMT_INT3_X8 : DSQ_WFMT_INT2_X8);
+                assert_int_equal(dsq_weight_layout(&w, &after), DSQ_OK);
+                assert_int_equal(after.data, (size_t)(n * k) * (q3 ? 3 : 2) / 8);
+                assert_int_equal(after.total, nblk * bb);
+                assert_int_equal(dsq_cpu_matmul(yref, x, m, &w), DSQ_OK);
             } else if (six) {
                 assert_int_equal(dsq_weight_pack_x8(&rm, &w, &st6), DSQ_OK);
                 assert_int_equal(w.format, DSQ_WFMT_INT6_X8);
@@ -394,6 +406,33 @@ static void test_interleaved_x8(void **state)
                     assert_ptr_equal(st2, (void *)1);
                     assert_memory_equal(&w2, &w, sizeof(w));
                     a[9 * (k / 32) + 2] = keep;
+                }
+            }
+            if (low) {
+                /* a q beyond 2 (Q2_K) or 3 bits (Q3_K), a sub-scale beyond
+                 * 4 / 6 bits, or a Q3_K zero other than 4 cannot be packed:
+                 * nothing changes */
+                const bool q3 = ty == DSQ_TYPE_Q3_K;
+                uint8_t *q4 = (uint8_t *)rm.data;
+                int8_t *sa = (int8_t *)rm.sub_scales, *sz = (int8_t *)rm.sub_zeros;
+                const int64_t qi = 5 * k / 2 + 3, gi = 9 * (k / 16) + 2;
+                for (int z = 0; z < 3; z++) {
+                    const uint8_t kq = q4[qi];
+                    const int8_t ka = sa[gi], kz = sz[gi];
+                    if (z == 0)
+                        q4[qi] = (uint8_t)((kq & 0xF0) | (q3 ? 8 : 4));
+                    else if (z == 1)
+                        sa[gi] = q3 ? 32 : 16;
+                    else
+                        sz[gi] = q3 ? 3 : 16;
+                    dsq_weight_t w2 = w;
+                    void *st2 = (void *)1;
+                    assert_int_equal(dsq_weight_pack_x8(&rm, &w2, &st2), DSQ_EINVAL);
+                    assert_ptr_equal(st2, (void *)1);
+                    assert_memory_equal(&w2, &w, sizeof(w));
+                    q4[qi] = kq;
+                    sa[gi] = ka;
+                    sz[gi] = kz;
                 }
             }
             if (six) {
