@@ -157,8 +157,8 @@ typedef enum dsq_act_dtype {
  * weight 8h + i, bits 2-3 of 16 + 8h + i, bits 4-5 of 8h + 4 + i, bits
  * 6-7 of 20 + 8h + i (the weights of nibble loads p = 2h and 2h + 1, low
  * then high). sub_scales int8 [n/8][groups][8] and super fp16
- * [n/8][k/256][2][8] as in INT4_X8 (dm unused). 212 bytes per 256
- * weights of a row against Q6_K's 210.
+ * [n/8][k/256][8] = d alone (SYM has no dm): 210 bytes per 256 weights
+ * of a row, Q6_K's own.
  * DSQ_WFMT_INT5_X8 byte layout (GGUF Q5_0, Q5_1, Q5_K on the CPU): q in
  * 0..31, group_size 32, zp_mode SYM (w = (q - 16) * s) or MIN (w = q*s +
  * m), scales and zeros exactly as INT4_X8's (F16 or SUPER mode; n % 8 ==

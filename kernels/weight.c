@@ -101,7 +101,7 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
             return DSQ_EINVAL;
         b->data = n * kp / 32 * 24;
         b->scales = n * (size_t)(w->k / 16);
-        b->super = n * (size_t)(w->k / 256) * 4;
+        b->super = n * (size_t)(w->k / 256) * 2;    /* d alone */
         b->total = b->data + b->scales + b->super;
         return DSQ_OK;
     }
@@ -602,10 +602,8 @@ int dsq_weight_pack_x8(const dsq_weight_t *src, dsq_weight_t *dst, void **storag
         }
         for (int64_t g = 0; g < groups; g++)
             ss[(t * groups + g) * 8 + r] = src->sub_scales[row * groups + g];
-        for (int64_t s = 0; s < sbs; s++) {
-            sup[(t * sbs + s) * 16 + r] = src->super[2 * (row * sbs + s)];
-            sup[(t * sbs + s) * 16 + 8 + r] = src->super[2 * (row * sbs + s) + 1];
-        }
+        for (int64_t s = 0; s < sbs; s++)
+            sup[(t * sbs + s) * 8 + r] = src->super[2 * (row * sbs + s)];
     }
     x.data = p;
     x.scales = x.zeros = NULL;

@@ -182,7 +182,9 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
     if (w->scale_mode == DSQ_SCALE_SUPER) {
         /* (d, dm): adjacent in a row-major weight, 8 apart in an INT4_X8 one */
         const int64_t sbs = w->k / 256, b = g * w->group_size / 256;
-        const uint16_t *sb = x8 ? w->super + ((row / 8) * sbs + b) * 16 + row % 8
+        /* INT6_X8 keeps d alone (SYM: dm unused) */
+        const int64_t per = w->format == DSQ_WFMT_INT6_X8 ? 8 : 16;
+        const uint16_t *sb = x8 ? w->super + ((row / 8) * sbs + b) * per + row % 8
                                 : w->super + 2 * (row * sbs + b);
         const int64_t dm = x8 ? 8 : 1;
         if (x8 && w->format != DSQ_WFMT_INT6_X8) {

@@ -367,7 +367,7 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                          const int mr, const dsq_weight_t *w, int64_t t, const int np)
 {
     const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups;
-    const int64_t tw = nb * 192, tg = groups * 8, ts = (w->k / 256) * 16;
+    const int64_t tw = nb * 192, tg = groups * 8, ts = (w->k / 256) * 8;
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const int8_t *sst = w->sub_scales + t * tg;
     const uint16_t *sup = w->super + t * ts;
@@ -414,8 +414,8 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
 #pragma GCC unroll 2
         for (int q = 0; q < np; q++) {
             const int64_t o = 2 * q;
-            const __m512 dv = ld2_f16(sup + o * ts + (c / 8) * 16,
-                                      sup + (o + 1) * ts + (c / 8) * 16);
+            const __m512 dv = ld2_f16(sup + o * ts + (c / 8) * 8,
+                                      sup + (o + 1) * ts + (c / 8) * 8);
             const __m512 s0 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c,
                                                        sst + (o + 1) * tg + 16 * c));
             const __m512 s1 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c + 8,
