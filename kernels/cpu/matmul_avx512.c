@@ -13,7 +13,7 @@
  * fp16->fp32 conversion and one multiply) and spread to the two chunks'
  * lanes with one permute. The fp32 operations are the AVX2 kernel's, in
  * its order, so results are bitwise identical to it (see int4g32_block).
- * The interleaved layouts (INT4_X8, INT5_X8, INT6_X8, Q8_0_X8) take two
+ * The interleaved layouts (INT2_X8 .. INT6_X8, Q8_0_X8) take two
  * tiles of 8 rows per 512-bit vector: one broadcast of 4 activations then
  * feeds 16 rows, half the broadcasts and dot instructions of the 256-bit
  * kernels for the same bits.
@@ -441,6 +441,137 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                              _mm512_add_ps(acc[q * mr + r], corr[q * mr + r]));
 }
 
+/* 8 bytes at a, then 8 at b, as 16 unsigned int32 */
+INLINE __m512i ld2_u8(const uint8_t *a, const uint8_t *b)
+{
+    const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                         _mm_loadl_epi64((const __m128i *)b));
+    return _mm512_cvtepu8_epi32(v);
+}
+
+/* INT2_X8 / INT3_X8 two tiles at a time: int23x8_rows (matmul_x86.inc) on
+ * 512-bit vectors, lanes 8-15 for tile t + 1; the same fp32 operations per
+ * lane. np pairs side by side as int4x8_pairs; sums indexed j = q * mr + r. */
+INLINE void int23x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                          const int mr, const dsq_weight_t *w, int64_t t, const int np,
+                          const bool three)
+{
+    const int64_t nb = xq->nb, kp = xq->k_pad, groups = xq->n_groups, sbs = w->k / 256;
+    const int64_t cb = three ? 96 : 64, tw = nb * cb;
+    const int64_t t6 = sbs * (three ? 96 : 128), ts = sbs * (three ? 8 : 16);
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const uint8_t *sst = (const uint8_t *)w->sub_scales + t * t6;
+    const uint16_t *sup = w->super + t * ts;
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    const int8_t *xr = xq->q + m0 * kp;
+    __m512 acc[4], corr[4], dv[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()},
+                            mv[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int8_t u6[4][128];
+    for (int j = 0; j < np * mr; j++) {
+        acc[j] = _mm512_setzero_ps();
+        corr[j] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < nb; c++) {
+        const int64_t sb = c / 8, g0 = 2 * (c % 8);
+        if (c % 8 == 0)
+            for (int q = 0; q < np; q++) {
+                const int64_t o = 2 * q;
+                if (three) {
+                    unpack_sub6(sst + o * t6 + sb * 96, u6[o]);
+                    unpack_sub6(sst + (o + 1) * t6 + sb * 96, u6[o + 1]);
+                    dv[q] = ld2_f16(sup + o * ts + sb * 8, sup + (o + 1) * ts + sb * 8);
+                } else {
+                    dv[q] = ld2_f16(sup + o * ts + sb * 16, sup + (o + 1) * ts + sb * 16);
+                    mv[q] = ld2_f16(sup + o * ts + sb * 16 + 8,
+                                    sup + (o + 1) * ts + sb * 16 + 8);
+                }
+            }
+        const int8_t *xc = xr + c * 32;
+        __m512i sl[4], sh[4];
+        for (int j = 0; j < np * mr; j++)
+            sl[j] = sh[j] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const uint8_t *wc = wt + 2 * q * tw + c * cb;
+            const __m512i tb = three ? ld2x32(wc + 64, wc + tw + 64) : _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i v = ld2x32(wc + 32 * h, wc + tw + 32 * h);
+#pragma GCC unroll 4
+                for (int jj = 0; jj < 4; jj++) {
+                    __m512i qv = _mm512_and_si512(jj ? _mm512_srli_epi16(v, 2 * jj) : v, m3);
+                    if (three) {
+                        const int sh2 = 4 * h + jj - 2;
+                        const __m512i tj = sh2 < 0 ? _mm512_slli_epi16(tb, -sh2)
+                                         : sh2 ? _mm512_srli_epi16(tb, sh2) : tb;
+                        qv = _mm512_or_si512(qv, _mm512_and_si512(tj, b2));
+                    }
+#pragma GCC unroll 4
+                    for (int r = 0; r < mr; r++) {
+                        const int j = q * mr + r;
+                        if (h)
+                            sh[j] = _mm512_dpbusd_epi32(sh[j], qv,
+                                                        bcast4_512(xc + r * kp + 16 + 4 * jj));
+                        else
+                            sl[j] = _mm512_dpbusd_epi32(sl[j], qv,
+                                                        bcast4_512(xc + r * kp + 4 * jj));
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int q = 0; q < np; q++) {
+            const int64_t o = 2 * q;
+            __m512 s0, s1, c0, c1;
+            if (three) {
+                const __m512 o32 = _mm512_set1_ps(32.0f), m4 = _mm512_set1_ps(-4.0f);
+                s0 = _mm512_mul_ps(dv[q], _mm512_sub_ps(ld2_i8(u6[o] + 8 * g0,
+                                                               u6[o + 1] + 8 * g0), o32));
+                s1 = _mm512_mul_ps(dv[q], _mm512_sub_ps(ld2_i8(u6[o] + 8 * g0 + 8,
+                                                               u6[o + 1] + 8 * g0 + 8), o32));
+                c0 = _mm512_mul_ps(m4, s0);
+                c1 = _mm512_mul_ps(m4, s1);
+            } else {
+                const uint8_t *a0 = sst + o * t6 + sb * 128 + 8 * g0;
+                const __m512i ab0 = ld2_u8(a0, a0 + t6), ab1 = ld2_u8(a0 + 8, a0 + t6 + 8);
+                const __m512i f15 = _mm512_set1_epi32(15);
+                s0 = _mm512_mul_ps(dv[q], _mm512_cvtepi32_ps(_mm512_and_si512(ab0, f15)));
+                s1 = _mm512_mul_ps(dv[q], _mm512_cvtepi32_ps(_mm512_and_si512(ab1, f15)));
+                c0 = _mm512_mul_ps(mv[q], _mm512_cvtepi32_ps(_mm512_srli_epi32(ab0, 4)));
+                c1 = _mm512_mul_ps(mv[q], _mm512_cvtepi32_ps(_mm512_srli_epi32(ab1, 4)));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                const int j = q * mr + r;
+                const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
+                const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
+                                                             _mm512_cvtepi32_ps(sl[j])));
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
+                                                             _mm512_cvtepi32_ps(sh[j])));
+                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
+                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
+            }
+        }
+    }
+    for (int q = 0; q < np; q++)
+        for (int r = 0; r < mr; r++)
+            _mm512_storeu_ps(y + (m0 + r) * ldy + 8 * (t + 2 * q),
+                             _mm512_add_ps(acc[q * mr + r], corr[q * mr + r]));
+}
+
+INLINE void int2x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t, const int np)
+{
+    int23x8_pairs(y, ldy, xq, m0, mr, w, t, np, false);
+}
+
+INLINE void int3x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
+                         const int mr, const dsq_weight_t *w, int64_t t, const int np)
+{
+    int23x8_pairs(y, ldy, xq, m0, mr, w, t, np, true);
+}
+
 /* Q8_0_X8 two tiles at a time: q8x8_rows on 512-bit vectors. AVX-512 has
  * no vpsignb: the activations are negated under the mask of negative
  * weights instead (where a weight is 0 its |w| makes the product 0 either
@@ -518,6 +649,8 @@ INLINE void q8x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
             TILE1(y, ldy, xq, m0, m1, w, 8 * t, n1);                            \
     }
 TILE_PAIRS(tile_int6x8_512, int6x8_pairs, tile_int6x8)
+TILE_PAIRS(tile_int2x8_512, int2x8_pairs, tile_int23x8)
+TILE_PAIRS(tile_int3x8_512, int3x8_pairs, tile_int23x8)
 TILE_PAIRS(tile_q8_0x8_512, q8x8_pairs, tile_q8_0x8)
 
 /* Q8_0 decode (one activation row): nr = 4 weight rows at once, each with
@@ -579,6 +712,8 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
     tab[DSQ_WFMT_INT5_X8] = tile_int4x8_512;
     tab[DSQ_WFMT_INT6_X8] = tile_int6x8_512;
     tab[DSQ_WFMT_Q8_0_X8] = tile_q8_0x8_512;
+    tab[DSQ_WFMT_INT2_X8] = tile_int2x8_512;
+    tab[DSQ_WFMT_INT3_X8] = tile_int3x8_512;
 }
 
 int dsq__mm_avx512_rows(const dsq_weight_t *w)
