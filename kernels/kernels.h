@@ -212,8 +212,11 @@ typedef struct dsq_weight {
                                   the 6-bit a and b; INT2_X8 / INT3_X8: their
                                   own packing (layouts above)                */
     const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]; NULL in
-                                  INT4_X8 / INT5_X8 (b is in sub_scales)     */
-    const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm)             */
+                                  the X8 formats (b, where there is one, is
+                                  in sub_scales)                            */
+    const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm); the X8
+                                  formats regroup it (INT3_X8, INT6_X8: d
+                                  alone; layouts above)                     */
     const float *bias;         /* fp32 [n] or NULL                              */
     dsq_act_dtype_t act;       /* quantised formats: activation precision of
                                   dsq_cpu_matmul (0 = INT8, the default)       */

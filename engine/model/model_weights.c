@@ -203,8 +203,9 @@ static int load_linear_p(dsq_model_t *m, const dsq_model_file_t *f,
     /* On the host, a weight goes into the CPU products' interleaved layout
      * when the CPU has a kernel for it: an INT4 weight with fp16 scales
      * the model owns is regrouped in place (same bytes); Q4_K's and
-     * Q5_K's sub-scales are packed to 6 bits as in the file, Q6_K's INT8G
-     * to 6 bits a weight and Q8_0 (a view of the file) copied into tiles,
+     * Q5_K's sub-scales are packed to 6 bits as in the file, Q2_K's and
+     * Q3_K's INT4 to 2 and 3 bits a weight, Q5_*'s and Q6_K's INT8G to 5
+     * and 6, and Q8_0 (a view of the file) copied into tiles,
      * each into a new block, the source released (a weight whose values
      * do not fit stays as it was). Not for weights
      * the graph takes row views of, which need whole rows (an interleaved

@@ -158,9 +158,9 @@ static void add_tensor(dsq_plan_t *p, const dsq_tensor_t *t, const dsq_plan_opts
     } else if (!float_src && dsq_quant_gguf_bytes(t->type, n, k, &native) == DSQ_OK) {
         /* the GGUF's own quantisation, repacked exactly (quant.h): the
          * bytes dsq_quant_from_gguf allocates, or what the host's
-         * interleaved twin keeps (Q4_K and Q5_K with 6-bit sub-scales,
-         * Q5_* and Q6_K in 5 or 6 bits a weight: model_weights.c,
-         * kernels.h) */
+         * interleaved twin keeps (every k-quant in its file's bits: Q2_K
+         * .. Q6_K in 2 .. 6 bits a weight, Q5_0 / Q5_1 in 5:
+         * model_weights.c, kernels.h) */
         bytes = native;
         dsq_weight_t w, x8;
         dsq_weight_bytes_t b8;

@@ -48,8 +48,8 @@ typedef struct dsq_plan_opts {
                                      the activation dtype): the GGUF tensors
                                      with one (dsq_weight_x8_twin), but the
                                      row-viewed attn_kv_b, count its bytes
-                                     (Q5/Q6 types: 5 or 6 bits, not 8;
-                                     Q4_K/Q5_K: 6-bit sub-scales)           */
+                                     (Q2_K .. Q6_K, Q5_0, Q5_1 in their
+                                     file's bits, not 4 or 8)               */
     int group_size;               /* INT4 group with quantize (default 32)    */
     /* A device backend (CUDA): budget_bytes is then the caller's
      * min(total x gpu_memory_utilization - in use, free) of the device_* figures;

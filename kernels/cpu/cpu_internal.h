@@ -140,9 +140,10 @@ static inline float dsq__bf2f(uint16_t h)
     return f;
 }
 
-/* Value j (0..127) of one 96-byte super-block of the INT4_X8 / INT5_X8
- * 6-bit sub-scales (kernels.h): the 8 rows' a of its 8 groups at 8g + r,
- * their b at 64 + 8g + r. */
+/* Value j (0..127) of one 96-byte super-block of 6-bit sub-scales
+ * (kernels.h): INT4_X8 / INT5_X8 keep the 8 rows' a of its 8 groups at
+ * 8g + r and their b at 64 + 8g + r; INT3_X8 the a + 32 of its 16 groups
+ * at 8g + r. */
 static inline int dsq__sub6(const uint8_t *p, int j)
 {
     const int lo = (j < 64 ? p[j] : p[j - 64] >> 4) & 15;
