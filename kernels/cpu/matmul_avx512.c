@@ -359,6 +359,17 @@ static void tile_int4x8_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t 
         tile_int4x8(y, ldy, xq, r, r + 4 < m1 ? r + 4 : m1, w, 8 * t, n1);
 }
 
+/* g16_chunk (matmul_x86.inc) on 512-bit vectors: two tiles' lanes. */
+INLINE void g16_chunk512(__m512 *acc, __m512 *corr, __m512 s0, __m512 s1, __m512 c0,
+                         __m512 c1, __m512i d0, __m512i d1, float xd, const float *gs)
+{
+    const __m512 x = _mm512_set1_ps(xd);
+    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_mul_ps(s0, x), _mm512_cvtepi32_ps(d0)));
+    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_mul_ps(s1, x), _mm512_cvtepi32_ps(d1)));
+    *corr = _mm512_add_ps(*corr, _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
+    *corr = _mm512_add_ps(*corr, _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
+}
+
 /* INT6_X8 two tiles at a time: int6x8_rows (matmul_x86.inc) on 512-bit
  * vectors, lanes 8-15 for tile t + 1; the same fp32 operations per lane.
  * np pairs side by side as int4x8_pairs (decode: two pairs, four
@@ -422,17 +433,10 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                                                        sst + (o + 1) * tg + 16 * c + 8));
             const __m512 c0 = _mm512_mul_ps(m32, s0), c1 = _mm512_mul_ps(m32, s1);
 #pragma GCC unroll 4
-            for (int r = 0; r < mr; r++) {
-                const int j = q * mr + r;
-                const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
-                const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
-                                                             _mm512_cvtepi32_ps(sl[j])));
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
-                                                             _mm512_cvtepi32_ps(sh[j])));
-                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
-                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
-            }
+            for (int r = 0; r < mr; r++)
+                g16_chunk512(&acc[q * mr + r], &corr[q * mr + r], s0, s1, c0, c1,
+                             sl[q * mr + r], sh[q * mr + r], xq->d[(m0 + r) * nb + c],
+                             xq->gsum + (m0 + r) * groups + 2 * c);
         }
     }
     for (int q = 0; q < np; q++)
@@ -541,17 +545,10 @@ INLINE void int23x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
                 c1 = _mm512_mul_ps(mv[q], _mm512_cvtepi32_ps(_mm512_srli_epi32(ab1, 4)));
             }
 #pragma GCC unroll 4
-            for (int r = 0; r < mr; r++) {
-                const int j = q * mr + r;
-                const __m512 xd = _mm512_set1_ps(xq->d[(m0 + r) * nb + c]);
-                const float *gs = xq->gsum + (m0 + r) * groups + 2 * c;
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s0, xd),
-                                                             _mm512_cvtepi32_ps(sl[j])));
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(s1, xd),
-                                                             _mm512_cvtepi32_ps(sh[j])));
-                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c0, _mm512_set1_ps(gs[0])));
-                corr[j] = _mm512_add_ps(corr[j], _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
-            }
+            for (int r = 0; r < mr; r++)
+                g16_chunk512(&acc[q * mr + r], &corr[q * mr + r], s0, s1, c0, c1,
+                             sl[q * mr + r], sh[q * mr + r], xq->d[(m0 + r) * nb + c],
+                             xq->gsum + (m0 + r) * groups + 2 * c);
         }
     }
     for (int q = 0; q < np; q++)
