@@ -78,12 +78,13 @@ static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
  * of one product; ctx is the path's own call state. */
 typedef void (*dsq__mm_block_fn)(void *ctx, int64_t r0, int64_t r1, int64_t n0, int64_t n1);
 
-/* Runs fn over every block of y[m][w->n] (row stride w->n), mr activation
- * rows a call (1..8), and adds
- * w->bias (when set) to each block after it is computed. A call of fewer
- * than min_work multiply-adds per thread runs inline. */
+/* Runs fn over every block of y[m][w->n] (row stride w->n) in tiles of
+ * tile_m activation rows (0: DSQ__MM_TILE_M), mr rows a call (1..8, or
+ * tile_m for a path that takes whole tiles), and adds w->bias (when set)
+ * to each block after it is computed. A call of fewer than min_work
+ * multiply-adds per thread runs inline. */
 void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work, int mr,
-                       dsq__mm_block_fn fn, void *ctx);
+                       int tile_m, dsq__mm_block_fn fn, void *ctx);
 
 /* IEEE binary16 -> binary32, exact. */
 static inline float dsq__h2f(uint16_t h)
@@ -288,6 +289,12 @@ typedef struct dsq__xq {
     int64_t cpg;         /* INT4/INT8G: 32-blocks per group; 0 = group 16     */
     float *gsum;         /* INT4/INT8G: [m][n_groups] sum of x^ over the group
                             (group 16: d * sum(q) of the half block)          */
+    /* The panel path only (dsq__mm_avx512_panel; else NULL): the same
+     * values with 16 rows in the lanes, rows past m zero. Row block b =
+     * rows 16b..16b+15: */
+    int8_t *qt;          /* [m/16][nb][8][16][4]: bytes 4j..4j+3 of block c */
+    float *dt;           /* [m/16][nb][16]: d                                */
+    float *gst;          /* [m/16][n_groups][16]: gsum                       */
 } dsq__xq_t;
 
 /* Computes y[m0..m1)[n0..n1) (row stride ldy) for one weight. m1 - m0 <= 4
@@ -309,6 +316,15 @@ void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]);
  * INT5_X8 without a codebook (their unpacking then feeds 16 dot products
  * where 4 rows fed 8), else DSQ__MM_MR (also on AArch64). */
 int dsq__mm_avx512_rows(const dsq_weight_t *w);
+/* Whether dsq_cpu_matmul takes the AVX-512 panel path for m activation
+ * rows against w (m >= 16; INT4_X8 / INT5_X8 with group >= 32 and no
+ * codebook, INT6_X8, INT2_X8, INT3_X8): whole tiles of DSQ__MM_PANEL_M
+ * rows go to dsq__mm_panel_avx512, which reads xq->qt / dt / gst. False
+ * off x86 and below AVX-512. */
+#define DSQ__MM_PANEL_M 256
+bool dsq__mm_avx512_panel(const dsq_weight_t *w, int64_t m);
+void dsq__mm_panel_avx512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0, int64_t m1,
+                          const dsq_weight_t *w, int64_t n0, int64_t n1);
 /* AArch64 (matmul_neon.c): all six formats with plain NEON; the _dot
  * variant then replaces the integer ones with SDOT versions. No-ops
  * elsewhere. */

@@ -444,6 +444,50 @@ struct mm_ctx {
     dsq__mm_tile_fn fn;
 };
 
+/* Row block b of xq into xq->qt / dt / gst (dsq__xq_t). */
+static void transpose_range(void *p, int64_t b0, int64_t b1)
+{
+    const dsq__xq_t *xq = p;
+    const int64_t nb = xq->nb, ng = xq->n_groups;
+    for (int64_t b = b0; b < b1; b++) {
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t r = 16 * b + l;
+            const bool in = r < xq->m;
+            const int8_t *q = xq->q + r * xq->k_pad;
+            for (int64_t c = 0; c < nb; c++) {
+                for (int j = 0; j < 8; j++) {
+                    int8_t *o = xq->qt + ((b * nb + c) * 8 + j) * 64 + 4 * l;
+                    if (in)
+                        memcpy(o, q + c * 32 + 4 * j, 4);
+                    else
+                        memset(o, 0, 4);
+                }
+                xq->dt[(b * nb + c) * 16 + l] = in ? xq->d[r * nb + c] : 0.0f;
+            }
+            for (int64_t g = 0; g < ng; g++)
+                xq->gst[(b * ng + g) * 16 + l] = in ? xq->gsum[r * ng + g] : 0.0f;
+        }
+    }
+}
+
+/* The panel path's copies of xq (one block: the caller frees it), or NULL
+ * (out of memory). */
+static void *transpose_xq(dsq__xq_t *xq)
+{
+    const int64_t nblk = (xq->m + 15) / 16;
+    const size_t qb = (size_t)(nblk * xq->nb) * 512;
+    const size_t db = (size_t)(nblk * xq->nb) * 16 * sizeof(float);
+    const size_t gb = (size_t)(nblk * xq->n_groups) * 16 * sizeof(float);
+    char *p = aligned_alloc(64, (qb + db + gb + 63) / 64 * 64);
+    if (!p)
+        return NULL;
+    xq->qt = (int8_t *)p;
+    xq->dt = (float *)(p + qb);
+    xq->gst = (float *)(p + qb + db);
+    dsq__parallel_for(nblk, 1, transpose_range, xq);
+    return p;
+}
+
 static void mm_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
 {
     const struct mm_ctx *c = p;
@@ -502,13 +546,27 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
     if (isa >= DSQ__ISA_NEON_DOTPROD)
         dsq__mm_neon_dot(fast);
 
+    const bool panel = isa >= DSQ__ISA_AVX512 && dsq__mm_avx512_panel(w, m);
+    if (panel) {
+        void *tb = transpose_xq(&xq);
+        if (!tb) {
+            free(buf);
+            return DSQ_ENOMEM;
+        }
+        struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .fn = dsq__mm_panel_avx512};
+        dsq__mm_run_tiles(y, m, w, 131072, DSQ__MM_PANEL_M, DSQ__MM_PANEL_M, mm_block, &c);
+        free(tb);
+        free(buf);
+        return DSQ_OK;
+    }
+
     struct mm_ctx c = {.y = y, .xq = &xq, .w = w};
     const int slot = w->format == DSQ_WFMT_INT4 && !dsq__int4_classic(w) ? DSQ__MM_INT4_GEN
                                                                           : (int)w->format;
     c.fn = fast[slot] ? fast[slot] : tab[w->format];
     /* at least ~128k multiply-adds per thread */
     const int mr = isa >= DSQ__ISA_AVX512 ? dsq__mm_avx512_rows(w) : DSQ__MM_MR;
-    dsq__mm_run_tiles(y, m, w, 131072, mr, mm_block, &c);
+    dsq__mm_run_tiles(y, m, w, 131072, mr, 0, mm_block, &c);
     free(buf);
     return DSQ_OK;
 }

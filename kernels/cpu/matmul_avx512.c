@@ -700,6 +700,354 @@ static void tile_q8_0_512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
         q8_0_block1(y, xq, m0, w, n, 1, ldy);
 }
 
+/* The row kernels of w's format for rows m0..m1, weight rows n0..n1. */
+static void panel_fallback(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0, int64_t m1,
+                           const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    const bool eight = dsq__mm_avx512_rows(w) == 8;
+    for (int64_t r = m0; r < m1;) {
+        const int64_t r1 = r + (eight ? 8 : DSQ__MM_MR) < m1 ? r + (eight ? 8 : DSQ__MM_MR) : m1;
+        switch (w->format) {
+        case DSQ_WFMT_INT6_X8: tile_int6x8_512(y, ldy, xq, r, r1, w, n0, n1); break;
+        case DSQ_WFMT_INT2_X8: tile_int2x8_512(y, ldy, xq, r, r1, w, n0, n1); break;
+        case DSQ_WFMT_INT3_X8: tile_int3x8_512(y, ldy, xq, r, r1, w, n0, n1); break;
+        default: tile_int4x8_512(y, ldy, xq, r, r1, w, n0, n1); break;
+        }
+        r = r1;
+    }
+}
+
+/* ---- The panel path (prefill against the interleaved formats but Q8_0_X8
+ * and the codebook): the kernels above broadcast 4 activations per dot
+ * product, and on AVX-512 parts that load a 512-bit register once a cycle
+ * those broadcasts, not the arithmetic, bound prefill (~30 multiply-adds
+ * a cycle at 6.7B). Here the lanes are 16 activation rows instead
+ * (xq->qt, dsq__xq_t), a tile's 16 weight rows are unpacked once per block
+ * of PANEL_KB chunks into bytes that every activation row of the tile
+ * reuses, and each broadcast of 4 weights feeds 2 dot products: a 2 x 4
+ * block of 16-lane sums takes 6 loads per 8 dot products where the row
+ * kernels take 8 per 8. Each output still gets its scalar kernel's fp32
+ * operations in their order (acc += (s * d) * dot per group-sized part
+ * of a chunk, corr += c * gsum per group, y = acc + corr), so results are
+ * bitwise those of the scalar and the row kernels. */
+#define PANEL_KB 16     /* chunks per weight block: 8 KiB of unpacked bytes */
+
+/* One block of a strip of 16 weight rows (tiles t, t + 1 in lanes 0-7 /
+ * 8-15) made ready for panel_dots. */
+typedef struct panel_blk {
+    __m512i wu[PANEL_KB * 8];   /* chunk c, bytes of weights 4j..4j+3 of each
+                                   row: wu[8c + j] */
+    float sc[PANEL_KB * 2 * 16]; /* s of part h (of hs) of chunk c at (c hs + h) 16 */
+    float cg[PANEL_KB * 2 * 16]; /* c of the block's group g0 + i at 16 i */
+    int64_t g0, g1;             /* its groups */
+    int hs;                     /* parts a chunk: 1 (groups >= 32), 2 (16) */
+} panel_blk_t;
+
+/* INT4_X8 / INT5_X8 chunks k0..k0+nch-1 (int4x8_pairs' unpacking and
+ * scales). */
+static void prep45(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_t k0, int nch,
+                   panel_blk_t *b)
+{
+    const int64_t nb = xq->nb, groups = xq->n_groups, cpg = xq->cpg;
+    const bool five = w->format == DSQ_WFMT_INT5_X8;
+    const int64_t cb = five ? 160 : 128, tw = nb * cb, tg = groups * 8;
+    const int64_t ts = (w->k / 256) * 16, t6 = (w->k / 256) * 96;
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const bool super = w->scale_mode == DSQ_SCALE_SUPER;
+    const uint16_t *st = super ? NULL : w->scales + t * tg;
+    const uint16_t *zt = w->zeros ? w->zeros + t * tg : NULL;
+    const uint8_t *s6 = super ? (const uint8_t *)w->sub_scales + t * t6 : NULL;
+    const uint16_t *sup = super ? w->super + t * ts : NULL;
+    const dsq_zp_mode_t zp = w->zp_mode;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    for (int c = 0; c < nch; c++) {
+        const uint8_t *wc = wt + (k0 + c) * cb;
+        const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+            __m512i lo = _mm512_and_si512(v, lo4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            if (five) {
+                const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
+                                 : p == 1 ? _mm512_slli_epi16(tb, 2)
+                                 : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
+                const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
+                                 : p == 1 ? _mm512_slli_epi16(tb, 1)
+                                 : p == 2 ? _mm512_srli_epi16(tb, 1)
+                                          : _mm512_srli_epi16(tb, 3);
+                lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
+            }
+            b->wu[8 * c + p] = lo;
+            b->wu[8 * c + 4 + p] = hi;
+        }
+    }
+    /* PANEL_KB is a multiple of cpg: the block holds whole groups */
+    b->hs = 1;
+    b->g0 = k0 / cpg;
+    b->g1 = (k0 + nch + cpg - 1) / cpg < groups ? (k0 + nch + cpg - 1) / cpg : groups;
+    int8_t u6[2][128];
+    for (int64_t g = b->g0; g < b->g1; g++) {
+        if (super && (g % 8 == 0 || g == b->g0))
+            for (int o = 0; o < 2; o++)
+                unpack_sub6(s6 + o * t6 + (g / 8) * 96, u6[o]);
+        const __m512 sv = super ? _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16, sup + ts + (g / 8) * 16),
+                                                ld2_i8(u6[0] + (g % 8) * 8, u6[1] + (g % 8) * 8))
+                                : ld2_f16(st + g * 8, st + tg + g * 8);
+        __m512 cv, zv = _mm512_setzero_ps();
+        if (zp != DSQ_ZP_SYM)
+            zv = super ? ld2_i8(u6[0] + 64 + (g % 8) * 8, u6[1] + 64 + (g % 8) * 8)
+                       : ld2_f16(zt + g * 8, zt + tg + g * 8);
+        if (zp == DSQ_ZP_SYM)
+            cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv);
+        else if (zp == DSQ_ZP_INT)
+            cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv);
+        else if (super)
+            cv = _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16 + 8, sup + ts + (g / 8) * 16 + 8), zv);
+        else
+            cv = zv;
+        _mm512_store_ps(b->cg + (g - b->g0) * 16, cv);
+        for (int64_t c = g * cpg; c < (g + 1) * cpg && c < k0 + nch; c++)
+            _mm512_store_ps(b->sc + (c - k0) * 16, sv);
+    }
+}
+
+/* INT6_X8 chunks k0..k0+nch-1 (int6x8_pairs' unpacking and scales). */
+static void prep6(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_t k0, int nch,
+                  panel_blk_t *b)
+{
+    const int64_t nb = xq->nb, groups = xq->n_groups;
+    const int64_t tw = nb * 192, tg = groups * 8, ts = (w->k / 256) * 8;
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const int8_t *sst = w->sub_scales + t * tg;
+    const uint16_t *sup = w->super + t * ts;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512 m32 = _mm512_set1_ps(-32.0f);
+    for (int cc = 0; cc < nch; cc++) {
+        const int64_t c = k0 + cc;
+        const uint8_t *wc = wt + c * 192;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i hb = ld2x32(wc + 128 + 32 * h, wc + tw + 128 + 32 * h);
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int p = 2 * h + e;
+                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+                const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
+                const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
+                b->wu[8 * cc + p] = _mm512_or_si512(_mm512_and_si512(v, lo4),
+                                                    _mm512_and_si512(tl, top));
+                b->wu[8 * cc + 4 + p] = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), _mm512_and_si512(th, top));
+            }
+        }
+        const __m512 dv = ld2_f16(sup + (c / 8) * 8, sup + ts + (c / 8) * 8);
+        for (int h = 0; h < 2; h++) {
+            const __m512 sv = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c + 8 * h,
+                                                       sst + tg + 16 * c + 8 * h));
+            _mm512_store_ps(b->sc + (2 * cc + h) * 16, sv);
+            _mm512_store_ps(b->cg + (2 * cc + h) * 16, _mm512_mul_ps(m32, sv));
+        }
+    }
+    b->hs = 2;
+    b->g0 = 2 * k0;
+    b->g1 = 2 * (k0 + nch);
+}
+
+/* INT2_X8 / INT3_X8 chunks k0..k0+nch-1 (int23x8_pairs' unpacking and
+ * scales). */
+static void prep23(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_t k0, int nch,
+                   panel_blk_t *b)
+{
+    const bool three = w->format == DSQ_WFMT_INT3_X8;
+    const int64_t nb = xq->nb, sbs = w->k / 256;
+    const int64_t cb = three ? 96 : 64, tw = nb * cb;
+    const int64_t t6 = sbs * (three ? 96 : 128), ts = sbs * (three ? 8 : 16);
+    const uint8_t *wt = (const uint8_t *)w->data + t * tw;
+    const uint8_t *sst = (const uint8_t *)w->sub_scales + t * t6;
+    const uint16_t *sup = w->super + t * ts;
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    int8_t u6[2][128];
+    __m512 dv = _mm512_setzero_ps(), mv = _mm512_setzero_ps();
+    for (int cc = 0; cc < nch; cc++) {
+        const int64_t c = k0 + cc, sb = c / 8, g0 = 2 * (c % 8);
+        if (c % 8 == 0 || cc == 0) {
+            if (three) {
+                unpack_sub6(sst + sb * 96, u6[0]);
+                unpack_sub6(sst + t6 + sb * 96, u6[1]);
+                dv = ld2_f16(sup + sb * 8, sup + ts + sb * 8);
+            } else {
+                dv = ld2_f16(sup + sb * 16, sup + ts + sb * 16);
+                mv = ld2_f16(sup + sb * 16 + 8, sup + ts + sb * 16 + 8);
+            }
+        }
+        const uint8_t *wc = wt + c * cb;
+        const __m512i tb = three ? ld2x32(wc + 64, wc + tw + 64) : _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = ld2x32(wc + 32 * h, wc + tw + 32 * h);
+#pragma GCC unroll 4
+            for (int jj = 0; jj < 4; jj++) {
+                __m512i qv = _mm512_and_si512(jj ? _mm512_srli_epi16(v, 2 * jj) : v, m3);
+                if (three) {
+                    const int sh2 = 4 * h + jj - 2;
+                    const __m512i tj = sh2 < 0 ? _mm512_slli_epi16(tb, -sh2)
+                                     : sh2 ? _mm512_srli_epi16(tb, sh2) : tb;
+                    qv = _mm512_or_si512(qv, _mm512_and_si512(tj, b2));
+                }
+                b->wu[8 * cc + 4 * h + jj] = qv;
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m512 sv, cv;
+            if (three) {
+                sv = _mm512_mul_ps(dv, _mm512_sub_ps(ld2_i8(u6[0] + 8 * (g0 + h),
+                                                            u6[1] + 8 * (g0 + h)),
+                                                     _mm512_set1_ps(32.0f)));
+                cv = _mm512_mul_ps(_mm512_set1_ps(-4.0f), sv);
+            } else {
+                const uint8_t *a0 = sst + sb * 128 + 8 * (g0 + h);
+                const __m512i ab = ld2_u8(a0, a0 + t6);
+                sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(ab,
+                                                              _mm512_set1_epi32(15))));
+                cv = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(ab, 4)));
+            }
+            _mm512_store_ps(b->sc + (2 * cc + h) * 16, sv);
+            _mm512_store_ps(b->cg + (2 * cc + h) * 16, cv);
+        }
+    }
+    b->hs = 2;
+    b->g0 = 2 * k0;
+    b->g1 = 2 * (k0 + nch);
+}
+
+/* ma activation blocks (16 rows each, ma <= 2) x weight rows nw..nw+3 of
+ * the block over its nch chunks, hs parts a chunk: f[a][i] += (s * d) *
+ * dot per part. xa / da: the first activation block's transposed bytes
+ * and scales at the block's first chunk, xs / ds the strides between
+ * activation blocks. */
+INLINE void panel_dots(const int ma, const int hs, const int8_t *xa, int64_t xs,
+                       const float *da, int64_t ds, const panel_blk_t *b, int nw, int nch,
+                       __m512 f[2][4])
+{
+    for (int c = 0; c < nch; c++) {
+        const uint8_t *wb = (const uint8_t *)(b->wu + 8 * c) + 4 * nw;
+        __m512 d[2];
+#pragma GCC unroll 2
+        for (int a = 0; a < ma; a++)
+            d[a] = _mm512_load_ps(da + a * ds + c * 16);
+#pragma GCC unroll 2
+        for (int h = 0; h < hs; h++) {
+            __m512i s[2][4];
+#pragma GCC unroll 2
+            for (int a = 0; a < ma; a++)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    s[a][i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int j = h * 8 / hs; j < (h + 1) * 8 / hs; j++) {
+                __m512i x[2];
+#pragma GCC unroll 2
+                for (int a = 0; a < ma; a++)
+                    x[a] = _mm512_load_si512((const void *)(xa + a * xs + (c * 8 + j) * 64));
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    int32_t v;
+                    memcpy(&v, wb + 64 * j + 4 * i, 4);
+                    const __m512i wv = _mm512_set1_epi32(v);
+#pragma GCC unroll 2
+                    for (int a = 0; a < ma; a++)
+                        s[a][i] = _mm512_dpbusd_epi32(s[a][i], wv, x[a]);
+                }
+            }
+            const float *sc = b->sc + (c * hs + h) * 16 + nw;
+#pragma GCC unroll 2
+            for (int a = 0; a < ma; a++)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const __m512 mul = _mm512_mul_ps(_mm512_set1_ps(sc[i]), d[a]);
+                    f[a][i] = _mm512_add_ps(f[a][i],
+                                            _mm512_mul_ps(mul, _mm512_cvtepi32_ps(s[a][i])));
+                }
+        }
+    }
+}
+
+/* Rows m0..m1 (m0 % 16 == 0, at most DSQ__MM_PANEL_M) x weight rows n0..n0+15 of a
+ * weight dsq__mm_avx512_panel took, on the panel path; a last single
+ * tile (n1 - n0 == 8) takes the row kernels. */
+void dsq__mm_panel_avx512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0, int64_t m1,
+                          const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    if (n1 - n0 != 16) {
+        panel_fallback(y, ldy, xq, m0, m1, w, n0, n1);
+        return;
+    }
+    const int64_t nb = xq->nb, groups = xq->n_groups, t = n0 / 8;
+    const int nab = (int)((m1 - m0 + 15) / 16);
+    const int64_t b0 = m0 / 16, xs = nb * 512, ds = nb * 16, gss = groups * 16;
+    panel_blk_t blk;
+    __m512 fa[DSQ__MM_PANEL_M / 16][16], ca[DSQ__MM_PANEL_M / 16][16];
+    for (int a = 0; a < nab; a++)
+        for (int i = 0; i < 16; i++) {
+            fa[a][i] = _mm512_setzero_ps();
+            ca[a][i] = _mm512_setzero_ps();
+        }
+    for (int64_t k0 = 0; k0 < nb; k0 += PANEL_KB) {
+        const int nch = (int)(nb - k0 < PANEL_KB ? nb - k0 : PANEL_KB);
+        if (w->format == DSQ_WFMT_INT6_X8)
+            prep6(w, xq, t, k0, nch, &blk);
+        else if (w->format == DSQ_WFMT_INT2_X8 || w->format == DSQ_WFMT_INT3_X8)
+            prep23(w, xq, t, k0, nch, &blk);
+        else
+            prep45(w, xq, t, k0, nch, &blk);
+        for (int a = 0; a < nab; a += 2) {
+            const int ma = nab - a < 2 ? nab - a : 2;
+            const int8_t *xa = xq->qt + (b0 + a) * xs + k0 * 512;
+            const float *da = xq->dt + (b0 + a) * ds + k0 * 16;
+            const float *ga = xq->gst + (b0 + a) * gss;
+            for (int nw = 0; nw < 16; nw += 4) {
+                __m512 f[2][4];
+                for (int i = 0; i < ma; i++)
+                    for (int q = 0; q < 4; q++)
+                        f[i][q] = fa[a + i][nw + q];
+                if (ma == 2 && blk.hs == 1)
+                    panel_dots(2, 1, xa, xs, da, ds, &blk, nw, nch, f);
+                else if (ma == 2)
+                    panel_dots(2, 2, xa, xs, da, ds, &blk, nw, nch, f);
+                else if (blk.hs == 1)
+                    panel_dots(1, 1, xa, xs, da, ds, &blk, nw, nch, f);
+                else
+                    panel_dots(1, 2, xa, xs, da, ds, &blk, nw, nch, f);
+                for (int i = 0; i < ma; i++) {
+                    __m512 cr[4];
+                    for (int q = 0; q < 4; q++) {
+                        fa[a + i][nw + q] = f[i][q];
+                        cr[q] = ca[a + i][nw + q];
+                    }
+                    for (int64_t g = blk.g0; g < blk.g1; g++) {
+                        const __m512 gs = _mm512_load_ps(ga + i * gss + g * 16);
+                        const float *cg = blk.cg + (g - blk.g0) * 16 + nw;
+                        for (int q = 0; q < 4; q++)
+                            cr[q] = _mm512_add_ps(cr[q], _mm512_mul_ps(_mm512_set1_ps(cg[q]), gs));
+                    }
+                    for (int q = 0; q < 4; q++)
+                        ca[a + i][nw + q] = cr[q];
+                }
+            }
+        }
+    }
+    for (int a = 0; a < nab; a++) {
+        _Alignas(64) float out[16][16];
+        for (int i = 0; i < 16; i++)
+            _mm512_store_ps(out[i], _mm512_add_ps(fa[a][i], ca[a][i]));
+        for (int64_t l = 0; l < 16 && m0 + 16 * a + l < m1; l++)
+            for (int i = 0; i < 16; i++)
+                y[(m0 + 16 * a + l) * ldy + n0 + i] = out[i][l];
+    }
+}
+
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS])
 {
     mm_avx512_base(tab);
@@ -722,8 +1070,37 @@ int dsq__mm_avx512_rows(const dsq_weight_t *w)
                : DSQ__MM_MR;
 }
 
+bool dsq__mm_avx512_panel(const dsq_weight_t *w, int64_t m)
+{
+    if (m < 16 || w->act != DSQ_ACT_INT8)
+        return false;
+    switch (w->format) {
+    case DSQ_WFMT_INT4_X8:
+    case DSQ_WFMT_INT5_X8:
+        return w->zp_mode != DSQ_ZP_LUT && w->group_size >= 32 &&
+               PANEL_KB % (w->group_size / 32) == 0;
+    case DSQ_WFMT_INT6_X8:
+    case DSQ_WFMT_INT2_X8:
+    case DSQ_WFMT_INT3_X8:
+        return true;
+    default:
+        return false;
+    }
+}
+
 #else
 void dsq__mm_avx512(dsq__mm_tile_fn tab[DSQ__MM_SLOTS]) { (void)tab; }
+bool dsq__mm_avx512_panel(const dsq_weight_t *w, int64_t m)
+{
+    (void)w;
+    (void)m;
+    return false;
+}
+void dsq__mm_panel_avx512(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0, int64_t m1,
+                          const dsq_weight_t *w, int64_t n0, int64_t n1)
+{
+    (void)y, (void)ldy, (void)xq, (void)m0, (void)m1, (void)w, (void)n0, (void)n1;
+}
 int dsq__mm_avx512_rows(const dsq_weight_t *w)
 {
     (void)w;

@@ -612,7 +612,7 @@ int dsq__matmul_f32act(float *y, const float *x, int64_t m, const dsq_weight_t *
     }
     struct fa_ctx c = {.y = y, .a = &a, .w = w, .fn = pick(w)};
     /* at least ~64k multiply-adds per thread */
-    dsq__mm_run_tiles(y, m, w, 65536, DSQ__MM_MR, fa_block, &c);
+    dsq__mm_run_tiles(y, m, w, 65536, DSQ__MM_MR, 0, fa_block, &c);
     free(pad);
     return DSQ_OK;
 }

@@ -17,12 +17,12 @@
 struct tiles_ctx {
     float *y;
     const dsq_weight_t *w;
-    int64_t m, tn, tile_n, mr;
+    int64_t m, tn, tile_n, tile_m, mr;
     dsq__mm_block_fn fn;
     void *fn_ctx;
 };
 
-/* Tiles [t0, t1): tile t covers activation rows (t / tn) * TILE_M.. and
+/* Tiles [t0, t1): tile t covers activation rows (t / tn) * tile_m.. and
  * weight rows (t % tn) * tile_n.. */
 static void run_tiles(void *p, int64_t t0, int64_t t1)
 {
@@ -31,7 +31,7 @@ static void run_tiles(void *p, int64_t t0, int64_t t1)
     for (int64_t t = t0; t < t1; t++) {
         int64_t im = t / c->tn, in = t % c->tn;
         int64_t n0 = in * c->tile_n, n1 = n0 + c->tile_n < n ? n0 + c->tile_n : n;
-        int64_t mb0 = im * TILE_M, mb1 = mb0 + TILE_M < m ? mb0 + TILE_M : m;
+        int64_t mb0 = im * c->tile_m, mb1 = mb0 + c->tile_m < m ? mb0 + c->tile_m : m;
         for (int64_t r = mb0; r < mb1; r += c->mr) {
             int64_t r1 = r + c->mr < mb1 ? r + c->mr : mb1;
             c->fn(c->fn_ctx, r, r1, n0, n1);
@@ -44,16 +44,17 @@ static void run_tiles(void *p, int64_t t0, int64_t t1)
 }
 
 void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work, int mr,
-                       dsq__mm_block_fn fn, void *ctx)
+                       int tile_m, dsq__mm_block_fn fn, void *ctx)
 {
-    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx, .mr = mr};
+    struct tiles_ctx c = {.y = y, .w = w, .m = m, .fn = fn, .fn_ctx = ctx, .mr = mr,
+                          .tile_m = tile_m ? tile_m : TILE_M};
     /* decode (m <= MR) keeps nothing in L1 between activation rows, so its
      * tiles are twice as wide: a kernel may stream 4 interleaved 8-row
      * tiles side by side (more misses in flight per core than 2) */
     c.tile_n = m <= MR ? 2 * TILE_N : TILE_N;
     c.tn = (w->n + c.tile_n - 1) / c.tile_n;
-    const int64_t n_tiles = c.tn * ((m + TILE_M - 1) / TILE_M);
+    const int64_t n_tiles = c.tn * ((m + c.tile_m - 1) / c.tile_m);
     /* at least min_work multiply-adds per thread, in whole tiles */
-    int64_t tile_work = c.tile_n * w->k * (m < TILE_M ? m : TILE_M);
+    int64_t tile_work = c.tile_n * w->k * (m < c.tile_m ? m : c.tile_m);
     dsq__parallel_for(n_tiles, min_work / tile_work + 1, run_tiles, &c);
 }

@@ -264,8 +264,11 @@ static void test_interleaved_x8(void **state)
     const char *best = dsq_cpu_isa();
     /* 5 tiles of 8 rows: decode (m = 1) walks 4 of them at once on
      * AVX-512, then a last odd one; m = 4 two pairs; m = 7 rows 4 + 3;
-     * m = 10 the 8-row kernel of INT4_X8 / INT5_X8, then 2 */
-    const int64_t n = 40, ks[2] = {256, 1024}, m = 10;
+     * m = 10 the 8-row kernel of INT4_X8 / INT5_X8, then 2; from m = 16
+     * on their panel path (two strips of 16 rows, the fifth tile on the
+     * row kernels; k = 1024 two weight blocks; m = 37, 40 a pair of
+     * activation blocks and a single one, the last one partial) */
+    const int64_t n = 40, ks[2] = {256, 1024}, m = 40;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (int ki = 0; ki < 2; ki++) {
             const int64_t k = ks[ki];
