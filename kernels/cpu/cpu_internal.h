@@ -65,11 +65,12 @@ static inline void dsq__split(int64_t n, int tid, int n_thr, int64_t *i0,
  *
  * Both product paths (matmul.c's int8 activations, matmul_f32act.c's fp32
  * ones) split y[m][n] the same way: tiles of DSQ__MM_TILE_M activation rows
- * x DSQ__MM_TILE_N weight rows, handed out as contiguous static ranges over
- * the thread pool (so results never depend on the thread count), each tile
- * walked mr activation rows at a time (DSQ__MM_MR, or what the kernel
- * takes: dsq__mm_avx512_rows) so an unpacked weight chunk is reused from
- * registers while the tile's weights stay in L1. */
+ * (DSQ__MM_PANEL_M on the AVX-512 panel path) x DSQ__MM_TILE_N weight rows,
+ * handed out as contiguous static ranges over the thread pool (so results
+ * never depend on the thread count), each tile walked mr activation rows
+ * at a time (DSQ__MM_MR, or what the kernel takes: dsq__mm_avx512_rows;
+ * the panel path takes whole tiles) so an unpacked weight chunk is reused
+ * from registers while the tile's weights stay in L1. */
 #define DSQ__MM_TILE_N 16
 #define DSQ__MM_TILE_M 64
 #define DSQ__MM_MR 4
@@ -292,13 +293,16 @@ typedef struct dsq__xq {
     /* The panel path only (dsq__mm_avx512_panel; else NULL): the same
      * values with 16 rows in the lanes, rows past m zero. Row block b =
      * rows 16b..16b+15: */
-    int8_t *qt;          /* [m/16][nb][8][16][4]: bytes 4j..4j+3 of block c */
-    float *dt;           /* [m/16][nb][16]: d                                */
-    float *gst;          /* [m/16][n_groups][16]: gsum                       */
+    int8_t *qt;          /* [ceil(m/16)][nb][8][16][4]: bytes 4j..4j+3 of
+                            block c                                         */
+    float *dt;           /* [ceil(m/16)][nb][16]: d                          */
+    float *gst;          /* [ceil(m/16)][n_groups][16]: gsum                 */
 } dsq__xq_t;
 
-/* Computes y[m0..m1)[n0..n1) (row stride ldy) for one weight. m1 - m0 <= 4
- * for the quantised kernels' register blocking; callers loop. */
+/* Computes y[m0..m1)[n0..n1) (row stride ldy) for one weight. m1 - m0 is
+ * at most the rows the kernel takes a call (DSQ__MM_MR, 8 for
+ * dsq__mm_avx512_rows' formats, a whole DSQ__MM_PANEL_M tile for
+ * dsq__mm_panel_avx512); callers loop. */
 typedef void (*dsq__mm_tile_fn)(float *y, int64_t ldy, const dsq__xq_t *xq,
                                 int64_t m0, int64_t m1, const dsq_weight_t *w,
                                 int64_t n0, int64_t n1);

@@ -13,8 +13,11 @@
  * Work split: matmul_tiles.c (tiles of 64 activation rows x 16 weight
  * rows over the thread pool; a matmul under ~128k multiply-adds runs
  * inline). Inside a tile the kernel walks 4 activation rows at a time
- * against one weight row, so each unpacked weight chunk is reused 4 times
- * from registers.
+ * (8 for the AVX-512 interleaved kernels) against its weight rows, so each
+ * unpacked weight chunk is reused from registers. Prefill against the
+ * interleaved formats on AVX-512 takes the panel path instead
+ * (matmul_avx512.c): tiles of 256 rows, activations copied with 16 rows
+ * in the vector lanes (transpose_xq).
  */
 #include "cpu_internal.h"
 
@@ -453,7 +456,7 @@ static void transpose_range(void *p, int64_t b0, int64_t b1)
         for (int64_t l = 0; l < 16; l++) {
             const int64_t r = 16 * b + l;
             const bool in = r < xq->m;
-            const int8_t *q = xq->q + r * xq->k_pad;
+            const int8_t *q = in ? xq->q + r * xq->k_pad : NULL;
             for (int64_t c = 0; c < nb; c++) {
                 for (int j = 0; j < 8; j++) {
                     int8_t *o = xq->qt + ((b * nb + c) * 8 + j) * 64 + 4 * l;

@@ -17,6 +17,9 @@
  * tiles of 8 rows per 512-bit vector: one broadcast of 4 activations then
  * feeds 16 rows, half the broadcasts and dot instructions of the 256-bit
  * kernels for the same bits.
+ * Prefill (16 or more activation rows) against INT2/3/4/5/6_X8 takes the
+ * panel path at the end of the file instead: activation rows in the
+ * lanes, one broadcast of 4 weights per two dot products.
  */
 #include "cpu_internal.h"
 

@@ -1,5 +1,6 @@
 /* The work split both product paths share (matmul.c's int8 activations,
- * matmul_f32act.c's fp32 ones): y[m][n] in tiles of DSQ__MM_TILE_M
+ * matmul_f32act.c's fp32 ones): y[m][n] in tiles of tile_m (DSQ__MM_TILE_M,
+ * or DSQ__MM_PANEL_M for the AVX-512 panel path)
  * activation rows x DSQ__MM_TILE_N weight rows, handed out as contiguous
  * static ranges over the thread pool so that results never depend on the
  * thread count or timing, and a product under the caller's minimum work

@@ -30,6 +30,7 @@
 #include "engine/io/tensor.h"
 #include "engine/model/quant.h"
 #include "kernels.h"
+#include "cpu/cpu_internal.h"
 
 typedef struct golden {
     char name[16];
@@ -265,12 +266,14 @@ static void test_interleaved_x8(void **state)
     /* 5 tiles of 8 rows: decode (m = 1) walks 4 of them at once on
      * AVX-512, then a last odd one; m = 4 two pairs; m = 7 rows 4 + 3;
      * m = 10 the 8-row kernel of INT4_X8 / INT5_X8, then 2; from m = 16
-     * on their panel path (two strips of 16 rows, the fifth tile on the
-     * row kernels; k = 1024 two weight blocks; m = 37, 40 a pair of
-     * activation blocks and a single one, the last one partial) */
-    const int64_t n = 40, ks[2] = {256, 1024}, m = 40;
+     * on the panel path of every type here but IQ4_XS (two strips of 16
+     * rows, the fifth tile on the row kernels; k = 768 / 1024 two weight
+     * blocks, the last one short / full; m = 37, 40 a pair of activation
+     * blocks and a single one, the last one partial; m = 300 two tiles of
+     * 256 rows). m = 1, 4, ..., 40, then 300. */
+    const int64_t n = 40, ks[3] = {256, 768, 1024}, m = 300;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
-        for (int ki = 0; ki < 2; ki++) {
+        for (int ki = 0; ki < 3; ki++) {
             const int64_t k = ks[ki];
             const dsq_type_t ty = type_of(types[ti].name);
             /* packed into a copy of fewer bits (INT6_X8, INT5_X8, Q4_K's
@@ -378,7 +381,7 @@ static void test_interleaved_x8(void **state)
             for (size_t li = 0; li < sizeof(isas) / sizeof(isas[0]); li++) {
                 if (dsq_cpu_force_isa(isas[li]) != DSQ_OK)
                     continue;
-                for (int64_t mm = 1; mm <= m; mm += 3) {
+                for (int64_t mm = 1; mm <= m; mm = mm < 40 ? mm + 3 : m + (mm == m)) {
                     memset(y, 0xff, (size_t)(mm * n) * sizeof(float));
                     assert_int_equal(dsq_cpu_matmul(y, x, mm, &w), DSQ_OK);
                     for (int64_t e = 0; e < mm * n; e++)
@@ -392,6 +395,13 @@ static void test_interleaved_x8(void **state)
                                 <= 1.0);
             }
             assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
+            /* where the CPU has AVX-512 + VNNI, m >= 16 above was the panel
+             * path's (dsq_cpu_matmul's own test of it) */
+            if (dsq_cpu_force_isa("avx512") == DSQ_OK) {
+                assert_true(dsq__mm_avx512_panel(&w, 16));
+                assert_false(dsq__mm_avx512_panel(&w, 15));
+                assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
+            }
             /* tiles only: a row view must start and end on one */
             dsq_weight_t v;
             assert_int_equal(dsq_weight_rows(&w, 8, 16, &v), DSQ_OK);
