@@ -948,8 +948,12 @@ INLINE void panel_dots(const int ma, const int hs, const int8_t *xa, int64_t xs,
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
                     s[a][i] = _mm512_setzero_si512();
+            /* plain bounds: a sanitizer build's checks on h * 8 / hs in
+             * the loop header would leave the annotation unusable */
+            const int jn = hs == 2 ? 4 : 8;
 #pragma GCC unroll 8
-            for (int j = h * 8 / hs; j < (h + 1) * 8 / hs; j++) {
+            for (int jj = 0; jj < jn; jj++) {
+                const int j = h * jn + jj;
                 __m512i x[2];
 #pragma GCC unroll 2
                 for (int a = 0; a < ma; a++)
