@@ -355,6 +355,18 @@ int dsq_cpu_force_isa(const char *name);
  * Returns 0, DSQ_EINVAL (bad shape/format/act/NULL) or DSQ_ENOMEM. */
 int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
 
+/* n independent products y[i][m[i]][w[i]->n] = x[i][m[i]][k] W_i^T, each as
+ * dsq_cpu_matmul computes it (bit for bit), in one dispatch over the thread
+ * pool: their tiles are split as one list, so a layer of small products
+ * (a MoE layer's experts at decode, gate beside up) pays one barrier, not
+ * one per product. Products over the same x (pointer, m, k and group size)
+ * quantise it once. y, x, m, w: host arrays of n entries; no y[i] may
+ * overlap another y[j] or any x[j]. n == 0 does nothing. Returns 0,
+ * DSQ_EINVAL (n < 0, a NULL array, or any product dsq_cpu_matmul refuses;
+ * then no y is written) or DSQ_ENOMEM. */
+int dsq_cpu_matmul_many(int n, float *const *y, const float *const *x, const int64_t *m,
+                        const dsq_weight_t *const *w);
+
 /* dsq_cpu_matmul with fp16 activations: x [m][k] and y [m][n] IEEE binary16
  * (uint16 bits). x is widened to fp32, the product is the DSQ_ACT_F32 path
  * whatever w->act says (exact dequantisation, fp32 accumulation) and y is

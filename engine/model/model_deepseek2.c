@@ -35,6 +35,9 @@
  * (token, expert) pairs are grouped by expert (dsq_backend_moe_group), and each
  * expert with tokens runs once over its gathered rows, so its weights are
  * read once per step. Shared experts are one SwiGLU MLP over every token.
+ * Steps of up to batch_rows tokens (decode) hand a layer's small products
+ * to the thread pool a few at a time (dsq_backend_matmul_many), not one by
+ * one: moe_batched and attend_absorbed_batched.
  *
  * The graph is the deepseek2 row of the architecture table (model_arch.c);
  * it moves activations with host loops between ops, so the row marks it
@@ -89,10 +92,27 @@ typedef struct dsq_ds2 {
     int64_t d, H, dn, dr, dv, kvl, ql, D, n_exp, top_k, mi, ff, ff_sh;
 
     int ws_tokens;
+    int batch_rows;
     float *x, *h, *o, *qa, *q, *ckv, *qpe, *kpe, *qabs, *olat, *att, *tin, *tout,
           *g, *u, *y, *xe, *ye, *rlog, *wts, *roww, *lg;
+    /* moe_batched's rows (steps of <= batch_rows tokens): every routed
+     * row's input and output [T*top_k][d], gate and up [T*top_k][mi]
+     * followed by the shared experts' [T][ff_sh] */
+    float *bx, *by, *bg, *bu;
+    /* attend_absorbed's per-head rows (<= batch_rows of them): inputs
+     * [H][T][max(dn, kvl)], outputs [H][T][max(kvl, dv)] */
+    float *hin, *hout;
     int32_t *ids, *rows, *offsets;
 } dsq_ds2_t;
+
+/* Steps of at most batch_rows tokens (default DS2_BATCH_ROWS; DSQ_DS2_BATCH
+ * in the environment at load, so tests can compare both paths) run a MoE
+ * layer's products in three dispatches (moe_batched) and the absorbed
+ * form's per-head products in one each way (attend_absorbed_batched);
+ * longer steps (prefill) product by product, as each product is large
+ * enough there that one barrier apiece costs little and the batched
+ * buffers would grow with top_k times the step. */
+#define DS2_BATCH_ROWS 64
 
 /* fp32 [n][k] buffer -> weight: a plain F32 view (buf kept by the model) or,
  * with quantize, RTN INT4 (buf freed). Ownership of buf always moves. */
@@ -370,6 +390,10 @@ static void *ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
     g->m = m;
     g->be = dsq__model_backend(m);
     g->c = *c;
+    const char *br = getenv("DSQ_DS2_BATCH");
+    g->batch_rows = br ? atoi(br) : DS2_BATCH_ROWS;
+    if (g->batch_rows < 0)
+        g->batch_rows = 0;
     const char *pm = getenv("DSQ_MLA_PREFILL");
     g->prefill_mode = !pm ? DS2_PREFILL_AUTO :
                       strcmp(pm, "absorbed") == 0 ? DS2_PREFILL_ABSORBED :
@@ -469,7 +493,8 @@ static void ds2_destroy(void *graph)
     free(g->layers);
     float *ws[] = {g->x, g->h, g->o, g->qa, g->q, g->ckv, g->qpe, g->kpe, g->qabs,
                    g->olat, g->att, g->tin, g->tout, g->g, g->u, g->y, g->xe, g->ye,
-                   g->rlog, g->wts, g->roww, g->lg};
+                   g->rlog, g->wts, g->roww, g->lg, g->bx, g->by, g->bg, g->bu,
+                   g->hin, g->hout};
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
         free(ws[i]);
     free(g->ids);
@@ -491,6 +516,8 @@ static int ensure_ws(dsq_ds2_t *g, int n_tokens)
     const size_t t = (size_t)n_tokens, d = (size_t)g->d, H = (size_t)g->H;
     const size_t kk = (size_t)(g->top_k > 0 ? g->top_k : 1);
     const size_t ffm = max3((size_t)g->ff, (size_t)g->ff_sh, (size_t)g->mi);
+    /* at least one row: realloc(p, 0) may return NULL */
+    const size_t tb = max3(1, t < (size_t)g->batch_rows ? t : (size_t)g->batch_rows, 0);
     struct { float **p; size_t n; } bufs[] = {
         {&g->x, t * d}, {&g->h, t * d}, {&g->o, t * d},
         {&g->qa, t * (size_t)(g->ql > 0 ? g->ql : 1)},
@@ -503,6 +530,11 @@ static int ensure_ws(dsq_ds2_t *g, int n_tokens)
         {&g->g, t * ffm}, {&g->u, t * ffm}, {&g->y, t * d}, {&g->xe, t * d},
         {&g->ye, t * d}, {&g->rlog, t * (size_t)(g->n_exp > 0 ? g->n_exp : 1)},
         {&g->wts, t * kk}, {&g->roww, t * kk}, {&g->lg, t * d},
+        {&g->bx, tb * kk * d}, {&g->by, tb * kk * d},
+        {&g->bg, tb * (kk * (size_t)g->mi + (size_t)g->ff_sh)},
+        {&g->bu, tb * (kk * (size_t)g->mi + (size_t)g->ff_sh)},
+        {&g->hin, tb * H * max3((size_t)g->dn, (size_t)g->kvl, 1)},
+        {&g->hout, tb * H * max3((size_t)g->kvl, (size_t)g->dv, 1)},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
@@ -538,6 +570,73 @@ static int mlp(dsq_ds2_t *g, float *out, const float *in, int64_t T,
     return rc;
 }
 
+/* H products of [m][k] rows into [H][m][n] in one matmul_many call:
+ * head h's input at in + h * m * k, output at out + h * m * n. */
+static int per_head(dsq_ds2_t *g, float *out, const float *in, int64_t m, int64_t k, int64_t n,
+                    const dsq_weight_t *w)
+{
+    const int64_t H = g->H;
+    float **y = malloc((size_t)H * sizeof(*y));
+    const float **x = malloc((size_t)H * sizeof(*x));
+    int64_t *mm = malloc((size_t)H * sizeof(*mm));
+    const dsq_weight_t **ww = malloc((size_t)H * sizeof(*ww));
+    int rc = y && x && mm && ww ? DSQ_OK : DSQ_ENOMEM;
+    for (int64_t h = 0; h < H && !rc; h++) {
+        y[h] = out + h * m * n;
+        x[h] = in + h * m * k;
+        mm[h] = m;
+        ww[h] = &w[h];
+    }
+    if (!rc) rc = dsq_backend_matmul_many(g->be, (int)H, y, x, mm, ww);
+    free(y);
+    free(x);
+    free(mm);
+    free(ww);
+    return rc;
+}
+
+/* attend_absorbed for nA <= batch_rows rows: each head's W_UK and W_UV
+ * products are small (512 x 128 at V2-Lite's shapes, under the size worth a
+ * dispatch), so the H of them run as one dispatch each way instead of 2H
+ * on the calling thread. Same products, same bits. */
+static int attend_absorbed_batched(dsq_ds2_t *g, const ds2_layer_t *L,
+                                   const dsq_kv_layer_t *kl, const dsq_batch_t *b,
+                                   const int32_t *A, int64_t nA, const int32_t *rs_c,
+                                   const int32_t *pos_c)
+{
+    const int64_t H = g->H, dn = g->dn, dr = g->dr, dv = g->dv, kvl = g->kvl, D = g->D,
+                  qw = dn + dr;
+    int rc = DSQ_OK;
+    for (int64_t hh = 0; hh < H; hh++)
+        for (int64_t j = 0; j < nA; j++)
+            memcpy(g->hin + (hh * nA + j) * dn, g->q + (A[j] * H + hh) * qw,
+                   (size_t)dn * sizeof(float));
+    if (dn > 0)
+        rc = per_head(g, g->hout, g->hin, nA, dn, kvl, L->wuk);
+    else
+        memset(g->hout, 0, (size_t)(H * nA * kvl) * sizeof(float));
+    for (int64_t hh = 0; hh < H && !rc; hh++) {
+        for (int64_t j = 0; j < nA; j++) {
+            float *qa = g->qabs + (j * H + hh) * D;
+            memcpy(qa, g->hout + (hh * nA + j) * kvl, (size_t)kvl * sizeof(float));
+            memcpy(qa + kvl, g->q + (A[j] * H + hh) * qw + dn, (size_t)dr * sizeof(float));
+        }
+    }
+    if (!rc) rc = dsq_backend_mla_attention(g->be, g->olat, g->qabs, nA, (int)H, (int)kvl, kl,
+                                        rs_c, pos_c, b->block_tables, b->max_blocks,
+                                        g->attn_scale);
+    for (int64_t hh = 0; hh < H && !rc; hh++)
+        for (int64_t j = 0; j < nA; j++)
+            memcpy(g->hin + (hh * nA + j) * kvl, g->olat + (j * H + hh) * kvl,
+                   (size_t)kvl * sizeof(float));
+    if (!rc) rc = per_head(g, g->hout, g->hin, nA, kvl, dv, L->wuv);
+    for (int64_t hh = 0; hh < H && !rc; hh++)
+        for (int64_t j = 0; j < nA; j++)
+            memcpy(g->att + (A[j] * H + hh) * dv, g->hout + (hh * nA + j) * dv,
+                   (size_t)dv * sizeof(float));
+    return rc;
+}
+
 /* Absorbed form for the nA rows listed in A (W_UK into the query, attention
  * over the cached vectors, W_UV after). g->q holds RoPE'd q_pe. */
 static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_layer_t *kl,
@@ -551,6 +650,8 @@ static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
         rs_c[j] = b->row_seq[A[j]];
         pos_c[j] = b->pos[A[j]];
     }
+    if (nA <= g->batch_rows)
+        return attend_absorbed_batched(g, L, kl, b, A, nA, rs_c, pos_c);
     for (int64_t hh = 0; hh < H && !rc; hh++) {
         for (int64_t j = 0; j < nA; j++)
             memcpy(g->tin + j * dn, g->q + (A[j] * H + hh) * qw, (size_t)dn * sizeof(float));
@@ -659,14 +760,16 @@ static int attention(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_layer_t *k
                   D = g->D, qw = dn + dr;
     const float eps = (float)g->c.rms_eps;
     int rc;
-    if (g->ql > 0) {
-        rc = dsq_backend_matmul(g->be, g->qa, g->h, T, &L->wq_a);
-        if (!rc) rc = dsq_backend_rmsnorm(g->be, g->qa, g->qa, L->q_a_norm, T, g->ql, eps);
+    /* the query's first product and kv_a share h: one dispatch */
+    float *y2[2] = {g->ql > 0 ? g->qa : g->q, g->ckv};
+    const float *x2[2] = {g->h, g->h};
+    const int64_t m2[2] = {T, T};
+    const dsq_weight_t *w2[2] = {g->ql > 0 ? &L->wq_a : &L->wq, &L->wkv_a};
+    rc = dsq_backend_matmul_many(g->be, 2, y2, x2, m2, w2);
+    if (!rc && g->ql > 0) {
+        rc = dsq_backend_rmsnorm(g->be, g->qa, g->qa, L->q_a_norm, T, g->ql, eps);
         if (!rc) rc = dsq_backend_matmul(g->be, g->q, g->qa, T, &L->wq_b);
-    } else {
-        rc = dsq_backend_matmul(g->be, g->q, g->h, T, &L->wq);
     }
-    if (!rc) rc = dsq_backend_matmul(g->be, g->ckv, g->h, T, &L->wkv_a);
     if (rc)
         return rc;
     /* latent: RMSNorm of the first kvl values; k_pe, q_pe: RoPE */
@@ -726,11 +829,82 @@ undo:
     return rc;
 }
 
+/* moe for T <= batch_rows tokens, the same products in three
+ * dispatches (router with the shared gate and up; every routed expert's
+ * gate and up; every down) instead of one per product: at decode each
+ * product is small (V2-Lite: 1408 x 2048), and waiting for the slower
+ * thread at 26 barriers a layer cost more than a tenth of a step. Same
+ * operations in the same order as the loop in moe, so the same bits. */
+static int moe_batched(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
+{
+    const int64_t d = g->d, K = g->top_k, mi = g->mi, R = T * K;
+    const int64_t fs = L->has_shared ? L->w_gate.n : 0;
+    const int cap = 2 * (int)(R < g->n_exp ? R : g->n_exp) + 3;
+    float **y = malloc((size_t)cap * sizeof(*y));
+    const float **x = malloc((size_t)cap * sizeof(*x));
+    int64_t *m = malloc((size_t)cap * sizeof(*m));
+    const dsq_weight_t **w = malloc((size_t)cap * sizeof(*w));
+    int rc = y && x && m && w ? DSQ_OK : DSQ_ENOMEM, n = 0;
+    float *gs = g->bg + R * mi, *us = g->bu + R * mi;    /* shared rows */
+#define ADD(Y, X, M, W) (y[n] = (Y), x[n] = (X), m[n] = (M), w[n] = (W), n++)
+    if (!rc) {
+        ADD(g->rlog, g->h, T, &L->router);
+        if (L->has_shared) {
+            ADD(gs, g->h, T, &L->w_gate);
+            ADD(us, g->h, T, &L->w_up);
+        }
+        rc = dsq_backend_matmul_many(g->be, n, y, x, m, w);
+    }
+    dsq_moe_route_t r = g->route;
+    r.bias = L->router_bias;
+    if (!rc) rc = dsq_backend_moe_route(g->be, g->ids, g->wts, g->rlog, T, &r);
+    if (!rc) rc = dsq_backend_moe_group(g->be, g->offsets, g->rows, g->roww, g->ids, g->wts, T,
+                                    (int)K, (int)g->n_exp);
+    for (int64_t j = 0; j < R && !rc; j++)
+        memcpy(g->bx + j * d, g->h + (int64_t)g->rows[j] * d, (size_t)d * sizeof(float));
+    n = 0;
+    for (int64_t e = 0; e < g->n_exp && !rc; e++) {
+        const int64_t o0 = g->offsets[e], ne = g->offsets[e + 1] - o0;
+        if (ne == 0)
+            continue;
+        ADD(g->bg + o0 * mi, g->bx + o0 * d, ne, &L->exp_gate[e]);
+        ADD(g->bu + o0 * mi, g->bx + o0 * d, ne, &L->exp_up[e]);
+    }
+    if (!rc) rc = dsq_backend_matmul_many(g->be, n, y, x, m, w);
+    /* gate and up rows are contiguous, the shared ones after the routed */
+    if (!rc) rc = dsq_backend_swiglu(g->be, g->bg, g->bg, g->bu, 1, R * mi + T * fs);
+    n = 0;
+    if (!rc && L->has_shared)
+        ADD(g->y, gs, T, &L->w_down);
+    else if (!rc)
+        memset(g->y, 0, (size_t)(T * d) * sizeof(float));
+    for (int64_t e = 0; e < g->n_exp && !rc; e++) {
+        const int64_t o0 = g->offsets[e], ne = g->offsets[e + 1] - o0;
+        if (ne > 0)
+            ADD(g->by + o0 * d, g->bg + o0 * mi, ne, &L->exp_down[e]);
+    }
+#undef ADD
+    if (!rc) rc = dsq_backend_matmul_many(g->be, n, y, x, m, w);
+    for (int64_t j = 0; j < R && !rc; j++) {
+        float *dst = g->y + (int64_t)g->rows[j] * d;
+        const float *src = g->by + j * d, wj = g->roww[j];
+        for (int64_t i = 0; i < d; i++)
+            dst[i] += wj * src[i];
+    }
+    free(y);
+    free(x);
+    free(m);
+    free(w);
+    return rc;
+}
+
 /* Routed + shared experts of g->h into g->y. */
 static int moe(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
 {
     const int64_t d = g->d, K = g->top_k;
     int rc = DSQ_OK;
+    if (T <= g->batch_rows)
+        return moe_batched(g, L, T);
     if (L->has_shared)
         rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
     else

@@ -87,6 +87,27 @@ typedef void (*dsq__mm_block_fn)(void *ctx, int64_t r0, int64_t r1, int64_t n0, 
 void dsq__mm_run_tiles(float *y, int64_t m, const dsq_weight_t *w, int64_t min_work, int mr,
                        int tile_m, dsq__mm_block_fn fn, void *ctx);
 
+/* One product of a dsq__mm_run_many list: y[m][w->n], fn over its blocks
+ * with ctx, mr rows a call, tiles of tile_m rows (0: DSQ__MM_TILE_M). The
+ * last four fields are dsq__mm_run_many's own (the tile grid and where the
+ * product's tiles start in the list). */
+typedef struct dsq__mm_tiles {
+    float *y;
+    int64_t m;
+    const dsq_weight_t *w;
+    int mr, tile_m;
+    dsq__mm_block_fn fn;
+    void *ctx;
+    int64_t tile_n, tn, n_tiles, first;
+} dsq__mm_tiles_t;
+
+/* dsq__mm_run_tiles over n independent products in one dispatch: their
+ * tiles form one list split over the thread pool (min_work multiply-adds
+ * per thread at least, counted at the list's mean tile size). Each tile is
+ * computed as dsq__mm_run_tiles computes it, so results equal n separate
+ * calls. The products' y must not overlap. */
+void dsq__mm_run_many(dsq__mm_tiles_t *p, int n, int64_t min_work);
+
 /* IEEE binary16 -> binary32, exact. */
 static inline float dsq__h2f(uint16_t h)
 {

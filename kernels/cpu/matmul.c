@@ -497,46 +497,72 @@ static void mm_block(void *p, int64_t r0, int64_t r1, int64_t n0, int64_t n1)
     c->fn(c->y, c->w->n, c->xq, r0, r1, c->w, n0, n1);
 }
 
-int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
+/* One product made ready to run: activations quantised (and, for the
+ * panel path, transposed) and the kernel chosen. c.xq points at xq, or at
+ * an earlier job's xq over the same activations (dsq_cpu_matmul_many). */
+typedef struct mm_job {
+    dsq__xq_t xq;
+    struct mm_ctx c;
+    void *buf, *tb;         /* owned: quantised and transposed activations */
+    int mr, tile_m;
+    bool quantised, panel;
+    bool f32act;            /* runs on dsq__matmul_f32act instead */
+    bool empty;             /* m == 0: nothing to compute */
+} mm_job_t;
+
+static void job_release(mm_job_t *j)
 {
+    free(j->tb);
+    free(j->buf);
+    j->tb = j->buf = NULL;
+}
+
+/* Whether job s's activations serve a product over want (same x, shape,
+ * groups and path). */
+static bool same_acts(const mm_job_t *s, const dsq__xq_t *want, bool quantised, bool panel)
+{
+    const dsq__xq_t *h = s->c.xq;
+    return !s->empty && !s->f32act && s->quantised == quantised && s->panel == panel &&
+           h->x == want->x && h->m == want->m && h->k == want->k &&
+           h->n_groups == want->n_groups && h->cpg == want->cpg;
+}
+
+/* Checks y = x W^T and makes it ready in j; an earlier job among
+ * prev[0..n_prev) whose activations match lends them instead of a second
+ * quantisation. Returns 0, DSQ_EINVAL or DSQ_ENOMEM (j then owns nothing). */
+static int job_prepare(mm_job_t *j, float *y, const float *x, int64_t m, const dsq_weight_t *w,
+                       const mm_job_t *prev, int n_prev)
+{
+    memset(j, 0, sizeof(*j));
     int rc = check_weight(w);
     if (rc != DSQ_OK || !y || !x || m < 0)
         return rc != DSQ_OK ? rc : DSQ_EINVAL;
     if (w->act != DSQ_ACT_INT8 && w->act != DSQ_ACT_F32)
         return DSQ_EINVAL;
-    if (m == 0)
+    j->xq = (dsq__xq_t){.x = x, .m = m, .k = w->k};
+    j->c = (struct mm_ctx){.y = y, .xq = &j->xq, .w = w};
+    if (m == 0) {
+        j->empty = true;
         return DSQ_OK;
+    }
     const bool int4 = w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT4_X8;
     const bool grouped = int4 || w->format == DSQ_WFMT_INT8G || w->format == DSQ_WFMT_INT6_X8 ||
                          w->format == DSQ_WFMT_INT5_X8 || w->format == DSQ_WFMT_INT2_X8 ||
                          w->format == DSQ_WFMT_INT3_X8;
-    const bool quantised = grouped || w->format == DSQ_WFMT_Q8_0_X8 ||
-                           w->format == DSQ_WFMT_Q8_0 || w->format == DSQ_WFMT_INT8;
-    if (w->act == DSQ_ACT_F32 && quantised)
-        return dsq__matmul_f32act(y, x, m, w);
-
-    dsq__xq_t xq = {.x = x, .m = m, .k = w->k};
-    xq.k_pad = (w->k + 31) / 32 * 32;
-    xq.nb = xq.k_pad / 32;
-    void *buf = NULL;
-    if (quantised) {
-        size_t qb = (size_t)(m * xq.k_pad + 63) / 64 * 64;
-        size_t fb = (size_t)(m * xq.nb) * sizeof(float);
-        if (grouped) {
-            xq.n_groups = (w->k + w->group_size - 1) / w->group_size;
-            xq.cpg = w->group_size / 32;        /* 0: group 16 */
-        }
-        size_t gb = (size_t)(m * xq.n_groups) * sizeof(float);
-        buf = aligned_alloc(64, (qb + 2 * fb + gb + 63) / 64 * 64);
-        if (!buf)
-            return DSQ_ENOMEM;
-        xq.q = buf;
-        xq.d = (float *)((char *)buf + qb);
-        xq.s = xq.d + m * xq.nb;
-        xq.gsum = xq.s + m * xq.nb;
-        dsq__parallel_for(m, 8, quant_range, &xq);
+    j->quantised = grouped || w->format == DSQ_WFMT_Q8_0_X8 || w->format == DSQ_WFMT_Q8_0 ||
+                   w->format == DSQ_WFMT_INT8;
+    if (w->act == DSQ_ACT_F32 && j->quantised) {
+        j->f32act = true;
+        return DSQ_OK;
     }
 
+    dsq__xq_t *xq = &j->xq;
+    xq->k_pad = (w->k + 31) / 32 * 32;
+    xq->nb = xq->k_pad / 32;
+    if (grouped) {
+        xq->n_groups = (w->k + w->group_size - 1) / w->group_size;
+        xq->cpg = w->group_size / 32;        /* 0: group 16 */
+    }
     dsq__mm_tile_fn tab[DSQ__MM_SLOTS], fast[DSQ__MM_SLOTS] = {0};
     dsq__mm_scalar(tab);
     dsq__isa_t isa = dsq__cpu_isa_level();
@@ -548,30 +574,94 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
         dsq__mm_neon(fast);
     if (isa >= DSQ__ISA_NEON_DOTPROD)
         dsq__mm_neon_dot(fast);
-
-    const bool panel = isa >= DSQ__ISA_AVX512 && dsq__mm_avx512_panel(w, m);
-    if (panel) {
-        void *tb = transpose_xq(&xq);
-        if (!tb) {
-            free(buf);
+    j->panel = isa >= DSQ__ISA_AVX512 && dsq__mm_avx512_panel(w, m);
+    if (j->panel) {
+        j->c.fn = dsq__mm_panel_avx512;
+        j->mr = j->tile_m = DSQ__MM_PANEL_M;
+    } else {
+        const int slot = w->format == DSQ_WFMT_INT4 && !dsq__int4_classic(w) ? DSQ__MM_INT4_GEN
+                                                                              : (int)w->format;
+        j->c.fn = fast[slot] ? fast[slot] : tab[w->format];
+        j->mr = isa >= DSQ__ISA_AVX512 ? dsq__mm_avx512_rows(w) : DSQ__MM_MR;
+    }
+    if (!j->quantised)
+        return DSQ_OK;
+    for (int i = 0; i < n_prev; i++) {
+        if (same_acts(&prev[i], xq, j->quantised, j->panel)) {
+            j->c.xq = prev[i].c.xq;
+            return DSQ_OK;
+        }
+    }
+    size_t qb = (size_t)(m * xq->k_pad + 63) / 64 * 64;
+    size_t fb = (size_t)(m * xq->nb) * sizeof(float);
+    size_t gb = (size_t)(m * xq->n_groups) * sizeof(float);
+    j->buf = aligned_alloc(64, (qb + 2 * fb + gb + 63) / 64 * 64);
+    if (!j->buf)
+        return DSQ_ENOMEM;
+    xq->q = j->buf;
+    xq->d = (float *)((char *)j->buf + qb);
+    xq->s = xq->d + m * xq->nb;
+    xq->gsum = xq->s + m * xq->nb;
+    dsq__parallel_for(m, 8, quant_range, xq);
+    if (j->panel) {
+        j->tb = transpose_xq(xq);
+        if (!j->tb) {
+            job_release(j);
             return DSQ_ENOMEM;
         }
-        struct mm_ctx c = {.y = y, .xq = &xq, .w = w, .fn = dsq__mm_panel_avx512};
-        dsq__mm_run_tiles(y, m, w, 131072, DSQ__MM_PANEL_M, DSQ__MM_PANEL_M, mm_block, &c);
-        free(tb);
-        free(buf);
-        return DSQ_OK;
     }
-
-    struct mm_ctx c = {.y = y, .xq = &xq, .w = w};
-    const int slot = w->format == DSQ_WFMT_INT4 && !dsq__int4_classic(w) ? DSQ__MM_INT4_GEN
-                                                                          : (int)w->format;
-    c.fn = fast[slot] ? fast[slot] : tab[w->format];
-    /* at least ~128k multiply-adds per thread */
-    const int mr = isa >= DSQ__ISA_AVX512 ? dsq__mm_avx512_rows(w) : DSQ__MM_MR;
-    dsq__mm_run_tiles(y, m, w, 131072, mr, 0, mm_block, &c);
-    free(buf);
     return DSQ_OK;
+}
+
+/* Job j as one entry of a dsq__mm_run_many list. */
+static dsq__mm_tiles_t job_tiles(mm_job_t *j)
+{
+    return (dsq__mm_tiles_t){.y = j->c.y, .m = j->xq.m, .w = j->c.w, .mr = j->mr,
+                             .tile_m = j->tile_m, .fn = mm_block, .ctx = &j->c};
+}
+
+/* at least ~128k multiply-adds per thread */
+#define MM_MIN_WORK 131072
+
+int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
+{
+    mm_job_t j;
+    int rc = job_prepare(&j, y, x, m, w, NULL, 0);
+    if (rc != DSQ_OK || j.empty)
+        return rc;
+    if (j.f32act)
+        return dsq__matmul_f32act(y, x, m, w);
+    dsq__mm_tiles_t t = job_tiles(&j);
+    dsq__mm_run_many(&t, 1, MM_MIN_WORK);
+    job_release(&j);
+    return DSQ_OK;
+}
+
+int dsq_cpu_matmul_many(int n, float *const *y, const float *const *x, const int64_t *m,
+                        const dsq_weight_t *const *w)
+{
+    if (n < 0 || (n > 0 && (!y || !x || !m || !w)))
+        return DSQ_EINVAL;
+    if (n == 0)
+        return DSQ_OK;
+    mm_job_t *jobs = calloc((size_t)n, sizeof(*jobs));
+    dsq__mm_tiles_t *t = calloc((size_t)n, sizeof(*t));
+    int rc = jobs && t ? DSQ_OK : DSQ_ENOMEM, ready = 0, nt = 0;
+    for (; ready < n && rc == DSQ_OK; ready++)
+        rc = job_prepare(&jobs[ready], y[ready], x[ready], m[ready], w[ready], jobs, ready);
+    for (int i = 0; i < ready && rc == DSQ_OK; i++) {
+        if (jobs[i].f32act)
+            rc = dsq__matmul_f32act(y[i], x[i], m[i], w[i]);
+        else if (!jobs[i].empty)
+            t[nt++] = job_tiles(&jobs[i]);
+    }
+    if (rc == DSQ_OK)
+        dsq__mm_run_many(t, nt, MM_MIN_WORK);
+    for (int i = 0; i < ready; i++)
+        job_release(&jobs[i]);
+    free(jobs);
+    free(t);
+    return rc;
 }
 
 /* fp16 activations in and out (the twin of dsq_cuda_matmul_f16): x is

@@ -9,6 +9,8 @@
  *  - the same models with --quantize int4 (group 32) against the golden FP32
  *    logits, within the bound stated at test_int4;
  *  - one 16-token prefill batch against 16 single-token decode steps;
+ *  - the batched step (a few dispatches per layer) against the
+ *    product-by-product one, bit for bit;
  *  - the absorbed MLA kernel against a plain float64 per-head attention with
  *    the latent expanded (k = [W_UK c, k_pe], v = W_UV c);
  *  - the MoE router against a float64 reimplementation of the three rules
@@ -127,6 +129,45 @@ static void test_prefill_vs_decode(void **state)
         free(dec);
         free(g.logits);
         runner_close(&r);
+    }
+    unsetenv("DSQ_MLA_PREFILL");
+}
+
+/* Steps of up to batch_rows tokens (default 64) run their MoE and per-head
+ * products as a few batched dispatches, longer ones product by product
+ * (DSQ_DS2_BATCH=0 forces that for every step). Both run the same products
+ * in the same order, so a 16-row absorbed prefill and 4 decode steps give
+ * the same bits either way. */
+static void test_batched_paths(void **state)
+{
+    (void)state;
+    const char *variants[] = {"v2_lite", "v2_group", "v3"};
+    setenv("DSQ_MLA_PREFILL", "absorbed", 1);
+    for (int v = 0; v < 3; v++) {
+        golden_t g;
+        golden_read(&g, variants[v]);
+        const size_t rows = (size_t)g.n_prompt + 4;
+        float *out[2];
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 0)
+                setenv("DSQ_DS2_BATCH", "0", 1);
+            else
+                unsetenv("DSQ_DS2_BATCH");
+            runner_t r;
+            runner_open_variant(&r, variants[v], NULL, DSQ_KV_F32);
+            out[pass] = malloc(rows * N_VOCAB * sizeof(float));
+            run_tokens(&r, g.prompt, g.n_prompt, 0, true, out[pass]);
+            for (int i = 0; i < 4; i++)
+                run_tokens(&r, &g.prompt[i], 1, g.n_prompt + i, false,
+                           out[pass] + ((size_t)g.n_prompt + i) * N_VOCAB);
+            dsq_kv_seq_free(r.kv, &r.bt);
+            runner_close(&r);
+        }
+        assert_memory_equal(out[0], out[1], rows * N_VOCAB * sizeof(float));
+        print_message("# %s: batched and product-by-product steps: same bits\n", variants[v]);
+        free(out[0]);
+        free(out[1]);
+        free(g.logits);
     }
     unsetenv("DSQ_MLA_PREFILL");
 }
@@ -542,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_v2_group),
         cmocka_unit_test(test_v3),
         cmocka_unit_test(test_prefill_vs_decode),
+        cmocka_unit_test(test_batched_paths),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_int4),
         cmocka_unit_test(test_int8_kv),

@@ -384,6 +384,88 @@ static void test_threads(void **state)
     free_built(&b);
 }
 
+/* dsq_cpu_matmul_many: several products of different formats, shapes and
+ * paths (decode rows, the AVX-512 panel path, fp32 activations, an empty
+ * product, products sharing one x) in one call give each product's
+ * dsq_cpu_matmul result bit for bit, at every ISA level and thread count;
+ * a refused product writes no output. */
+static void test_many(void **state)
+{
+    (void)state;
+    enum { NP = 8 };
+    const int64_t k = 576;
+    built_t b[NP];
+    b[0] = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 40, k, 1);
+    b[1] = build(DSQ_WFMT_INT4, DSQ_ZP_SYM, 32, 48, k, 0);
+    assert_int_equal(dsq_weight_interleave_x8(&b[1].w), DSQ_OK);
+    b[2] = build(DSQ_WFMT_Q8_0, 0, 32, 24, k, 1);
+    b[3] = build(DSQ_WFMT_F32, 0, 0, 16, 96, 0);
+    b[4] = build(DSQ_WFMT_INT4, DSQ_ZP_INT, 64, 64, k, 1);
+    assert_int_equal(dsq_weight_interleave_x8(&b[4].w), DSQ_OK);
+    b[5] = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 8, k, 0);
+    b[5].w.act = DSQ_ACT_F32;
+    b[6] = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 8, k, 0);
+    b[7] = build(DSQ_WFMT_INT4, DSQ_ZP_MIN, 64, 32, k, 0);   /* xa, other groups */
+    assert_int_equal(dsq_weight_interleave_x8(&b[7].w), DSQ_OK);
+    float *xa = malloc((size_t)k * sizeof(float)), *xb = malloc(3 * 96 * sizeof(float));
+    float *xc = malloc((size_t)(20 * k) * sizeof(float));
+    for (int64_t i = 0; i < k; i++) xa[i] = rndf(-1, 1);
+    for (int64_t i = 0; i < 3 * 96; i++) xb[i] = rndf(-1, 1);
+    for (int64_t i = 0; i < 20 * k; i++) xc[i] = rndf(-1, 1);
+    const float *x[NP] = {xa, xa, xa, xb, xc, xa, xa, xa};
+    const int64_t m[NP] = {1, 1, 1, 3, 20, 1, 0, 1};
+    const dsq_weight_t *w[NP];
+    float *y[NP], *ref[NP];
+    for (int i = 0; i < NP; i++) {
+        w[i] = &b[i].w;
+        size_t sz = (size_t)((m[i] > 0 ? m[i] : 1) * b[i].w.n) * sizeof(float);
+        y[i] = malloc(sz);
+        ref[i] = malloc(sz);
+    }
+    if (!best_isa)
+        best_isa = dsq_cpu_isa();
+    const char *levels[2] = {"scalar", best_isa};
+    const int t0 = dsq_cpu_get_threads();
+    for (int l = 0; l < 2; l++) {
+        assert_int_equal(dsq_cpu_force_isa(levels[l]), DSQ_OK);
+        for (int i = 0; i < NP; i++)
+            assert_int_equal(dsq_cpu_matmul(ref[i], x[i], m[i], w[i]), DSQ_OK);
+        for (int nt = 1; nt <= 2; nt++) {
+            assert_int_equal(dsq_cpu_set_threads(nt), DSQ_OK);
+            for (int i = 0; i < NP; i++)
+                memset(y[i], 0x7f, (size_t)(m[i] * b[i].w.n) * sizeof(float));
+            assert_int_equal(dsq_cpu_matmul_many(NP, y, x, m, w), DSQ_OK);
+            for (int i = 0; i < NP; i++)
+                assert_memory_equal(y[i], ref[i], (size_t)(m[i] * b[i].w.n) * sizeof(float));
+        }
+    }
+    assert_int_equal(dsq_cpu_force_isa(best_isa), DSQ_OK);
+    assert_int_equal(dsq_cpu_set_threads(t0), DSQ_OK);
+    /* refusals: nothing written */
+    assert_int_equal(dsq_cpu_matmul_many(0, NULL, NULL, NULL, NULL), DSQ_OK);
+    assert_int_equal(dsq_cpu_matmul_many(-1, y, x, m, w), DSQ_EINVAL);
+    assert_int_equal(dsq_cpu_matmul_many(NP, y, NULL, m, w), DSQ_EINVAL);
+    for (int i = 0; i < NP; i++)
+        memset(y[i], 0x7f, (size_t)(m[i] * b[i].w.n) * sizeof(float));
+    b[3].w.n = 0;
+    assert_int_equal(dsq_cpu_matmul_many(NP, y, x, m, w), DSQ_EINVAL);
+    b[3].w.n = 16;
+    for (int i = 0; i < NP; i++)
+        for (int64_t j = 0; j < m[i] * b[i].w.n; j++) {
+            uint32_t u;
+            memcpy(&u, &y[i][j], 4);
+            assert_int_equal(u, 0x7f7f7f7fu);
+        }
+    for (int i = 0; i < NP; i++) {
+        free(y[i]);
+        free(ref[i]);
+        free_built(&b[i]);
+    }
+    free(xa);
+    free(xb);
+    free(xc);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -419,6 +501,7 @@ int main(void)
         cmocka_unit_test(test_float),
         cmocka_unit_test(test_real_model),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_many),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
