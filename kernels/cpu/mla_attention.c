@@ -11,10 +11,12 @@
  * the latent is never expanded per head (DeepSeek-V2 paper, section 2.1.2,
  * "absorb W_UK into W_Q and W_UV into W_O").
  *
- * One task is one query row and a chunk of its heads: each cached vector is
- * dequantised once per task and dotted with every head of the chunk, then
- * accumulated into every head's output (online softmax as in
- * kernels/cpu/attention.c: running max and sum, one rescale per block).
+ * One task is one query row and a chunk of its heads, run through the
+ * attention row kernel of kernels/cpu/attention_chunk.c (dsq__att_ops):
+ * per block of DSQ__ATT_BK cached vectors, every head of the chunk scores
+ * the block with the vectors read once, then accumulates them (online
+ * softmax: running max and sum, one rescale per block). The cached vector
+ * serves as key and as value, so the heads share each load twice.
  * Tasks are claimed through an atomic counter inside dsq__parallel
  * (kernels/cpu/cpu_internal.h); results do not depend on the thread count.
  */
@@ -51,64 +53,64 @@ static void load_latent(float *dst, const dsq_kv_layer_t *kv, int64_t t,
 }
 
 typedef struct scratch {
-    float *acc;     /* [G][R]          */
-    float *kbuf;    /* [D]             */
-    float *sc;      /* [G][block_size] */
-    float *mx, *l;  /* [G]             */
+    float *qs, *acc;  /* [G][D]: scaled queries, unnormalised output    */
+    float *mx, *l;    /* [G]                                            */
+    float *kb;        /* [DSQ__ATT_BK][D]: an INT8 chunk, dequantised    */
+    float *ws;        /* DSQ__ATT_ROW_WS(G, D)                          */
 } scratch_t;
 
-/* G heads of one query row: q [G][D] -> out [G][R]. */
+/* Floats of one task's scratch for G heads of dimension D. */
+static size_t scratch_floats(int G, int D)
+{
+    return 2 * (size_t)G * D + 2 * (size_t)G + (size_t)DSQ__ATT_BK * D +
+           DSQ__ATT_ROW_WS(G, D);
+}
+
+/* G heads of one query row: q [G][D] -> out [G][R]. The context runs in
+ * chunks of DSQ__ATT_BK positions through the attention row kernel
+ * (dsq__att_ops: every head of the chunk scores a block of cached
+ * vectors read once, then accumulates them), with keys and values the
+ * same cached vectors: the values' last D - R elements (k_pe) are
+ * accumulated too and dropped, cheaper than a second kernel. */
 static void attend_row(float *out, const float *q, const dsq_kv_layer_t *kv,
                        int G, int R, const int32_t *btab, int32_t pos, float scale,
-                       int n_groups, const dsq__vec_ops_t *ops, scratch_t *w)
+                       int n_groups, const dsq__vec_ops_t *ops, const dsq__att_ops_t *k,
+                       scratch_t *w)
 {
-    const int D = kv->head_dim, bs = kv->block_size;
-    for (int i = 0; i < G * R; i++)
+    const int D = kv->head_dim, bs = kv->block_size, BK = DSQ__ATT_BK;
+    for (int i = 0; i < G * D; i++) {
+        w->qs[i] = q[i] * scale;
         w->acc[i] = 0.0f;
+    }
     for (int g = 0; g < G; g++) {
         w->mx[g] = -INFINITY;
         w->l[g] = 0.0f;
     }
-    const int n_blk = pos / bs + 1;
-    for (int b = 0; b < n_blk; b++) {
-        const int n_t = (b == n_blk - 1) ? pos - b * bs + 1 : bs;
-        const int64_t t0 = (int64_t)btab[b] * bs;
-        for (int j = 0; j < n_t; j++) {
-            load_latent(w->kbuf, kv, t0 + j, n_groups, ops);
-            for (int g = 0; g < G; g++)
-                w->sc[g * bs + j] = ops->dot(q + (size_t)g * D, w->kbuf, D) * scale;
-        }
-        for (int g = 0; g < G; g++) {
-            float *s = w->sc + g * bs;
-            float bm = s[0];
-            for (int j = 1; j < n_t; j++)
-                bm = s[j] > bm ? s[j] : bm;
-            if (bm > w->mx[g]) {
-                const float corr = expf(w->mx[g] - bm);   /* 0 on the first block */
-                w->l[g] *= corr;
-                for (int i = 0; i < R; i++)
-                    w->acc[g * R + i] *= corr;
-                w->mx[g] = bm;
+    /* FP16 and FP32 vectors are read in place (the next chunk's
+     * prefetched by the kernel); INT8 ones dequantised into kb first */
+    const bool f16 = kv->dtype == DSQ_KV_F16, i8 = kv->dtype == DSQ_KV_INT8;
+    const size_t es = f16 ? 2 : 4;
+    const void *rows[2 * DSQ__ATT_BK];
+    for (int32_t p0 = 0; p0 <= pos; p0 += BK) {
+        const int nj = pos + 1 - p0 < BK ? pos + 1 - p0 : BK;
+        const int rest = pos + 1 - p0 - nj;
+        const int nj_next = i8 ? 0 : rest < BK ? rest : BK;
+        for (int j = 0; j < nj + nj_next; j++) {
+            const int32_t p = p0 + j;
+            const int64_t t = (int64_t)btab[p / bs] * bs + p % bs;
+            if (i8) {
+                load_latent(w->kb + (int64_t)j * D, kv, t, n_groups, ops);
+                rows[j] = w->kb + (int64_t)j * D;
+            } else {
+                rows[j] = (const char *)kv->k + t * D * (int64_t)es;
             }
-            float sum = 0.0f;
-            for (int j = 0; j < n_t; j++) {
-                s[j] = expf(s[j] - w->mx[g]);
-                sum += s[j];
-            }
-            w->l[g] += sum;
         }
-        /* Values are the latents just scored; reload (cheap next to the
-         * G dot products) rather than keep a block of them. */
-        for (int j = 0; j < n_t; j++) {
-            load_latent(w->kbuf, kv, t0 + j, n_groups, ops);
-            for (int g = 0; g < G; g++)
-                ops->axpy(w->acc + (size_t)g * R, w->sc[g * bs + j], w->kbuf, R);
-        }
+        k->row(w->acc, w->mx, w->l, w->qs, G, D, rows, rows, f16, nj, nj_next, w->ws);
     }
     for (int g = 0; g < G; g++) {
         const float inv = 1.0f / w->l[g];
         for (int i = 0; i < R; i++)
-            out[(size_t)g * R + i] = w->acc[(size_t)g * R + i] * inv;
+            out[(size_t)g * R + i] = w->acc[(size_t)g * D + i] * inv;
     }
 }
 
@@ -120,6 +122,7 @@ struct mla_ctx {
     int max_blocks, n_heads, R, chunk, n_chunks, n_groups;
     float scale;
     const dsq__vec_ops_t *ops;
+    const dsq__att_ops_t *k;
     int64_t n_tasks;
     float *mem;
     size_t per_thr;
@@ -132,11 +135,12 @@ static void mla_region(void *p, int tid, int n_thr)
     (void)n_thr;
     const int D = c->kv->head_dim, chunk = c->chunk, R = c->R;
     scratch_t w;
-    w.acc = c->mem + (size_t)tid * c->per_thr;
-    w.kbuf = w.acc + (size_t)chunk * R;
-    w.sc = w.kbuf + D;
-    w.mx = w.sc + (size_t)chunk * c->kv->block_size;
+    w.qs = c->mem + (size_t)tid * c->per_thr;
+    w.acc = w.qs + (size_t)chunk * D;
+    w.mx = w.acc + (size_t)chunk * D;
     w.l = w.mx + chunk;
+    w.kb = w.l + chunk;
+    w.ws = w.kb + (size_t)DSQ__ATT_BK * D;
     for (;;) {
         const int64_t task = atomic_fetch_add_explicit(&c->next, 1,
                                                        memory_order_relaxed);
@@ -149,7 +153,7 @@ static void mla_region(void *p, int tid, int n_thr)
         attend_row(c->out + (i * c->n_heads + h0) * (int64_t)R,
                    c->q + (i * c->n_heads + h0) * (int64_t)D, c->kv, nh, R,
                    c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
-                   c->row_pos[i], c->scale, c->n_groups, c->ops, &w);
+                   c->row_pos[i], c->scale, c->n_groups, c->ops, c->k, &w);
     }
 }
 
@@ -198,23 +202,24 @@ int dsq_cpu_mla_attention(float *out, const float *q, int64_t m, int n_heads,
     for (int64_t i = 0; i < m; i++)
         work += ((int64_t)row_pos[i] + 1) * n_heads * (D + R);
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
-    /* Few rows (decode): split the heads so every thread has work, at the
-     * price of dequantising the cache once per chunk. */
+    /* Few rows (decode): split the heads so every thread has a task, at
+     * the price of reading the cache once per chunk; no further, since
+     * the row kernel gains from many heads a task (V2-Lite's 16 heads at
+     * 2 threads: 8 a task run 1.5-2x faster than 4, 2026-12-06). */
     int chunk = n_heads;
-    while (chunk > 1 && m * ((n_heads + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
+    while (chunk > 1 && m * ((n_heads + chunk - 1) / chunk) < (int64_t)n_thr)
         chunk = (chunk + 1) / 2;
     const int n_chunks = (n_heads + chunk - 1) / chunk;
     const int64_t n_tasks = m * n_chunks;
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
-    const size_t per_thr = (size_t)chunk * R + D + (size_t)chunk * kv->block_size +
-                           2 * (size_t)chunk;
+    const size_t per_thr = scratch_floats(chunk, D);
     float *mem = malloc(sizeof(*mem) * per_thr * (size_t)n_thr);
     if (!mem)
         return DSQ_ENOMEM;
     struct mla_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
                         n_heads, R, chunk, n_chunks, dsq_kv_n_groups(D), scale,
-                        ops, n_tasks, mem, per_thr, 0};
+                        ops, dsq__att_ops(), n_tasks, mem, per_thr, 0};
     dsq__parallel(n_thr, mla_region, &c);
     free(mem);
     return DSQ_OK;
