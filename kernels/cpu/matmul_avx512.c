@@ -206,6 +206,80 @@ INLINE __m512i bcast4_512(const int8_t *x)
  * dot products: +8-10 % prefill at 6.7B against 4 rows (docs/benchmarks.md).
  * 8 rows keep 24 accumulators in the 32 registers.
  * Sums are indexed j = q * mr + r (pair q, activation row r). */
+/* Part p (< 4) of one 32-weight chunk of an INT4_X8 / INT5_X8 tile pair
+ * (wc: the first tile's chunk, the second's tw bytes on; tb: top45 of the
+ * chunk) as two byte vectors, lanes 8-15 for the second tile: *lo weights
+ * 4p..4p+3 of every row, *hi weights 16 + 4p.. (int4x8_rows' layout,
+ * matmul_x86.inc). The row kernels and the panel path's prep45 share it,
+ * each calling it where it uses the bytes. */
+INLINE __m512i top45(const uint8_t *wc, int64_t tw, const bool five)
+{
+    return five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+}
+
+INLINE void unpack45(const uint8_t *wc, int64_t tw, const bool five, __m512i tb, const int p,
+                     __m512i *lo_out, __m512i *hi_out)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+    __m512i lo = _mm512_and_si512(v, lo4);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+    if (five) {   /* the top bits as in int4x8_rows */
+        const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
+                         : p == 1 ? _mm512_slli_epi16(tb, 2)
+                         : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
+        const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
+                         : p == 1 ? _mm512_slli_epi16(tb, 1)
+                         : p == 2 ? _mm512_srli_epi16(tb, 1)
+                                  : _mm512_srli_epi16(tb, 3);
+        lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* Where the INT4_X8 / INT5_X8 tiles from t on keep their group scales:
+ * st / zt (F16 mode; NULL when absent) or sup and u6 (SUPER: fp16 (d, dm)
+ * per super-block, and the current super-block's 6-bit a and b of tile
+ * t + o at u6[o], unpacked by unpack_sub6); tile t + o's at o * tg (st,
+ * zt) and o * ts (sup). */
+typedef struct sc45 {
+    const uint16_t *st, *zt, *sup;
+    int8_t (*u6)[128];
+    int64_t tg, ts;
+    bool super, five;
+    dsq_zp_mode_t zp;
+} sc45_t;
+
+/* Group g's scales s for tiles t + o, t + o + 1 (16 lanes). */
+INLINE __m512 scale45(const sc45_t *p, int64_t o, int64_t g)
+{
+    return p->super ? _mm512_mul_ps(ld2_f16(p->sup + o * p->ts + (g / 8) * 16,
+                                            p->sup + (o + 1) * p->ts + (g / 8) * 16),
+                                    ld2_i8(p->u6[o] + (g % 8) * 8, p->u6[o + 1] + (g % 8) * 8))
+                    : ld2_f16(p->st + o * p->tg + g * 8, p->st + (o + 1) * p->tg + g * 8);
+}
+
+/* Group g's zero-point term c for the same tiles (y = s * dot + c * sum(x)
+ * per group), from its s: -8 s or -16 s (SYM), -z s (INT), m (MIN; dm * b
+ * under SUPER). */
+INLINE __m512 corr45(const sc45_t *p, int64_t o, int64_t g, __m512 sv)
+{
+    __m512 zv = _mm512_setzero_ps();
+    if (p->zp != DSQ_ZP_SYM)
+        zv = p->super ? ld2_i8(p->u6[o] + 64 + (g % 8) * 8, p->u6[o + 1] + 64 + (g % 8) * 8)
+                      : ld2_f16(p->zt + o * p->tg + g * 8, p->zt + (o + 1) * p->tg + g * 8);
+    if (p->zp == DSQ_ZP_SYM)
+        return _mm512_mul_ps(_mm512_set1_ps(p->five ? -16.0f : -8.0f), sv);
+    if (p->zp == DSQ_ZP_INT)
+        return _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv);
+    if (p->super)
+        return _mm512_mul_ps(ld2_f16(p->sup + o * p->ts + (g / 8) * 16 + 8,
+                                     p->sup + (o + 1) * p->ts + (g / 8) * 16 + 8), zv);
+    return zv;
+}
+
 INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
                          const int mr, const dsq_weight_t *w, int64_t t, const bool five,
                          const int np)
@@ -225,7 +299,8 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const uint16_t *sup = super ? w->super + t * ts : NULL;
     int8_t u6[4][128];
     const dsq_zp_mode_t zp = w->zp_mode;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const sc45_t sp = {.st = st, .zt = zt, .sup = sup, .u6 = u6, .tg = tg, .ts = ts,
+                       .super = super, .five = five, .zp = zp};
     const int8_t *xr = xq->q + m0 * kp;
     __m512 acc[8], corr[8];
     for (int j = 0; j < np * mr; j++) {
@@ -238,13 +313,8 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
             for (int o = 0; o < 2 * np; o++)
                 unpack_sub6(s6 + o * t6 + (g / 8) * 96, u6[o]);
 #pragma GCC unroll 2
-        for (int q = 0; q < np; q++) {   /* pair q: tiles t + 2q and t + 2q + 1 */
-            const int64_t o = 2 * q;
-            sv[q] = super ? _mm512_mul_ps(ld2_f16(sup + o * ts + (g / 8) * 16,
-                                                  sup + (o + 1) * ts + (g / 8) * 16),
-                                          ld2_i8(u6[o] + (g % 8) * 8, u6[o + 1] + (g % 8) * 8))
-                          : ld2_f16(st + o * tg + g * 8, st + (o + 1) * tg + g * 8);
-        }
+        for (int q = 0; q < np; q++)   /* pair q: tiles t + 2q and t + 2q + 1 */
+            sv[q] = scale45(&sp, 2 * q, g);
         const int64_t c1 = (g + 1) * cpg < nb ? (g + 1) * cpg : nb;
         for (int64_t c = g * cpg; c < c1; c++) {
             const int8_t *xc = xr + c * 32;
@@ -254,23 +324,11 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
 #pragma GCC unroll 2
             for (int q = 0; q < np; q++) {
                 const uint8_t *wc = wt + 2 * q * tw + c * cb;
-                const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+                const __m512i tb = top45(wc, tw, five);
 #pragma GCC unroll 4
                 for (int p = 0; p < 4; p++) {
-                    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-                    __m512i lo = _mm512_and_si512(v, lo4);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                    if (five) {   /* the top bits as in int4x8_rows */
-                        const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
-                                         : p == 1 ? _mm512_slli_epi16(tb, 2)
-                                         : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
-                        const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
-                                         : p == 1 ? _mm512_slli_epi16(tb, 1)
-                                         : p == 2 ? _mm512_srli_epi16(tb, 1)
-                                                  : _mm512_srli_epi16(tb, 3);
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
-                    }
+                    __m512i lo, hi;
+                    unpack45(wc, tw, five, tb, p, &lo, &hi);
 #pragma GCC unroll 8
                     for (int r = 0; r < mr; r++) {
                         const int j = q * mr + r;
@@ -290,20 +348,7 @@ INLINE void int4x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
         }
 #pragma GCC unroll 2
         for (int q = 0; q < np; q++) {
-            const int64_t o = 2 * q;
-            __m512 cv, zv = _mm512_setzero_ps();
-            if (zp != DSQ_ZP_SYM)
-                zv = super ? ld2_i8(u6[o] + 64 + (g % 8) * 8, u6[o + 1] + 64 + (g % 8) * 8)
-                           : ld2_f16(zt + o * tg + g * 8, zt + (o + 1) * tg + g * 8);
-            if (zp == DSQ_ZP_SYM)
-                cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv[q]);
-            else if (zp == DSQ_ZP_INT)
-                cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv[q]);
-            else if (super)
-                cv = _mm512_mul_ps(ld2_f16(sup + o * ts + (g / 8) * 16 + 8,
-                                           sup + (o + 1) * ts + (g / 8) * 16 + 8), zv);
-            else
-                cv = zv;
+            const __m512 cv = corr45(&sp, 2 * q, g, sv[q]);
             for (int r = 0; r < mr; r++)
                 corr[q * mr + r] = _mm512_add_ps(corr[q * mr + r], _mm512_mul_ps(cv,
                                        _mm512_set1_ps(xq->gsum[(m0 + r) * groups + g])));
@@ -373,6 +418,36 @@ INLINE void g16_chunk512(__m512 *acc, __m512 *corr, __m512 s0, __m512 s1, __m512
     *corr = _mm512_add_ps(*corr, _mm512_mul_ps(c1, _mm512_set1_ps(gs[1])));
 }
 
+/* Quarter p = 2h + e of one 32-weight chunk of an INT6_X8 tile pair (wc:
+ * the first tile's chunk, the second's tw bytes on; hb: the chunk's top
+ * bits for half h, ld2x32(wc + 128 + 32h, wc + tw + 128 + 32h)) as two
+ * byte vectors, lanes 8-15 for the second tile: *lo weights 4p..4p+3,
+ * *hi 16 + 4p.. (int6x8_rows' layout). Shared with the panel path's
+ * prep6. */
+INLINE void unpack6(const uint8_t *wc, int64_t tw, __m512i hb, const int h, const int e,
+                    __m512i *lo, __m512i *hi)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const int p = 2 * h + e;
+    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
+    const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
+    const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
+    *lo = _mm512_or_si512(_mm512_and_si512(v, lo4), _mm512_and_si512(tl, top));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4),
+                          _mm512_and_si512(th, top));
+}
+
+/* The two 16-weight groups' scales of chunk c of INT6_X8 tiles t + o and
+ * t + o + 1 (sup, sst: tile t's super-block d and sub-scales, tile strides
+ * ts and tg): s = d * a; the zero-point term is -32 s. */
+INLINE void scales6(const uint16_t *sup, const int8_t *sst, int64_t ts, int64_t tg, int64_t o,
+                    int64_t c, __m512 *s0, __m512 *s1)
+{
+    const __m512 dv = ld2_f16(sup + o * ts + (c / 8) * 8, sup + (o + 1) * ts + (c / 8) * 8);
+    *s0 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c, sst + (o + 1) * tg + 16 * c));
+    *s1 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c + 8, sst + (o + 1) * tg + 16 * c + 8));
+}
+
 /* INT6_X8 two tiles at a time: int6x8_rows (matmul_x86.inc) on 512-bit
  * vectors, lanes 8-15 for tile t + 1; the same fp32 operations per lane.
  * np pairs side by side as int4x8_pairs (decode: two pairs, four
@@ -385,7 +460,6 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const int8_t *sst = w->sub_scales + t * tg;
     const uint16_t *sup = w->super + t * ts;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
     const __m512 m32 = _mm512_set1_ps(-32.0f);
     const int8_t *xr = xq->q + m0 * kp;
     __m512 acc[4], corr[4];
@@ -407,14 +481,8 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
 #pragma GCC unroll 2
                 for (int e = 0; e < 2; e++) {
                     const int p = 2 * h + e;
-                    const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-                    const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
-                    const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
-                    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4),
-                                                       _mm512_and_si512(tl, top));
-                    const __m512i hi = _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4),
-                        _mm512_and_si512(th, top));
+                    __m512i lo, hi;
+                    unpack6(wc, tw, hb, h, e, &lo, &hi);
 #pragma GCC unroll 4
                     for (int r = 0; r < mr; r++) {
                         const int j = q * mr + r;
@@ -427,13 +495,8 @@ INLINE void int6x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0,
         }
 #pragma GCC unroll 2
         for (int q = 0; q < np; q++) {
-            const int64_t o = 2 * q;
-            const __m512 dv = ld2_f16(sup + o * ts + (c / 8) * 8,
-                                      sup + (o + 1) * ts + (c / 8) * 8);
-            const __m512 s0 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c,
-                                                       sst + (o + 1) * tg + 16 * c));
-            const __m512 s1 = _mm512_mul_ps(dv, ld2_i8(sst + o * tg + 16 * c + 8,
-                                                       sst + (o + 1) * tg + 16 * c + 8));
+            __m512 s0, s1;
+            scales6(sup, sst, ts, tg, 2 * q, c, &s0, &s1);
             const __m512 c0 = _mm512_mul_ps(m32, s0), c1 = _mm512_mul_ps(m32, s1);
 #pragma GCC unroll 4
             for (int r = 0; r < mr; r++)
@@ -456,6 +519,43 @@ INLINE __m512i ld2_u8(const uint8_t *a, const uint8_t *b)
     return _mm512_cvtepu8_epi32(v);
 }
 
+/* Weights 4jj..4jj+3 of half h of one 32-weight chunk of an INT2_X8 /
+ * INT3_X8 tile pair as bytes, lanes 8-15 for the second tile, from the
+ * half's 2-bit planes v and (INT3) the chunk's third-bit plane tb
+ * (int23x8_rows' layout). Shared with the panel path's prep23. */
+INLINE __m512i unpack23(__m512i v, __m512i tb, const bool three, const int h, const int jj)
+{
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    __m512i qv = _mm512_and_si512(jj ? _mm512_srli_epi16(v, 2 * jj) : v, m3);
+    if (three) {
+        const int sh2 = 4 * h + jj - 2;
+        const __m512i tj = sh2 < 0 ? _mm512_slli_epi16(tb, -sh2)
+                         : sh2 ? _mm512_srli_epi16(tb, sh2) : tb;
+        qv = _mm512_or_si512(qv, _mm512_and_si512(tj, b2));
+    }
+    return qv;
+}
+
+/* Scale s and zero-point term c of 16-weight group g (of its super-block)
+ * for an INT2_X8 / INT3_X8 tile pair: INT3 s = d (a - 32) from the 6-bit
+ * a unpacked in u6a / u6b, c = -4 s; INT2 s = d (ab & 15), c = dm (ab >> 4)
+ * from the bytes ab at a0 (the first tile's super-block; the second's t6
+ * on). dv, mv: the pair's d and dm. */
+INLINE void scales23(const bool three, __m512 dv, __m512 mv, const int8_t *u6a,
+                     const int8_t *u6b, const uint8_t *a0, int64_t t6, int64_t g, __m512 *sv,
+                     __m512 *cv)
+{
+    if (three) {
+        *sv = _mm512_mul_ps(dv, _mm512_sub_ps(ld2_i8(u6a + 8 * g, u6b + 8 * g),
+                                              _mm512_set1_ps(32.0f)));
+        *cv = _mm512_mul_ps(_mm512_set1_ps(-4.0f), *sv);
+    } else {
+        const __m512i ab = ld2_u8(a0 + 8 * g, a0 + t6 + 8 * g);
+        *sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(ab, _mm512_set1_epi32(15))));
+        *cv = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(ab, 4)));
+    }
+}
+
 /* INT2_X8 / INT3_X8 two tiles at a time: int23x8_rows (matmul_x86.inc) on
  * 512-bit vectors, lanes 8-15 for tile t + 1; the same fp32 operations per
  * lane. np pairs side by side as int4x8_pairs; sums indexed j = q * mr + r. */
@@ -469,7 +569,6 @@ INLINE void int23x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const uint8_t *sst = (const uint8_t *)w->sub_scales + t * t6;
     const uint16_t *sup = w->super + t * ts;
-    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     const int8_t *xr = xq->q + m0 * kp;
     __m512 acc[4], corr[4], dv[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()},
                             mv[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -506,13 +605,7 @@ INLINE void int23x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
                 const __m512i v = ld2x32(wc + 32 * h, wc + tw + 32 * h);
 #pragma GCC unroll 4
                 for (int jj = 0; jj < 4; jj++) {
-                    __m512i qv = _mm512_and_si512(jj ? _mm512_srli_epi16(v, 2 * jj) : v, m3);
-                    if (three) {
-                        const int sh2 = 4 * h + jj - 2;
-                        const __m512i tj = sh2 < 0 ? _mm512_slli_epi16(tb, -sh2)
-                                         : sh2 ? _mm512_srli_epi16(tb, sh2) : tb;
-                        qv = _mm512_or_si512(qv, _mm512_and_si512(tj, b2));
-                    }
+                    const __m512i qv = unpack23(v, tb, three, h, jj);
 #pragma GCC unroll 4
                     for (int r = 0; r < mr; r++) {
                         const int j = q * mr + r;
@@ -529,24 +622,10 @@ INLINE void int23x8_pairs(float *y, int64_t ldy, const dsq__xq_t *xq, int64_t m0
 #pragma GCC unroll 2
         for (int q = 0; q < np; q++) {
             const int64_t o = 2 * q;
+            const uint8_t *a0 = three ? NULL : sst + o * t6 + sb * 128;   /* INT2 only */
             __m512 s0, s1, c0, c1;
-            if (three) {
-                const __m512 o32 = _mm512_set1_ps(32.0f), m4 = _mm512_set1_ps(-4.0f);
-                s0 = _mm512_mul_ps(dv[q], _mm512_sub_ps(ld2_i8(u6[o] + 8 * g0,
-                                                               u6[o + 1] + 8 * g0), o32));
-                s1 = _mm512_mul_ps(dv[q], _mm512_sub_ps(ld2_i8(u6[o] + 8 * g0 + 8,
-                                                               u6[o + 1] + 8 * g0 + 8), o32));
-                c0 = _mm512_mul_ps(m4, s0);
-                c1 = _mm512_mul_ps(m4, s1);
-            } else {
-                const uint8_t *a0 = sst + o * t6 + sb * 128 + 8 * g0;
-                const __m512i ab0 = ld2_u8(a0, a0 + t6), ab1 = ld2_u8(a0 + 8, a0 + t6 + 8);
-                const __m512i f15 = _mm512_set1_epi32(15);
-                s0 = _mm512_mul_ps(dv[q], _mm512_cvtepi32_ps(_mm512_and_si512(ab0, f15)));
-                s1 = _mm512_mul_ps(dv[q], _mm512_cvtepi32_ps(_mm512_and_si512(ab1, f15)));
-                c0 = _mm512_mul_ps(mv[q], _mm512_cvtepi32_ps(_mm512_srli_epi32(ab0, 4)));
-                c1 = _mm512_mul_ps(mv[q], _mm512_cvtepi32_ps(_mm512_srli_epi32(ab1, 4)));
-            }
+            scales23(three, dv[q], mv[q], u6[o], u6[o + 1], a0, t6, g0, &s0, &c0);
+            scales23(three, dv[q], mv[q], u6[o], u6[o + 1], a0, t6, g0 + 1, &s1, &c1);
 #pragma GCC unroll 4
             for (int r = 0; r < mr; r++)
                 g16_chunk512(&acc[q * mr + r], &corr[q * mr + r], s0, s1, c0, c1,
@@ -757,60 +836,29 @@ static void prep45(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_
     const int64_t ts = (w->k / 256) * 16, t6 = (w->k / 256) * 96;
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const bool super = w->scale_mode == DSQ_SCALE_SUPER;
-    const uint16_t *st = super ? NULL : w->scales + t * tg;
-    const uint16_t *zt = w->zeros ? w->zeros + t * tg : NULL;
     const uint8_t *s6 = super ? (const uint8_t *)w->sub_scales + t * t6 : NULL;
-    const uint16_t *sup = super ? w->super + t * ts : NULL;
-    const dsq_zp_mode_t zp = w->zp_mode;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    int8_t u6[2][128];
+    const sc45_t sp = {.st = super ? NULL : w->scales + t * tg,
+                       .zt = w->zeros ? w->zeros + t * tg : NULL,
+                       .sup = super ? w->super + t * ts : NULL, .u6 = u6, .tg = tg, .ts = ts,
+                       .super = super, .five = five, .zp = w->zp_mode};
     for (int c = 0; c < nch; c++) {
         const uint8_t *wc = wt + (k0 + c) * cb;
-        const __m512i tb = five ? ld2x32(wc + 128, wc + tw + 128) : _mm512_setzero_si512();
+        const __m512i tb = top45(wc, tw, five);
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
-            const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-            __m512i lo = _mm512_and_si512(v, lo4);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-            if (five) {
-                const __m512i tl = p == 0 ? _mm512_slli_epi16(tb, 4)
-                                 : p == 1 ? _mm512_slli_epi16(tb, 2)
-                                 : p == 2 ? tb : _mm512_srli_epi16(tb, 2);
-                const __m512i th = p == 0 ? _mm512_slli_epi16(tb, 3)
-                                 : p == 1 ? _mm512_slli_epi16(tb, 1)
-                                 : p == 2 ? _mm512_srli_epi16(tb, 1)
-                                          : _mm512_srli_epi16(tb, 3);
-                lo = _mm512_or_si512(lo, _mm512_and_si512(tl, b4));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(th, b4));
-            }
-            b->wu[8 * c + p] = lo;
-            b->wu[8 * c + 4 + p] = hi;
-        }
+        for (int p = 0; p < 4; p++)
+            unpack45(wc, tw, five, tb, p, &b->wu[8 * c + p], &b->wu[8 * c + 4 + p]);
     }
     /* PANEL_KB is a multiple of cpg: the block holds whole groups */
     b->hs = 1;
     b->g0 = k0 / cpg;
     b->g1 = (k0 + nch + cpg - 1) / cpg < groups ? (k0 + nch + cpg - 1) / cpg : groups;
-    int8_t u6[2][128];
     for (int64_t g = b->g0; g < b->g1; g++) {
         if (super && (g % 8 == 0 || g == b->g0))
             for (int o = 0; o < 2; o++)
                 unpack_sub6(s6 + o * t6 + (g / 8) * 96, u6[o]);
-        const __m512 sv = super ? _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16, sup + ts + (g / 8) * 16),
-                                                ld2_i8(u6[0] + (g % 8) * 8, u6[1] + (g % 8) * 8))
-                                : ld2_f16(st + g * 8, st + tg + g * 8);
-        __m512 cv, zv = _mm512_setzero_ps();
-        if (zp != DSQ_ZP_SYM)
-            zv = super ? ld2_i8(u6[0] + 64 + (g % 8) * 8, u6[1] + 64 + (g % 8) * 8)
-                       : ld2_f16(zt + g * 8, zt + tg + g * 8);
-        if (zp == DSQ_ZP_SYM)
-            cv = _mm512_mul_ps(_mm512_set1_ps(five ? -16.0f : -8.0f), sv);
-        else if (zp == DSQ_ZP_INT)
-            cv = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), zv), sv);
-        else if (super)
-            cv = _mm512_mul_ps(ld2_f16(sup + (g / 8) * 16 + 8, sup + ts + (g / 8) * 16 + 8), zv);
-        else
-            cv = zv;
-        _mm512_store_ps(b->cg + (g - b->g0) * 16, cv);
+        const __m512 sv = scale45(&sp, 0, g);
+        _mm512_store_ps(b->cg + (g - b->g0) * 16, corr45(&sp, 0, g, sv));
         for (int64_t c = g * cpg; c < (g + 1) * cpg && c < k0 + nch; c++)
             _mm512_store_ps(b->sc + (c - k0) * 16, sv);
     }
@@ -825,7 +873,6 @@ static void prep6(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_t
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const int8_t *sst = w->sub_scales + t * tg;
     const uint16_t *sup = w->super + t * ts;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
     const __m512 m32 = _mm512_set1_ps(-32.0f);
     for (int cc = 0; cc < nch; cc++) {
         const int64_t c = k0 + cc;
@@ -834,23 +881,15 @@ static void prep6(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_t
         for (int h = 0; h < 2; h++) {
             const __m512i hb = ld2x32(wc + 128 + 32 * h, wc + tw + 128 + 32 * h);
 #pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const int p = 2 * h + e;
-                const __m512i v = ld2x32(wc + 32 * p, wc + tw + 32 * p);
-                const __m512i tl = e ? hb : _mm512_slli_epi16(hb, 4);
-                const __m512i th = e ? _mm512_srli_epi16(hb, 2) : _mm512_slli_epi16(hb, 2);
-                b->wu[8 * cc + p] = _mm512_or_si512(_mm512_and_si512(v, lo4),
-                                                    _mm512_and_si512(tl, top));
-                b->wu[8 * cc + 4 + p] = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), _mm512_and_si512(th, top));
-            }
+            for (int e = 0; e < 2; e++)
+                unpack6(wc, tw, hb, h, e, &b->wu[8 * cc + 2 * h + e],
+                        &b->wu[8 * cc + 4 + 2 * h + e]);
         }
-        const __m512 dv = ld2_f16(sup + (c / 8) * 8, sup + ts + (c / 8) * 8);
+        __m512 sv[2];
+        scales6(sup, sst, ts, tg, 0, c, &sv[0], &sv[1]);
         for (int h = 0; h < 2; h++) {
-            const __m512 sv = _mm512_mul_ps(dv, ld2_i8(sst + 16 * c + 8 * h,
-                                                       sst + tg + 16 * c + 8 * h));
-            _mm512_store_ps(b->sc + (2 * cc + h) * 16, sv);
-            _mm512_store_ps(b->cg + (2 * cc + h) * 16, _mm512_mul_ps(m32, sv));
+            _mm512_store_ps(b->sc + (2 * cc + h) * 16, sv[h]);
+            _mm512_store_ps(b->cg + (2 * cc + h) * 16, _mm512_mul_ps(m32, sv[h]));
         }
     }
     b->hs = 2;
@@ -870,7 +909,6 @@ static void prep23(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_
     const uint8_t *wt = (const uint8_t *)w->data + t * tw;
     const uint8_t *sst = (const uint8_t *)w->sub_scales + t * t6;
     const uint16_t *sup = w->super + t * ts;
-    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
     int8_t u6[2][128];
     __m512 dv = _mm512_setzero_ps(), mv = _mm512_setzero_ps();
     for (int cc = 0; cc < nch; cc++) {
@@ -891,31 +929,13 @@ static void prep23(const dsq_weight_t *w, const dsq__xq_t *xq, int64_t t, int64_
         for (int h = 0; h < 2; h++) {
             const __m512i v = ld2x32(wc + 32 * h, wc + tw + 32 * h);
 #pragma GCC unroll 4
-            for (int jj = 0; jj < 4; jj++) {
-                __m512i qv = _mm512_and_si512(jj ? _mm512_srli_epi16(v, 2 * jj) : v, m3);
-                if (three) {
-                    const int sh2 = 4 * h + jj - 2;
-                    const __m512i tj = sh2 < 0 ? _mm512_slli_epi16(tb, -sh2)
-                                     : sh2 ? _mm512_srli_epi16(tb, sh2) : tb;
-                    qv = _mm512_or_si512(qv, _mm512_and_si512(tj, b2));
-                }
-                b->wu[8 * cc + 4 * h + jj] = qv;
-            }
+            for (int jj = 0; jj < 4; jj++)
+                b->wu[8 * cc + 4 * h + jj] = unpack23(v, tb, three, h, jj);
         }
         for (int h = 0; h < 2; h++) {
             __m512 sv, cv;
-            if (three) {
-                sv = _mm512_mul_ps(dv, _mm512_sub_ps(ld2_i8(u6[0] + 8 * (g0 + h),
-                                                            u6[1] + 8 * (g0 + h)),
-                                                     _mm512_set1_ps(32.0f)));
-                cv = _mm512_mul_ps(_mm512_set1_ps(-4.0f), sv);
-            } else {
-                const uint8_t *a0 = sst + sb * 128 + 8 * (g0 + h);
-                const __m512i ab = ld2_u8(a0, a0 + t6);
-                sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(ab,
-                                                              _mm512_set1_epi32(15))));
-                cv = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(ab, 4)));
-            }
+            scales23(three, dv, mv, u6[0], u6[1], three ? NULL : sst + sb * 128, t6, g0 + h,
+                     &sv, &cv);
             _mm512_store_ps(b->sc + (2 * cc + h) * 16, sv);
             _mm512_store_ps(b->cg + (2 * cc + h) * 16, cv);
         }
