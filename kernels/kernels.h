@@ -359,7 +359,8 @@ int dsq_cpu_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
  * dsq_cpu_matmul computes it (bit for bit), in one dispatch over the thread
  * pool: their tiles are split as one list, so a layer of small products
  * (a MoE layer's experts at decode, gate beside up) pays one barrier, not
- * one per product. Products over the same x (pointer, m, k and group size)
+ * one per product. Products over the same x that read it the same way
+ * (pointer, m, k, group size, and the same kernel family: panel or row)
  * quantise it once. y, x, m, w: host arrays of n entries; no y[i] may
  * overlap another y[j] or any x[j]. n == 0 does nothing. Returns 0,
  * DSQ_EINVAL (n < 0, a NULL array, or any product dsq_cpu_matmul refuses;

@@ -113,6 +113,7 @@ typedef struct dsq_ds2 {
  * enough there that one barrier apiece costs little and the batched
  * buffers would grow with top_k times the step. */
 #define DS2_BATCH_ROWS 64
+#define DS2_BATCH_MAX 1024
 
 /* fp32 [n][k] buffer -> weight: a plain F32 view (buf kept by the model) or,
  * with quantize, RTN INT4 (buf freed). Ownership of buf always moves. */
@@ -390,10 +391,18 @@ static void *ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
     g->m = m;
     g->be = dsq__model_backend(m);
     g->c = *c;
+    g->batch_rows = DS2_BATCH_ROWS;
     const char *br = getenv("DSQ_DS2_BATCH");
-    g->batch_rows = br ? atoi(br) : DS2_BATCH_ROWS;
-    if (g->batch_rows < 0)
-        g->batch_rows = 0;
+    if (br) {
+        /* its buffers grow with top_k times the bound: keep it modest */
+        char *end;
+        long v = strtol(br, &end, 10);
+        if (end == br || *end != '\0' || v < 0 || v > DS2_BATCH_MAX)
+            dsq_log(DSQ_LOG_WARN, "model ds2_batch=%d reason=\"DSQ_DS2_BATCH=%s is not a whole "
+                    "number from 0 to %d; default kept\"", DS2_BATCH_ROWS, br, DS2_BATCH_MAX);
+        else
+            g->batch_rows = (int)v;
+    }
     const char *pm = getenv("DSQ_MLA_PREFILL");
     g->prefill_mode = !pm ? DS2_PREFILL_AUTO :
                       strcmp(pm, "absorbed") == 0 ? DS2_PREFILL_ABSORBED :

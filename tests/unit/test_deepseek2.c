@@ -137,7 +137,9 @@ static void test_prefill_vs_decode(void **state)
  * products as a few batched dispatches, longer ones product by product
  * (DSQ_DS2_BATCH=0 forces that for every step). Both run the same products
  * in the same order, so a 16-row absorbed prefill and 4 decode steps give
- * the same bits either way. */
+ * the same bits either way. (The query projection beside kv_a is one
+ * dispatch on both paths; test_matmul's test_many checks that a dispatch
+ * of several products equals separate calls.) */
 static void test_batched_paths(void **state)
 {
     (void)state;
@@ -333,12 +335,9 @@ static double urand(void)          /* xorshift64*, uniform [-1, 1) */
 }
 
 /* Absorbed MLA kernel vs plain attention with the latent expanded, in
- * float64: k_h = [W_UK_h c, k_pe], v_h = W_UV_h c. FP32 cache, so the only
- * differences are fp32 rounding: |d| <= 1e-5 * max(1, |ref|). Two sequences
- * with scattered blocks, rows at several positions; the large case runs on
- * 4 threads with the heads split into chunks (one decode-like row). */
-/* One MLA kernel case against float64 attention with the latent expanded.
- * Returns the largest |got - ref| / max(1, |ref|); *ratio (when set) gets
+ * float64: k_h = [W_UK_h c, k_pe], v_h = W_UV_h c. Two sequences with
+ * scattered blocks, rows at several positions.
+ * One case: returns the largest |got - ref| / max(1, |ref|); *ratio (when set) gets
  * the largest |got - ref| / bound, with bound the first-order fp32 error of
  * the absorbed form at Higham's statistical rule of thumb (rounding errors
  * of an n-term fp32 sum grow as sqrt(n) u, not n u; Accuracy and
@@ -352,6 +351,9 @@ static double urand(void)          /* xorshift64*, uniform [-1, 1) */
 static double mla_case_b(int H, int KVL, int DR, int DN, int DV, int BS, int L,
                          dsq_kv_dtype_t kvt, int n_threads, int n_rows, double *ratio)
 {
+    /* held: the reference uses the latents as the cache holds them (read
+     * back), so a quantised cache is checked for fp32 rounding alone */
+    const bool held = kvt == DSQ_KV_INT8;
     const int D = KVL + DR, NBT = (L + BS - 1) / BS, NB = 2 * NBT + 3;
     char err[128];
     dsq_kv_cache_t *kv = dsq_kv_create_ex(1, 1, D, BS, NB, kvt, false, err, sizeof(err));
@@ -374,6 +376,11 @@ static double mla_case_b(int H, int KVL, int DR, int DN, int DV, int BS, int L,
             }
             int32_t slot = tabs[s * NBT + t / BS] * BS + t % BS;
             assert_int_equal(dsq_cpu_mla_kv_write(kl, row, &slot, 1), DSQ_OK);
+            if (held) {
+                assert_int_equal(dsq_cpu_mla_kv_read(kl, &slot, 1, row), DSQ_OK);
+                for (int i = 0; i < D; i++)
+                    lat[((size_t)s * L + t) * D + i] = row[i];
+            }
         }
     for (int i = 0; i < H * DN * KVL; i++)
         wuk[i] = (float)urand();
@@ -493,8 +500,12 @@ static void test_mla_kernel(void **state)
         double b = mla_case_b(16, 64, 16, 32, 32, 16, 200, DSQ_KV_F32, 4, 1, &r);
         double c = mla_case_b(16, 64, 16, 32, 32, 16, 200, DSQ_KV_F32, 4, 4, &r);
         double e = mla_case_b(16, 512, 64, 128, 128, 16, 300, DSQ_KV_F32, 2, 1, &r);
+        /* INT8 cache (dequantised into a chunk buffer first), 3 chunks,
+         * against the latents it holds */
+        double f = mla_case_b(4, 64, 16, 32, 32, 16, 150, DSQ_KV_INT8, 2, 4, &r);
         print_message("# mla kernel (%s) vs expanded float64 attention: max rel %.2e / %.2e / "
-                      "%.2e / %.2e, max err/bound %.3f (<= 1)\n", levels[lv], a, b, c, e, r);
+                      "%.2e / %.2e, int8 held %.2e, max err/bound %.3f (<= 1)\n", levels[lv], a,
+                      b, c, e, f, r);
         assert_true(r <= 1.0);
     }
     assert_int_equal(dsq_cpu_force_isa(best), DSQ_OK);
