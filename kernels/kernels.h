@@ -77,6 +77,14 @@ typedef enum dsq_zp_mode {
  * nibble q stands for the integer dsq_iq4nl_values[q]. */
 extern const int8_t dsq_iq4nl_values[16];
 
+/* Sub-scale a (-32..31) of group g (< 8) of one row super-block of an
+ * INT4 SUPER LUT weight (IQ4_XS), p its 6 bytes (layout below). */
+static inline int dsq_iq4xs_sub(const uint8_t *p, int g)
+{
+    const int hi = (p[0] | p[1] << 8) >> (2 * g) & 3;
+    return ((p[2 + g / 2] >> (4 * (g % 2)) & 15) | hi << 4) - 32;
+}
+
 /* Where an INT4 / INT8G weight keeps its per-group scale s and zero z / m
  * (the X8 formats regroup these arrays, see their layouts):
  *   F16:   scales fp16 [n][groups] = s; zeros fp16 [n][groups] = z (INT) or
@@ -90,6 +98,14 @@ extern const int8_t dsq_iq4nl_values[16];
  *          Both products are exact in fp32 (11-bit x 8-bit significands), so
  *          Q2_K..Q6_K and IQ4_XS repack with no rounding at all, in about
  *          the file's own bytes. k % 256 == 0; group_size 16 or 32.
+ *          With zp_mode LUT (INT4, group 32: IQ4_XS) the sub-scales keep
+ *          IQ4_XS's own 6-bit packing and super holds d alone, so the
+ *          weight is the file's 136 bytes per 256: sub_scales 6 bytes per
+ *          row and super-block at (row * k/256 + b) * 6, bytes 0-1 the
+ *          little-endian u16 of the groups' top 2 bits (group g at bits
+ *          2g), bytes 2-5 their low 4 bits (group g at byte 2 + g/2, bits
+ *          4(g%2)); a = that 6-bit value - 32 (dsq_iq4xs_sub); super fp16
+ *          [n][k/256] = d.
  * scales/zeros are NULL in SUPER mode and sub_scales/sub_zeros/super NULL
  * in F16 mode. */
 typedef enum dsq_scale_mode {
@@ -208,13 +224,15 @@ typedef struct dsq_weight {
     const void *data;          /* qweight or plain matrix, see format           */
     const uint16_t *scales;    /* F16 mode: fp16 [n][groups]; INT8: fp16 [n]    */
     const uint16_t *zeros;     /* F16 mode INT/MIN: fp16 [n][groups]            */
-    const int8_t *sub_scales;  /* SUPER: int8 [n][groups]; INT4_X8 / INT5_X8:
+    const int8_t *sub_scales;  /* SUPER: int8 [n][groups] (LUT: 6 bytes per
+                                  row and super-block); INT4_X8 / INT5_X8:
                                   the 6-bit a and b; INT2_X8 / INT3_X8: their
                                   own packing (layouts above)                */
     const int8_t *sub_zeros;   /* SUPER INT/MIN: int8 [n][groups]; NULL in
                                   the X8 formats (b, where there is one, is
                                   in sub_scales)                            */
-    const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm); the X8
+    const uint16_t *super;     /* SUPER: fp16 [n][k/256][2] (d, dm; LUT: d
+                                  alone, [n][k/256]); the X8
                                   formats regroup it (INT3_X8, INT6_X8: d
                                   alone; layouts above)                     */
     const float *bias;         /* fp32 [n] or NULL                              */

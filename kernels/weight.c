@@ -147,6 +147,15 @@ int dsq_weight_layout(const dsq_weight_t *w, dsq_weight_bytes_t *b)
     } else if (w->scale_mode == DSQ_SCALE_SUPER) {
         if (w->k % 256 || gs > 32)
             return DSQ_EINVAL;
+        if (zp == DSQ_ZP_LUT) {
+            /* IQ4_XS's own bytes: 6-bit sub-scales, d alone */
+            if (!int4 || gs != 32)
+                return DSQ_EINVAL;
+            b->scales = n * (size_t)(w->k / 256) * 6;
+            b->super = n * (size_t)(w->k / 256) * 2;
+            b->total = b->data + b->scales + b->super;
+            return DSQ_OK;
+        }
         b->scales = n * groups;
         b->zeros = has_zero ? b->scales : 0;
         b->super = n * (size_t)(w->k / 256) * 4;

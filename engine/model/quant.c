@@ -340,7 +340,21 @@ static int64_t repack_rows(const struct gguf_rows *c, int64_t r0, int64_t r1)
                 memcpy(d8 + r * k + e0, o.q, (size_t)be);
             }
             const int64_t g0 = r * groups + i * gpb;
-            if (super) {
+            if (super && w->zp_mode == DSQ_ZP_LUT) {
+                /* IQ4_XS: a + 32 in the file's 6-bit packing, d alone
+                 * (kernels.h) */
+                uint8_t *s6 = (uint8_t *)w->sub_scales + (r * nblk + i) * 6;
+                unsigned hi = 0;
+                memset(s6, 0, 6);
+                for (int g = 0; g < 8; g++) {
+                    const unsigned v = (unsigned)(o.a[g] + 32);
+                    hi |= (v >> 4) << (2 * g);
+                    s6[2 + g / 2] |= (uint8_t)((v & 15) << (4 * (g % 2)));
+                }
+                s6[0] = (uint8_t)(hi & 255);
+                s6[1] = (uint8_t)(hi >> 8);
+                ((uint16_t *)w->super)[r * nblk + i] = o.d;
+            } else if (super) {
                 uint16_t *sp = (uint16_t *)w->super + 2 * (r * nblk + i);
                 sp[0] = o.d;
                 sp[1] = o.dm;

@@ -203,6 +203,15 @@ static inline void dsq__group_sc(const dsq_weight_t *w, int64_t row, int64_t g,
         *c = cg;
         return;
     }
+    if (w->scale_mode == DSQ_SCALE_SUPER && !x8 && w->zp_mode == DSQ_ZP_LUT) {
+        /* IQ4_XS's 6-bit sub-scales and d (kernels.h) */
+        const int64_t sbs = w->k / 256, b = g / 8;
+        *s = dsq__h2f(w->super[row * sbs + b]) *
+             (float)dsq_iq4xs_sub((const uint8_t *)w->sub_scales + (row * sbs + b) * 6,
+                                  (int)(g % 8));
+        *c = 0.0f;
+        return;
+    }
     if (w->scale_mode == DSQ_SCALE_SUPER) {
         /* (d, dm): adjacent in a row-major weight, 8 apart in an INT4_X8 one */
         const int64_t sbs = w->k / 256, b = g * w->group_size / 256;

@@ -247,7 +247,7 @@ static void test_matmul_every_isa(void **state)
  * INT4_X8, Q6_K in INT6_X8, Q5_0 / Q5_1 / Q5_K in INT5_X8, Q2_K in
  * INT2_X8 and Q3_K in INT3_X8 (dsq_weight_pack_x8; every k-quant in
  * exactly the file's bytes, its sub-scales in the file's bits); IQ4_XS has none (signed sub-scales, a codebook:
- * it stays on the row kernels). Random blocks
+ * it stays on the row kernels, its row-major layout the file's bytes too). Random blocks
  * of 40 rows (5 tiles), their fp16 fields set to finite scales. Every row dequantises to the
  * bits of the row-major weight (whose values the golden test ties to
  * gguf-py); every ISA level's product equals the scalar kernel's bit for
@@ -314,6 +314,9 @@ static void test_interleaved_x8(void **state)
                 x[i] = rndf();
             assert_int_equal(dsq_cpu_force_isa("scalar"), DSQ_OK);
             if (ty == DSQ_TYPE_IQ4_XS) {
+                /* resident as in the file: 6-bit sub-scales, d alone */
+                assert_int_equal(before.total, nblk * bb);
+                assert_int_equal(before.scales, nblk * 6);
                 /* no X8 twin: both ways refuse and leave it as it was */
                 dsq_weight_t w2 = w, tw;
                 void *st2 = (void *)1;
