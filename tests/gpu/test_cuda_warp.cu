@@ -43,17 +43,24 @@ __global__ void k_mma(const lane_io *io, lane_io *res)
     const uint32_t *a = io[l].in;
     uint32_t *d = res[l].out;
 #if __CUDA_ARCH__ >= 800
-    if (V == 0) { /* m16n8k16 f32.f16.f16.f32 */
-        float c0 = __uint_as_float(a[6]), c1 = __uint_as_float(a[7]),
-              c2 = __uint_as_float(a[8]), c3 = __uint_as_float(a[9]), d0, d1, d2, d3;
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
-                     : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]),
-                       "f"(c0), "f"(c1), "f"(c2), "f"(c3));
-        d[0] = __float_as_uint(d0); d[1] = __float_as_uint(d1);
-        d[2] = __float_as_uint(d2); d[3] = __float_as_uint(d3);
-    } else if (V == 1) { /* m16n8k8 f32.f16.f16.f32 */
+/* m16n8k16 with f32 C and D: f16 or bf16 inputs */
+#define MMA_K16_F32(TYPES)                                                                   \
+    {                                                                                        \
+        float c0 = __uint_as_float(a[6]), c1 = __uint_as_float(a[7]),                       \
+              c2 = __uint_as_float(a[8]), c3 = __uint_as_float(a[9]), d0, d1, d2, d3;        \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col" TYPES " {%0,%1,%2,%3}, "            \
+                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"                             \
+                     : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)                                \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]),     \
+                       "f"(c0), "f"(c1), "f"(c2), "f"(c3));                                  \
+        d[0] = __float_as_uint(d0); d[1] = __float_as_uint(d1);                              \
+        d[2] = __float_as_uint(d2); d[3] = __float_as_uint(d3);                              \
+    }
+    if (V == 0)
+        MMA_K16_F32(".f32.f16.f16.f32")
+    else if (V == 8)
+        MMA_K16_F32(".f32.bf16.bf16.f32")
+    else if (V == 1) { /* m16n8k8 f32.f16.f16.f32 */
         float c0 = __uint_as_float(a[3]), c1 = __uint_as_float(a[4]),
               c2 = __uint_as_float(a[5]), c3 = __uint_as_float(a[6]), d0, d1, d2, d3;
         asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
@@ -73,16 +80,6 @@ __global__ void k_mma(const lane_io *io, lane_io *res)
                      "{%2,%3}, {%4}, {%5,%6};"
                      : "=r"(d[0]), "=r"(d[1])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]));
-    } else if (V == 8) { /* m16n8k16 f32.bf16.bf16.f32 */
-        float c0 = __uint_as_float(a[6]), c1 = __uint_as_float(a[7]),
-              c2 = __uint_as_float(a[8]), c3 = __uint_as_float(a[9]), d0, d1, d2, d3;
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
-                     : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]),
-                       "f"(c0), "f"(c1), "f"(c2), "f"(c3));
-        d[0] = __float_as_uint(d0); d[1] = __float_as_uint(d1);
-        d[2] = __float_as_uint(d2); d[3] = __float_as_uint(d3);
     }
 #define MMA_INT(VV, TYPES)                                                                   \
     else if (V == VV) {                                                                      \
