@@ -77,9 +77,17 @@ typedef enum dsq_zp_mode {
  * nibble q stands for the integer dsq_iq4nl_values[q]. */
 extern const int8_t dsq_iq4nl_values[16];
 
+/* Functions the CPU and the CUDA kernels both call (nvcc compiles them for
+ * the device too). */
+#ifdef __CUDACC__
+#define DSQ_HOST_DEVICE __host__ __device__
+#else
+#define DSQ_HOST_DEVICE
+#endif
+
 /* Sub-scale a (-32..31) of group g (< 8) of one row super-block of an
  * INT4 SUPER LUT weight (IQ4_XS), p its 6 bytes (layout below). */
-static inline int dsq_iq4xs_sub(const uint8_t *p, int g)
+static inline DSQ_HOST_DEVICE int dsq_iq4xs_sub(const uint8_t *p, int g)
 {
     const int hi = (p[0] | p[1] << 8) >> (2 * g) & 3;
     return ((p[2 + g / 2] >> (4 * (g % 2)) & 15) | hi << 4) - 32;

@@ -79,13 +79,9 @@ static __device__ float dsq__group_value(const dsq_weight_t &w, int64_t r, int64
     const bool int4 = w.format == DSQ_WFMT_INT4;
     float s;
     if (w.scale_mode == DSQ_SCALE_SUPER && w.zp_mode == DSQ_ZP_LUT) {
-        // IQ4_XS: 6-bit a in the file's packing, d alone (kernels.h
-        // dsq_iq4xs_sub, the same integers)
+        // IQ4_XS: 6-bit a in the file's packing, d alone (kernels.h)
         const int64_t b = r * (w.k / 256) + g / 8;
-        const uint8_t *p = (const uint8_t *)w.sub_scales + b * 6;
-        const int j = (int)(g % 8);
-        const int a = (((p[0] | p[1] << 8) >> (2 * j) & 3) << 4 |
-                       (p[2 + j / 2] >> (4 * (j % 2)) & 15)) - 32;
+        const int a = dsq_iq4xs_sub((const uint8_t *)w.sub_scales + b * 6, (int)(g % 8));
         return (float)dsq__iq4nl[q] * (dsq__h2f(w.super[b]) * (float)a);
     }
     if (w.scale_mode == DSQ_SCALE_SUPER) {
