@@ -57,6 +57,20 @@ static char *echo_text(conn_t *c, int p, size_t *len)
 static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
                                dsq_output_t *o);
 
+static dsq_responses_meta_t resp_meta(const conn_t *c)
+{
+    dsq_responses_meta_t m = {c->id, c->created, c->h->cfg.served_model_name, c->resp_echo};
+    return m;
+}
+
+/* The stop string that ended choice ch (borrowed from the request), or
+ * NULL. */
+static const char *stop_sequence(const conn_t *c, const choice_st *ch)
+{
+    int k = ch->stop_matched - 1;
+    return k >= 0 && k < c->req.sp.n_stop ? c->req.stop[k] : NULL;
+}
+
 /* Echo + logprobs. The request's first event carries the prompt's
  * logprobs: add the prompt's entries to every choice of prompt p (before
  * any completion entry: no choice of p had an event yet). Streaming, the
@@ -123,6 +137,8 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
         if (o->queue_timeout)
             c->queue_timeout = true;
         ch->finish = o->finish;
+        ch->stop_matched = o->stop_matched;
+        ch->reasoning_tokens = o->reasoning_tokens;
         if (o->completion_tokens > 0)
             ch->final_tokens = o->completion_tokens;
         if (o->cached_tokens > c->cached_tokens[p])
@@ -152,6 +168,15 @@ static void handle_output(conn_t *c, int p, dsq_output_t *o)
                                      o->finish, c->req.include_usage));
         cJSON_Delete(lp);
     }
+}
+
+/* The calls in a finished choice's text: a choice cut at max_tokens
+ * keeps the complete calls before the one it was writing. */
+static int tool_parse(const conn_t *c, dsq_finish_t finish, const char *text, size_t len,
+                      dsq_tool_parse_t *r)
+{
+    return (finish == DSQ_FINISH_LENGTH ? dsq_tool_calls_parse_cut
+                                        : dsq_tool_calls_parse)(c->tools, text, len, r);
 }
 
 /* Tool calls of a chat choice, streamed. The content delta *d
@@ -189,8 +214,8 @@ static bool tool_stream_hold(conn_t *c, int idx, choice_st *ch, dsq_reasoning_de
             emit--;
     } else {
         dsq_tool_parse_t r;
-        if (ch->th_len && finish == DSQ_FINISH_STOP &&
-            dsq_tool_calls_parse(c->tools, ch->th, ch->th_len, &r) == DSQ_OK) {
+        if (ch->th_len && (finish == DSQ_FINISH_STOP || finish == DSQ_FINISH_LENGTH) &&
+            tool_parse(c, finish, ch->th, ch->th_len, &r) == DSQ_OK) {
             if (r.n_calls > 0) {
                 called = true;
                 /* the content around the calls, as the non-streamed
@@ -225,20 +250,26 @@ static bool tool_stream_hold(conn_t *c, int idx, choice_st *ch, dsq_reasoning_de
 }
 
 /* The held text's calls as one delta.tool_calls chunk. */
-static void tool_stream_calls(conn_t *c, int idx, choice_st *ch)
+static void tool_stream_calls(conn_t *c, int idx, choice_st *ch, dsq_finish_t finish)
 {
     dsq_tool_parse_t r;
-    if (dsq_tool_calls_parse(c->tools, ch->th, ch->th_len, &r) != DSQ_OK)
+    if (tool_parse(c, finish, ch->th, ch->th_len, &r) != DSQ_OK)
         return;
     dsq_tool_call_out_t *out = calloc((size_t)r.n_calls, sizeof(*out));
     char (*ids)[40] = calloc((size_t)r.n_calls, sizeof(*ids));
     if (out && ids) {
         for (int k = 0; k < r.n_calls; k++) {
-            dsq_openai_new_id(ids[k], sizeof(ids[k]), "call_");
+            dsq_openai_new_id(ids[k], sizeof(ids[k]), c->anthropic ? "toolu_" : "call_");
             out[k] = (dsq_tool_call_out_t){ids[k], r.calls[k].name, r.calls[k].arguments};
         }
-        pend_add(c, dsq_openai_chat_tool_chunk(c->id, c->created, c->h->cfg.served_model_name,
-                                               idx, out, r.n_calls, 0, c->req.include_usage));
+        if (c->anthropic)
+            pend_add(c, dsq_anthropic_ev_tools(&c->as, out, r.n_calls));
+        else if (c->responses)
+            pend_add(c, dsq_responses_ev_calls(&c->rst, out, r.n_calls));
+        else
+            pend_add(c, dsq_openai_chat_tool_chunk(c->id, c->created,
+                                                   c->h->cfg.served_model_name, idx, out,
+                                                   r.n_calls, 0, c->req.include_usage));
     }
     free(out);
     free(ids);
@@ -285,17 +316,32 @@ static void chat_stream_output(conn_t *c, int idx, choice_st *ch,
     if (c->req.sp.logprobs >= 0 && o->n_tokens &&
         (lp = dsq_openai_chat_logprobs_new()))
         dsq_openai_chat_logprobs_add(lp, o, token_text, (void *)c->tok);
-    if (d.content_len || d.reasoning_len || lp)
+    if (c->anthropic) {
+        /* the reasoning part of a delta comes before its content */
+        if (d.reasoning_len && !c->thinking_off)
+            pend_add(c, dsq_anthropic_ev_text(&c->as, true, d.reasoning, d.reasoning_len));
+        if (d.content_len)
+            pend_add(c, dsq_anthropic_ev_text(&c->as, false, d.content, d.content_len));
+    } else if (c->responses) {
+        if (d.reasoning_len)
+            pend_add(c, dsq_responses_ev_text(&c->rst, true, d.reasoning, d.reasoning_len));
+        if (d.content_len)
+            pend_add(c, dsq_responses_ev_text(&c->rst, false, d.content, d.content_len));
+    } else if (d.content_len || d.reasoning_len || lp)
         pend_add(c, dsq_openai_chat_chunk(
                         c->id, c->created, model, idx, NULL,
                         d.content_len || !d.reasoning_len ? (d.content ? d.content : "") : NULL,
                         d.content_len, d.reasoning_len ? d.reasoning : NULL,
                         d.reasoning_len, lp, DSQ_FINISH_NONE, usage_null));
     if (called)
-        tool_stream_calls(c, idx, ch);
-    if (o->finish != DSQ_FINISH_NONE)
-        pend_add(c, called ? dsq_openai_chat_tool_finish_chunk(c->id, c->created, model, idx,
-                                                               usage_null)
+        tool_stream_calls(c, idx, ch, o->finish);
+    ch->called |= called;
+    /* Anthropic's stop_reason and the Responses status go out at the
+     * stream's end */
+    if (o->finish != DSQ_FINISH_NONE && !c->anthropic && !c->responses)
+        pend_add(c, called && o->finish == DSQ_FINISH_STOP
+                        ? dsq_openai_chat_tool_finish_chunk(c->id, c->created, model, idx,
+                                                            usage_null)
                            : dsq_openai_chat_chunk(c->id, c->created, model, idx, NULL,
                                                    NULL, 0, NULL, 0, NULL, o->finish,
                                                    usage_null));
@@ -341,6 +387,9 @@ void dsq__usage_of(conn_t *c, dsq_usage_t *u)
     /* best_of > n: OpenAI bills every generated candidate */
     u->completion_tokens += c->discarded_tokens;
     u->has_cached = c->h->cfg.prefix_caching;
+    for (int i = 0; i < c->n_choices; i++)
+        u->reasoning_tokens += c->choices[i].reasoning_tokens;
+    u->has_reasoning = c->reasoning;
 }
 
 /* The message of a request refused after it was queued: the
@@ -434,15 +483,45 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
                  * is an error event (as vLLM streams errors), then [DONE] */
                 char rbuf[200];
                 const char *msg = refusal_msg(c, rbuf, sizeof(rbuf));
-                char *e = dsq_apierr_json(DSQ_APIERR_OVERLOADED, msg, NULL);
+                char *e = c->anthropic || c->responses
+                              ? NULL : dsq_apierr_json(DSQ_APIERR_OVERLOADED, msg, NULL);
                 size_t n = e ? strlen(e) + 16 : 0;
                 char *ev = e ? malloc(n) : NULL;
                 if (ev)
                     snprintf(ev, n, "data: %s\n\n", e);
                 free(e);
-                pend_add(c, ev);
+                pend_add(c, c->anthropic ? dsq_anthropic_ev_error(DSQ_APIERR_OVERLOADED, msg)
+                            : c->responses ? dsq_responses_ev_error(&c->rst,
+                                                                    DSQ_APIERR_OVERLOADED, msg)
+                                           : ev);
                 c->err_code = "queue_full";
                 snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
+            }
+            if (c->anthropic) {
+                /* after an error event Anthropic's streams end there */
+                if (!c->queue_timeout) {
+                    dsq_usage_t u;
+                    const choice_st *ch = &c->choices[0];
+                    dsq__usage_of(c, &u);
+                    pend_add(c, dsq_anthropic_ev_end(
+                                    &c->as,
+                                    dsq_anthropic_stop_reason(ch->finish, ch->called,
+                                                              ch->stop_matched > 0),
+                                    stop_sequence(c, ch), &u));
+                }
+                c->stream_finished = true;
+                continue;
+            }
+            if (c->responses) {
+                /* Responses streams end with their last event, no [DONE] */
+                if (!c->queue_timeout) {
+                    dsq_usage_t u;
+                    dsq_responses_meta_t m = resp_meta(c);
+                    dsq__usage_of(c, &u);
+                    pend_add(c, dsq_responses_ev_end(&c->rst, &m, c->choices[0].finish, &u));
+                }
+                c->stream_finished = true;
+                continue;
             }
             if (c->req.include_usage) {
                 dsq_usage_t u;
@@ -512,8 +591,9 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
             outs[i].reasoning_len = ds[i].reasoning_len;
         }
         /* tool calls parsed out of a choice that stopped */
-        if (c->tools != DSQ_TOOL_PARSER_NONE && ch->finish == DSQ_FINISH_STOP && tp && tc) {
-            if (dsq_tool_calls_parse(c->tools, outs[i].content, outs[i].content_len, &tp[i])) {
+        if (c->tools != DSQ_TOOL_PARSER_NONE && tp && tc &&
+            (ch->finish == DSQ_FINISH_STOP || ch->finish == DSQ_FINISH_LENGTH)) {
+            if (tool_parse(c, ch->finish, outs[i].content, outs[i].content_len, &tp[i])) {
                 ok = false;
                 break;
             }
@@ -525,7 +605,8 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
                     break;
                 }
                 for (int k = 0; k < tp[i].n_calls; k++) {
-                    dsq_openai_new_id(tid[i][k], sizeof(tid[i][k]), "call_");
+                    dsq_openai_new_id(tid[i][k], sizeof(tid[i][k]),
+                                      c->anthropic ? "toolu_" : "call_");
                     tc[i][k] = (dsq_tool_call_out_t){tid[i][k], tp[i].calls[k].name,
                                                      tp[i].calls[k].arguments};
                 }
@@ -538,9 +619,14 @@ static enum MHD_Result finish_chat_nonstream(conn_t *c)
     }
     if (ok) {
         dsq__usage_of(c, &u);
-        body = dsq_openai_chat_body(c->id, c->created,
-                                    c->h->cfg.served_model_name, outs,
-                                    c->n_choices, &u);
+        dsq_responses_meta_t m = resp_meta(c);
+        body = c->responses ? dsq_responses_body(&m, &outs[0], &u)
+               : c->anthropic
+                   ? dsq_anthropic_message_body(c->id, c->h->cfg.served_model_name, &outs[0],
+                                                !c->thinking_off,
+                                                stop_sequence(c, &c->choices[0]), &u)
+                   : dsq_openai_chat_body(c->id, c->created, c->h->cfg.served_model_name,
+                                          outs, c->n_choices, &u);
     }
     for (int i = 0; ds && i < c->n_choices; i++)
         dsq_reasoning_delta_free(&ds[i]);
@@ -662,6 +748,38 @@ enum MHD_Result dsq__do_completions(conn_t *c)
     return start_requests(c);
 }
 
+/* The thinking section for the engine (dsq_sampling_t.think_*): the
+ * reasoning parser's tags as token ids, whether the prompt opened it, and
+ * the budget (the request's, else --reasoning-budget). */
+static int think_setup(conn_t *c)
+{
+    dsq_completion_req_t *q = &c->req;
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    int budget = q->think_budget >= 0 ? q->think_budget : c->h->cfg.reasoning_budget;
+    int rc = dsq_tokenizer_encode(c->tok, DSQ_REASONING_OPEN, strlen(DSQ_REASONING_OPEN),
+                                  DSQ_TOK_PARSE_SPECIAL, &a, &na);
+    if (!rc)
+        rc = dsq_tokenizer_encode(c->tok, DSQ_REASONING_CLOSE, strlen(DSQ_REASONING_CLOSE),
+                                  DSQ_TOK_PARSE_SPECIAL, &b, &nb);
+    if (!rc && !(q->think_ids = malloc((na + nb) * sizeof(int32_t))))
+        rc = DSQ_ENOMEM;
+    if (!rc) {
+        memcpy(q->think_ids, a, na * sizeof(int32_t));
+        memcpy(q->think_ids + na, b, nb * sizeof(int32_t));
+        q->sp.think_start = q->think_ids;
+        q->sp.n_think_start = (int)na;
+        q->sp.think_end = q->think_ids + na;
+        q->sp.n_think_end = (int)nb;
+        q->sp.think_open = c->prompt_in_think;
+        q->sp.has_think_budget = budget >= 0;
+        q->sp.think_budget = budget;
+    }
+    free(a);
+    free(b);
+    return rc;
+}
+
 /* POST /v1/chat/completions. Renders the messages with the chat
  * template, tokenizes them into the request's single prompt, then shares
  * everything after tokenization with /v1/completions (start_requests). */
@@ -693,8 +811,12 @@ enum MHD_Result dsq__do_chat(conn_t *c)
                : dsq_chat_gbnf_for_tool_calls(q->tools,
                                               q->tool_choice == DSQ_TOOL_CHOICE_NAMED
                                                   ? q->tool_name : NULL,
-                                              c->tools, q->parallel_tool_calls, &gbnf, why,
-                                              sizeof(why));
+                                              c->tools,
+                                              /* a named function is called
+                                               * once (OpenAI's forced call) */
+                                              q->parallel_tool_calls &&
+                                                  q->tool_choice != DSQ_TOOL_CHOICE_NAMED,
+                                              &gbnf, why, sizeof(why));
         if (c->tools == DSQ_TOOL_PARSER_NONE)
             snprintf(why, sizeof(why), "--tool-call-parser none: no call syntax to constrain "
                      "to");
@@ -732,7 +854,41 @@ enum MHD_Result dsq__do_chat(conn_t *c)
     c->reasoning = dsq_chat_has_reasoning(c->h->chat);
     c->prompt_in_think = c->reasoning &&
         dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
+    if (c->reasoning && think_setup(c))
+        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
     return start_requests(c);
+}
+
+enum MHD_Result dsq__do_messages(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_anthropic_req_t ar;
+    if (dsq_anthropic_to_chat(c->body, c->body_len, false, &ar, &err))
+        return dsq__send_api_error(c, &err);
+    /* the chat request it means replaces the body: dsq__do_chat parses it
+     * (and the trace's input messages read it) */
+    free(c->body);
+    c->body = ar.chat_body;
+    c->body_len = ar.chat_body_len;
+    c->body_cap = ar.chat_body_len + 1;
+    c->anthropic = true;
+    c->thinking_off = ar.thinking_off;
+    return dsq__do_chat(c);
+}
+
+enum MHD_Result dsq__do_responses(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_responses_req_t rr;
+    if (dsq_responses_to_chat(c->body, c->body_len, &rr, &err))
+        return dsq__send_api_error(c, &err);
+    free(c->body);
+    c->body = rr.chat_body;
+    c->body_len = rr.chat_body_len;
+    c->body_cap = rr.chat_body_len + 1;
+    c->resp_echo = rr.echo;
+    c->responses = true;
+    return dsq__do_chat(c);
 }
 
 /* Everything after tokenization, shared by completions and chat: create,
@@ -756,7 +912,9 @@ static enum MHD_Result start_requests(conn_t *c)
     c->w = dsq__waiter_get(c->h);
     if (!c->ereqs || !c->ereq_done || !c->prompt_tokens || !c->cached_tokens ||
         !c->echo_len || !c->echo_done || !c->choices || !c->w ||
-        dsq_openai_new_id(c->id, sizeof(c->id), q->chat ? "chatcmpl-" : "cmpl-"))
+        dsq_openai_new_id(c->id, sizeof(c->id),
+                          c->anthropic ? "msg_" : c->responses ? "resp_"
+                                                : q->chat ? "chatcmpl-" : "cmpl-"))
         return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     c->created = (int64_t)time(NULL);
     for (int i = 0; i < c->n_choices; i++) {
@@ -767,11 +925,18 @@ static enum MHD_Result start_requests(conn_t *c)
         if (q->chat) {
             /* the first delta of each choice carries the role */
             dsq_reasoning_init(&c->choices[i].rs, c->prompt_in_think);
-            if (q->stream)
+            if (q->stream && c->anthropic) {
+                pend_add(c, dsq_anthropic_ev_start(c->id, c->h->cfg.served_model_name,
+                                                   q->prompts[0].n_ids));
+            } else if (q->stream && c->responses) {
+                dsq_responses_meta_t m = resp_meta(c);
+                pend_add(c, dsq_responses_ev_start(&c->rst, &m));
+            } else if (q->stream) {
                 pend_add(c, dsq_openai_chat_chunk(
                                 c->id, c->created, c->h->cfg.served_model_name,
                                 i, "assistant", "", 0, NULL, 0, NULL,
                                 DSQ_FINISH_NONE, q->include_usage));
+            }
         }
         if (q->echo) {
             size_t len = 0;

@@ -65,7 +65,8 @@ static enum route find_route(const char *url)
         {"/metrics", R_METRICS}, {"/version", R_VERSION},
         {"/v1/completions", R_COMPLETIONS}, {"/tokenize", R_TOKENIZE},
         {"/detokenize", R_DETOKENIZE}, {"/v1/chat/completions", R_CHAT},
-        {"/tokenizer_info", R_TOKENIZER_INFO},
+        {"/tokenizer_info", R_TOKENIZER_INFO}, {"/v1/messages", R_MESSAGES},
+        {"/v1/messages/count_tokens", R_COUNT_TOKENS}, {"/v1/responses", R_RESPONSES},
     };
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
         if (!strcmp(url, routes[i].path))
@@ -77,8 +78,7 @@ static enum route find_route(const char *url)
 
 static bool is_post_route(enum route r)
 {
-    return r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE ||
-           r == R_CHAT;
+    return dsq__route_is_post(r);
 }
 
 static bool json_content_type(conn_t *c)
@@ -103,7 +103,8 @@ static enum MHD_Result preflight(conn_t *c)
     MHD_add_response_header(r, "Access-Control-Allow-Methods",
                             "GET, POST, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
-                            "Authorization, Content-Type");
+                            "Authorization, Content-Type, x-api-key, anthropic-version, "
+                            "anthropic-beta");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     return dsq__send_response(c, 204, r);
 }
@@ -182,7 +183,8 @@ static enum MHD_Result on_headers(conn_t *c)
         return dsq__send_origin_refusal(c);
     if (!dsq__authorized(c))
         return dsq__send_error(c, DSQ_APIERR_AUTH, NULL,
-                               "missing or invalid API key (Authorization: Bearer)");
+                               "missing or invalid API key (Authorization: Bearer, or "
+                               "x-api-key)");
     if (!post)
         return MHD_YES;
     /* a form, text/plain or multipart body is what a web page can make a
@@ -246,6 +248,9 @@ static enum MHD_Result on_request(conn_t *c)
     switch (c->route) {
     case R_COMPLETIONS: return dsq__do_completions(c);
     case R_CHAT: return dsq__do_chat(c);
+    case R_MESSAGES: return dsq__do_messages(c);
+    case R_RESPONSES: return dsq__do_responses(c);
+    case R_COUNT_TOKENS: return dsq__do_count_tokens(c);
     case R_TOKENIZE: return dsq__do_tokenize(c);
     case R_DETOKENIZE: return dsq__do_detokenize(c);
     case R_TOKENIZER_INFO: return dsq__do_tokenizer_info(c);
@@ -442,7 +447,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                      "within --body-timeout\"");
         else if (c->err_code && st >= 400)
             snprintf(why, sizeof(why), " error=%s message=\"%s\"", c->err_code, c->err_msg);
-        if (c->route == R_COMPLETIONS || c->route == R_CHAT) {
+        if (dsq__route_generates(c->route)) {
             dsq_usage_t u;
             dsq__usage_of(c, &u);
             dsq_metrics_add_prompt_tokens(h->metrics, u.prompt_tokens);
@@ -485,6 +490,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->pend);
     free(c->body);
     free(c->model_id);
+    cJSON_Delete(c->resp_echo);
+    dsq_responses_stream_free(&c->rst);
     if (c->have_req)
         dsq_completion_req_deinit(&c->req);
     free(c);

@@ -76,6 +76,9 @@ typedef struct dsq_http_config {
     int64_t default_seed;            /* --seed, the seed of requests
                                         that send none; < 0 = none (each
                                         such request draws a random one)  */
+    int reasoning_budget;            /* --reasoning-budget: thinking tokens
+                                        of a request that sets none; < 0 =
+                                        no limit                         */
     /* OpenTelemetry: every request gets a W3C trace context (from its
      * traceparent / tracestate, else a new trace) and answers with its
      * traceparent; with otlp (borrowed; must outlive the daemon) each

@@ -294,7 +294,8 @@ enum MHD_Result dsq__send_error(conn_t *c, dsq_apierr_t kind,
                                 const char *param, const char *msg)
 {
     int status = dsq_apierr_status(kind);
-    char *body = dsq_apierr_json(kind, msg, param);
+    char *body = dsq__route_anthropic(c->route) ? dsq_anthropic_error_json(kind, msg)
+                                                : dsq_apierr_json(kind, msg, param);
     /* the access log line of a 4xx/5xx names the error */
     c->err_code = dsq_apierr_code(kind) ? dsq_apierr_code(kind) : dsq_apierr_type(kind);
     snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg ? msg : "");
@@ -321,8 +322,7 @@ enum MHD_Result dsq__send_error(conn_t *c, dsq_apierr_t kind,
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (kind == DSQ_APIERR_METHOD) {
         const char *allow = "GET, HEAD";
-        if (c->route == R_COMPLETIONS || c->route == R_TOKENIZE ||
-            c->route == R_DETOKENIZE || c->route == R_CHAT)
+        if (dsq__route_is_post(c->route))
             allow = "POST";
         if (c->h->cfg.allowed_origins)
             allow = (!strcmp(allow, "POST")) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
@@ -347,11 +347,17 @@ bool dsq__authorized(conn_t *c)
     if (!c->h->have_key)
         return true;
     a = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization");
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
-        return false;
-    a += 7;
-    while (*a == ' ')
-        a++;
+    if (a && !strncasecmp(a, "Bearer ", 7)) {
+        a += 7;
+        while (*a == ' ')
+            a++;
+    } else {
+        /* Anthropic's clients send the key as x-api-key; any route
+         * takes either, as vLLM and llama-server do */
+        a = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "x-api-key");
+        if (!a)
+            return false;
+    }
     /* Hash both sides so the comparison is constant-time in the key's
      * length too, then compare the digests with CRYPTO_memcmp. */
     SHA256((const unsigned char *)a, strlen(a), got);

@@ -26,12 +26,14 @@
 #include "engine/serve/engine.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tool_calls.h"
+#include "server/anthropic.h"
 #include "server/chat.h"
 #include "server/error.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/reasoning.h"
+#include "server/responses.h"
 #include "server/trace.h"
 
 /* Seconds a cancelled request still waits for the engine to end its
@@ -98,8 +100,28 @@ struct dsq_http {
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_VERSION, R_COMPLETIONS,
-    R_TOKENIZE, R_DETOKENIZE, R_CHAT, R_TOKENIZER_INFO,
+    R_TOKENIZE, R_DETOKENIZE, R_CHAT, R_TOKENIZER_INFO, R_MESSAGES, R_COUNT_TOKENS,
+    R_RESPONSES,
 };
+
+/* Routes that take a POST body (the rest answer GET and HEAD). */
+static inline bool dsq__route_is_post(enum route r)
+{
+    return r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE || r == R_CHAT ||
+           r == R_MESSAGES || r == R_COUNT_TOKENS || r == R_RESPONSES;
+}
+
+/* Routes that submit work to the engine (usage, access log, trace). */
+static inline bool dsq__route_generates(enum route r)
+{
+    return r == R_COMPLETIONS || r == R_CHAT || r == R_MESSAGES || r == R_RESPONSES;
+}
+
+/* Routes answered in Anthropic's shapes (errors included). */
+static inline bool dsq__route_anthropic(enum route r)
+{
+    return r == R_MESSAGES || r == R_COUNT_TOKENS;
+}
 
 typedef struct choice_st {
     char *text;                  /* non-streaming: accumulated text         */
@@ -116,6 +138,9 @@ typedef struct choice_st {
     char *th;
     size_t th_len, th_cap;
     bool th_any;
+    int stop_matched;            /* the final event's stop_matched          */
+    int reasoning_tokens;        /* the final event's reasoning_tokens      */
+    bool called;                 /* streamed: it ended in tool calls        */
 } choice_st;
 
 typedef struct conn {
@@ -174,6 +199,14 @@ typedef struct conn {
     bool reasoning;              /* split output with the reasoning parser  */
     bool prompt_in_think;        /* the rendered prompt opened <think>      */
     dsq_tool_parser_t tools;     /* call syntax parsed out (NONE: off)      */
+    /* /v1/messages: answered in Anthropic's shapes (server/anthropic.h) */
+    bool anthropic;
+    bool thinking_off;           /* thinking disabled: reasoning not sent   */
+    dsq_anthropic_stream_t as;   /* the streamed message's open block       */
+    /* /v1/responses: answered as response objects (server/responses.h) */
+    bool responses;
+    cJSON *resp_echo;            /* the request fields a response repeats   */
+    dsq_responses_stream_t rst;  /* the streamed response's items           */
     dsq_trace_ctx_t tr;          /* this request's trace context            */
     int64_t clk_off_ns;          /* CLOCK_REALTIME - CLOCK_MONOTONIC        */
 } conn_t;
@@ -227,6 +260,9 @@ enum MHD_Result dsq__do_version(conn_t *c);
 enum MHD_Result dsq__do_metrics(conn_t *c);
 enum MHD_Result dsq__do_tokenize(conn_t *c);
 enum MHD_Result dsq__do_detokenize(conn_t *c);
+/* POST /v1/messages/count_tokens: {"input_tokens": n}, the prompt
+ * /v1/messages would submit. */
+enum MHD_Result dsq__do_count_tokens(conn_t *c);
 /* dsq_tokenizer_encode flags for a prompt: special tokens parsed, BOS
  * when add_special and the tokenizer adds one. */
 unsigned dsq__tok_flags(const dsq_tokenizer_t *t, bool add_special);
@@ -235,6 +271,11 @@ unsigned dsq__tok_flags(const dsq_tokenizer_t *t, bool add_special);
 
 enum MHD_Result dsq__do_completions(conn_t *c);
 enum MHD_Result dsq__do_chat(conn_t *c);
+/* POST /v1/messages: the body translated to a chat request, then
+ * dsq__do_chat with Anthropic's output shapes. */
+enum MHD_Result dsq__do_messages(conn_t *c);
+/* POST /v1/responses: likewise, answered as OpenAI Responses objects. */
+enum MHD_Result dsq__do_responses(conn_t *c);
 /* Re-entered on every resume of a submitted request until it answers:
  * the JSON body, or the 200 of a stream held back by admission. */
 enum MHD_Result dsq__finish_nonstream(conn_t *c);

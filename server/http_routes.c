@@ -145,37 +145,51 @@ unsigned dsq__tok_flags(const dsq_tokenizer_t *t, bool add_special)
            (add_special && dsq_tokenizer_add_bos(t) ? DSQ_TOK_ADD_BOS : 0u);
 }
 
-enum MHD_Result dsq__do_tokenize(conn_t *c)
+/* The token ids of a /tokenize-style body: with messages, the prompt
+ * /v1/chat/completions would submit; else the prompt's. Returns 0 with
+ * *ids (malloc'd) or the answer already sent in *ret. */
+static int tokenize_body(conn_t *c, const char *body, size_t len, int32_t **ids,
+                         size_t *n_ids, enum MHD_Result *ret)
 {
     dsq_api_error_t err;
     dsq_openai_limits_t lim = dsq__limits(c);
     dsq_tokenize_req_t q;
     char *prompt = NULL;
-    size_t plen = 0, n_ids = 0;
-    int32_t *ids = NULL;
-    enum MHD_Result ret;
-    cJSON *o, *arr;
+    size_t plen = 0;
     int rc;
-    if (dsq_openai_parse_tokenize_req(c->body, c->body_len, &lim, &q, &err))
-        return dsq__send_api_error(c, &err);
+    *ids = NULL;
+    *n_ids = 0;
+    if (dsq_openai_parse_tokenize_req(body, len, &lim, &q, &err)) {
+        *ret = dsq__send_api_error(c, &err);
+        return DSQ_EINVAL;
+    }
     if (q.messages) {
-        /* the prompt /v1/chat/completions would submit */
         if (dsq_chat_render(c->h->chat, q.messages, q.tools,
                             q.add_generation_prompt, &prompt, &plen, &err)) {
             dsq_tokenize_req_deinit(&q);
-            return dsq__send_api_error(c, &err);
+            *ret = dsq__send_api_error(c, &err);
+            return DSQ_EINVAL;
         }
-        rc = dsq_chat_tokenize(c->h->chat, prompt, plen, q.add_special, &ids,
-                               &n_ids);
+        rc = dsq_chat_tokenize(c->h->chat, prompt, plen, q.add_special, ids, n_ids);
     } else {
         rc = dsq_tokenizer_encode(c->tok, q.prompt, q.prompt_len,
-                                  dsq__tok_flags(c->tok, q.add_special), &ids, &n_ids);
+                                  dsq__tok_flags(c->tok, q.add_special), ids, n_ids);
     }
     dsq_tokenize_req_deinit(&q);
-    if (rc) {
-        free(prompt);
-        return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
-    }
+    free(prompt);
+    if (rc)
+        *ret = dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");
+    return rc;
+}
+
+enum MHD_Result dsq__do_tokenize(conn_t *c)
+{
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    enum MHD_Result ret;
+    cJSON *o, *arr;
+    if (tokenize_body(c, c->body, c->body_len, &ids, &n_ids, &ret))
+        return ret;
     o = cJSON_CreateObject();
     arr = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = 0; i < n_ids; i++)
@@ -184,8 +198,27 @@ enum MHD_Result dsq__do_tokenize(conn_t *c)
     cJSON_AddNumberToObject(o, "max_model_len", dsq_engine_max_model_len(c->e));
     ret = dsq__send_json(c, 200, o);
     free(ids);
-    free(prompt);
     return ret;
+}
+
+enum MHD_Result dsq__do_count_tokens(conn_t *c)
+{
+    dsq_api_error_t err;
+    dsq_anthropic_req_t ar;
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    enum MHD_Result ret;
+    cJSON *o;
+    if (dsq_anthropic_to_chat(c->body, c->body_len, true, &ar, &err))
+        return dsq__send_api_error(c, &err);
+    int rc = tokenize_body(c, ar.chat_body, ar.chat_body_len, &ids, &n_ids, &ret);
+    dsq_anthropic_req_deinit(&ar);
+    if (rc)
+        return ret;
+    free(ids);
+    o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "input_tokens", (double)n_ids);
+    return dsq__send_json(c, 200, o);
 }
 
 enum MHD_Result dsq__do_detokenize(conn_t *c)

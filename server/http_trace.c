@@ -28,6 +28,9 @@ static const char *route_template(enum route r)
     case R_DETOKENIZE: return "/detokenize";
     case R_CHAT: return "/v1/chat/completions";
     case R_TOKENIZER_INFO: return "/tokenizer_info";
+    case R_MESSAGES: return "/v1/messages";
+    case R_COUNT_TOKENS: return "/v1/messages/count_tokens";
+    case R_RESPONSES: return "/v1/responses";
     default: return NULL;
     }
 }
@@ -103,7 +106,7 @@ void dsq__trace_request(conn_t *c, struct MHD_Connection *mc, int st, double t_e
         if (st >= 500)
             dsq_span_status(sp, DSQ_STATUS_ERROR, c->err_msg[0] ? c->err_msg : NULL);
     }
-    if ((c->route == R_COMPLETIONS || c->route == R_CHAT) && c->have_req) {
+    if (dsq__route_generates(c->route) && c->have_req) {
         const dsq_completion_req_t *q = &c->req;
         dsq_usage_t u;
         dsq__usage_of(c, &u);

@@ -304,6 +304,7 @@ int main(int argc, char **argv)
     hc.max_undelivered_bytes = o.max_undelivered_bytes;
     hc.max_seqs_per_request = o.max_seqs_per_request;   /* api */
     hc.default_seed = o.seed;                           /* users */
+    hc.reasoning_budget = o.reasoning_budget;
     hc.allowed_origins = o.allowed_origins;
     hc.any_content_type = o.any_content_type;
     hc.tls_cert_pem = cert;

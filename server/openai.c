@@ -19,8 +19,9 @@
 
 /* ------------------------------------------------------------ helpers */
 
-static const char *type_name(const cJSON *v)
+const char *dsq__json_type_name(const cJSON *v)
 {
+    if (!v) return "nothing";
     if (cJSON_IsNull(v)) return "null";
     if (cJSON_IsBool(v)) return "boolean";
     if (cJSON_IsNumber(v)) return "number";
@@ -41,7 +42,7 @@ static bool is_int(const cJSON *v)
 static const char *non_int_name(const cJSON *v)
 {
     if (!cJSON_IsNumber(v))
-        return type_name(v);
+        return dsq__json_type_name(v);
     if (v->valuedouble != floor(v->valuedouble))
         return "a fraction";
     return "a number beyond +-2^53, where JSON numbers stop being exact integers";
@@ -64,7 +65,7 @@ static int get_num(const cJSON *obj, const char *name, double lo, bool lo_open,
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
                                  "'%s' must be a number, got %s", name,
-                                 type_name(v));
+                                 dsq__json_type_name(v));
     double x = v->valuedouble;
     if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
@@ -103,7 +104,7 @@ static int get_bool(const cJSON *obj, const char *name, bool *out,
     if (!cJSON_IsBool(v))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, name,
                                  "'%s' must be a boolean, got %s", name,
-                                 type_name(v));
+                                 dsq__json_type_name(v));
     *out = cJSON_IsTrue(v);
     return DSQ_OK;
 }
@@ -187,7 +188,7 @@ static void refuse_json(const char *body, size_t len, const dsq_json_error_t *je
 /* Every request body comes in here. First the strict check (server/json.h:
  * RFC 8259, no key twice, no U+0000), whose message names the byte and
  * line:column; then cJSON builds the tree the validators read. */
-static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
+cJSON *dsq__openai_parse_object(const char *body, size_t len, dsq_api_error_t *err)
 {
     const char *end = NULL;
     cJSON *root = NULL;
@@ -207,7 +208,7 @@ static cJSON *parse_object(const char *body, size_t len, dsq_api_error_t *err)
     } else if (!cJSON_IsObject(root)) {
         dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, NULL,
                           "request body must be a JSON object, got %s",
-                          type_name(root));
+                          dsq__json_type_name(root));
         cJSON_Delete(root);
         root = NULL;
     } else if (reject_bad_utf8(root, err)) {
@@ -232,7 +233,7 @@ static int check_model(const cJSON *root, const dsq_openai_limits_t *lim,
     if (!cJSON_IsString(m))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "model",
                                  "'model' must be a string, got %s",
-                                 type_name(m));
+                                 dsq__json_type_name(m));
     if (lim->served_model_name && strcmp(m->valuestring, lim->served_model_name))
         return dsq_api_error_set(err, DSQ_APIERR_MODEL_NOT_FOUND, "model",
                                  "The model '%.200s' does not exist; this "
@@ -264,7 +265,7 @@ static int parse_ids(const cJSON *arr, const dsq_openai_limits_t *lim,
             if (!is_int(it))
                 return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
                                          "'%s' must hold integer token ids, "
-                                         "got %s", param, type_name(it));
+                                         "got %s", param, dsq__json_type_name(it));
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
                                      "token id %.0f in '%s' is out of the "
                                      "vocabulary [0, %d)", it->valuedouble,
@@ -297,7 +298,7 @@ static int parse_prompt(const cJSON *root, const dsq_openai_limits_t *lim,
                                  "strings, an array of token ids or an array "
                                  "of token-id arrays (non-empty), got %s",
                                  cJSON_IsArray(p) ? "an empty array"
-                                                  : type_name(p));
+                                                  : dsq__json_type_name(p));
     if (n > DSQ_OPENAI_MAX_PROMPTS)
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
                                  "at most %d prompts per request, got %d",
@@ -335,7 +336,7 @@ static int parse_prompt(const cJSON *root, const dsq_openai_limits_t *lim,
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
                                      "'prompt' array elements must all be "
                                      "strings or all be token-id arrays, "
-                                     "found %s", type_name(it));
+                                     "found %s", dsq__json_type_name(it));
         }
     }
     return DSQ_OK;
@@ -357,7 +358,7 @@ static int parse_stop(const cJSON *root, dsq_completion_req_t *r,
     else
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
                                  "'stop' must be a string or an array of "
-                                 "strings, got %s", type_name(s));
+                                 "strings, got %s", dsq__json_type_name(s));
     if (n > DSQ_OPENAI_MAX_STOP)
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
                                  "'stop' takes at most %d sequences, got %d",
@@ -374,7 +375,7 @@ static int parse_stop(const cJSON *root, dsq_completion_req_t *r,
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "stop",
                                      "'stop' sequences must be non-empty "
                                      "strings, got %s",
-                                     cJSON_IsString(it) ? "\"\"" : type_name(it));
+                                     cJSON_IsString(it) ? "\"\"" : dsq__json_type_name(it));
         r->stop[i] = strdup(it->valuestring);
         if (!r->stop[i++])
             return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL,
@@ -395,7 +396,7 @@ static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
     if (!cJSON_IsObject(b))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "logit_bias",
                                  "'logit_bias' must be an object mapping "
-                                 "token ids to numbers, got %s", type_name(b));
+                                 "token ids to numbers, got %s", dsq__json_type_name(b));
     n = cJSON_GetArraySize(b);
     if (n == 0)
         return DSQ_OK;
@@ -429,6 +430,71 @@ static int parse_logit_bias(const cJSON *root, const dsq_openai_limits_t *lim,
     return DSQ_OK;
 }
 
+/* ------------------------------------------------------------ translators */
+
+char *dsq__text_parts(const cJSON *c, const char *const *types, int n_types,
+                      const char *param, const char *where, dsq_api_error_t *err)
+{
+    const cJSON *p;
+    char *s;
+    size_t n = 0;
+    int j = 0;
+    if (cJSON_IsString(c)) {
+        if (!(s = strdup(c->valuestring)))
+            dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return s;
+    }
+    if (!cJSON_IsArray(c)) {
+        dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
+                          "%s must be a string or an array of %s parts, got %s", where,
+                          types[0], dsq__json_type_name(c));
+        return NULL;
+    }
+    if (!(s = calloc(1, 1))) {
+        dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+        return NULL;
+    }
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        bool known = false;
+        for (int k = 0; cJSON_IsString(t) && k < n_types; k++)
+            known = known || !strcmp(t->valuestring, types[k]);
+        if (!cJSON_IsObject(p) || !known || !cJSON_IsString(tx)) {
+            bool other = cJSON_IsObject(p) && cJSON_IsString(t) && !known;
+            dsq_api_error_set(err, other ? DSQ_APIERR_UNSUPPORTED : DSQ_APIERR_INVALID_REQUEST,
+                              param, other ? "%s[%d]: type '%.40s' is not supported here "
+                                             "(%s%s)"
+                                           : "%s[%d] must be {\"type\": \"%.0s%s\", \"text\": "
+                                             "string}%.0s",
+                              where, j, other ? t->valuestring : "", types[0],
+                              n_types > 1 ? ", ..." : "");
+            free(s);
+            return NULL;
+        }
+        if (!dsq__text_join(&s, &n, "\n", tx->valuestring)) {
+            dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
+            return NULL;
+        }
+        j++;
+    }
+    return s;
+}
+
+cJSON *dsq__chat_message_add(cJSON *msgs, const char *role, const char *text)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m)
+        return NULL;
+    cJSON_AddItemToArray(msgs, m);
+    cJSON_AddStringToObject(m, "role", role);
+    if (text)
+        cJSON_AddStringToObject(m, "content", text);
+    else
+        cJSON_AddNullToObject(m, "content");
+    return m;
+}
+
 /* ------------------------------------------------------------ chat */
 
 /* "developer" is the OpenAI API's successor of "system" (o1 and
@@ -459,7 +525,7 @@ static cJSON *message_content(const cJSON *m, int i, const char *role,
     if (!cJSON_IsArray(c)) {
         dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                           "'messages[%d].content' must be a string or an "
-                          "array of text parts, got %s", i, type_name(c));
+                          "array of text parts, got %s", i, dsq__json_type_name(c));
         return NULL;
     }
     joined = calloc(1, 1);
@@ -519,14 +585,14 @@ static int message_tool_fields(const cJSON *m, int i, dsq_api_error_t *err)
     if (id && !cJSON_IsString(id))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                                  "'messages[%d].tool_call_id' must be a string, got %s", i,
-                                 type_name(id));
+                                 dsq__json_type_name(id));
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *c;
     if (!tc || cJSON_IsNull(tc))
         return DSQ_OK;
     if (!cJSON_IsArray(tc))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                                  "'messages[%d].tool_calls' must be an array, got %s", i,
-                                 type_name(tc));
+                                 dsq__json_type_name(tc));
     int k = 0;
     cJSON_ArrayForEach(c, tc) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
@@ -557,7 +623,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
                                  "'messages' must be a non-empty array of "
                                  "message objects, got %s",
                                  cJSON_IsArray(ms) ? "an empty array"
-                                                   : type_name(ms));
+                                                   : dsq__json_type_name(ms));
     if (!(*messages = cJSON_CreateArray()))
         return dsq_api_error_set(err, DSQ_APIERR_INTERNAL, NULL, "out of memory");
     cJSON_ArrayForEach(m, ms) {
@@ -567,7 +633,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
         if (!cJSON_IsObject(m)) {
             dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                               "'messages[%d]' must be an object, got %s", i,
-                              type_name(m));
+                              dsq__json_type_name(m));
             goto fail;
         }
         for (size_t k = 0; cJSON_IsString(role) && k < sizeof(ROLES) / sizeof(ROLES[0]); k++)
@@ -578,7 +644,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
                               "developer, user, assistant, tool; got %s%.40s%s", i,
                               cJSON_IsString(role) ? "'" : "",
                               cJSON_IsString(role) ? role->valuestring
-                                                   : type_name(role),
+                                                   : dsq__json_type_name(role),
                               cJSON_IsString(role) ? "'" : "");
             goto fail;
         }
@@ -606,7 +672,7 @@ int dsq__openai_parse_messages(const cJSON *root, cJSON **messages,
     if (t) {
         if (!cJSON_IsArray(t)) {
             dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
-                              "'tools' must be an array, got %s", type_name(t));
+                              "'tools' must be an array, got %s", dsq__json_type_name(t));
             goto fail;
         }
         if (!(*tools = cJSON_Duplicate(t, true))) {
@@ -640,6 +706,21 @@ static int parse_chat_fields(const cJSON *root, dsq_completion_req_t *r,
                                  "top_logprobs", "'top_logprobs' needs "
                                  "'logprobs': true");
     r->sp.logprobs = lp ? (int)(top >= 0 ? top : 0) : -1;
+    /* a reasoning budget: thinking_budget (Qwen's and SGLang's name), or
+     * none at all from chat_template_kwargs.enable_thinking false (vLLM's
+     * switch; the other template kwargs are not read) */
+    int64_t tb = -1;
+    const cJSON *kw = field(root, "chat_template_kwargs");
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+    if ((rc = get_int(root, "thinking_budget", 0, 1 << 30, &tb, err)))
+        return rc;
+    if (kw && (!cJSON_IsObject(kw) || (et && !cJSON_IsBool(et))))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "chat_template_kwargs",
+                                 "'chat_template_kwargs' must be an object whose "
+                                 "enable_thinking is a boolean");
+    if (cJSON_IsFalse(et) && tb < 0)
+        tb = 0;
+    r->think_budget = (int)tb;
     return DSQ_OK;
 }
 
@@ -781,7 +862,7 @@ static int collect_structured(const cJSON *root, so_t *so, int *n, dsq_api_error
         if (!cJSON_IsObject(st))
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "structured_outputs",
                                      "'structured_outputs' must be an object, got %s",
-                                     type_name(st));
+                                     dsq__json_type_name(st));
         const cJSON *it;
         int before = *n;
         cJSON_ArrayForEach(it, st) {
@@ -839,7 +920,7 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
         if (!cJSON_IsString(v))
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
                                      "'%s' must be a GBNF grammar string, got %s", param,
-                                     type_name(v));
+                                     dsq__json_type_name(v));
         rc = dsq_grammar_from_gbnf(v->valuestring, strlen(v->valuestring), NULL,
                                    &r->sp.grammar, msg, sizeof(msg));
         break;
@@ -859,7 +940,7 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
                 free(c);
                 return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
                                          "'%s[%d]' must be a string, got %s", param, i,
-                                         type_name(it));
+                                         dsq__json_type_name(it));
             }
             c[i++] = it->valuestring;
         }
@@ -895,7 +976,7 @@ static int parse_structured(const cJSON *root, dsq_completion_req_t *r, dsq_api_
         if (!cJSON_IsString(v))
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, param,
                                      "'%s' must be a regular expression string, got %s", param,
-                                     type_name(v));
+                                     dsq__json_type_name(v));
         rc = dsq_grammar_gbnf_from_regex(v->valuestring, strlen(v->valuestring), &gbnf, msg,
                                          sizeof(msg));
         break;
@@ -929,7 +1010,7 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
     const cJSON *tools = field(root, "tools"), *tc = field(root, "tool_choice");
     if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
-                                 "'tools' must be an array, got %s", type_name(tools));
+                                 "'tools' must be an array, got %s", dsq__json_type_name(tools));
     int ti = 0;
     const cJSON *tool_list = cJSON_IsArray(tools) ? tools : NULL;
     cJSON_ArrayForEach(v, tool_list) {
@@ -973,7 +1054,7 @@ static int parse_tools(const cJSON *root, bool chat, dsq_completion_req_t *r,
         if (de && !cJSON_IsNull(de) && !cJSON_IsString(de))
             return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tools",
                                      "'tools[%d].function.description' must be a string, "
-                                     "got %s", ti, type_name(de));
+                                     "got %s", ti, dsq__json_type_name(de));
         /* the name goes into the model's call syntax and back to the
          * client's dispatch: OpenAI's ^[a-zA-Z0-9_-]{1,64}$, and '.' */
         size_t nl = strspn(nm->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -1090,7 +1171,8 @@ static int parse_request(const char *body, size_t len,
     r->sp.repetition_penalty = 1.0f;
     r->sp.logprobs = -1;
     r->sp.n = 1;
-    root = parse_object(body, len, err);
+    r->think_budget = -1;
+    root = dsq__openai_parse_object(body, len, err);
     if (!root)
         return DSQ_EINVAL;
 
@@ -1224,7 +1306,7 @@ seed:
             rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
                                    "stop_token_ids",
                                    "'stop_token_ids' must be an array of "
-                                   "token ids, got %s", type_name(v));
+                                   "token ids, got %s", dsq__json_type_name(v));
             goto fail;
         }
         if ((rc = parse_ids(v, lim, "stop_token_ids", true, &r->stop_token_ids,
@@ -1250,7 +1332,7 @@ seed:
             rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST,
                                    "stream_options",
                                    "'stream_options' must be an object, got %s",
-                                   type_name(v));
+                                   dsq__json_type_name(v));
             goto fail;
         }
         if (!r->stream) {
@@ -1268,7 +1350,7 @@ seed:
     v = field(root, "user");
     if (v && !cJSON_IsString(v)) {
         rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "user",
-                               "'user' must be a string, got %s", type_name(v));
+                               "'user' must be a string, got %s", dsq__json_type_name(v));
         goto fail;
     }
     v = field(root, "model");
@@ -1318,6 +1400,7 @@ void dsq_completion_req_deinit(dsq_completion_req_t *r)
     free(r->stop_token_ids);
     free(r->logit_bias_ids);
     free(r->logit_bias);
+    free(r->think_ids);
     free(r->model);
     dsq_grammar_free(r->sp.grammar);
     memset(r, 0, sizeof(*r));
@@ -1347,7 +1430,7 @@ int dsq_openai_parse_tokenize(const char *body, size_t len,
 {
     int rc;
     const cJSON *p;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = dsq__openai_parse_object(body, len, err);
     *prompt = NULL;
     *add_special = true;
     if (!root)
@@ -1360,7 +1443,7 @@ int dsq_openai_parse_tokenize(const char *body, size_t len,
     if (!cJSON_IsString(p)) {
         rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "prompt",
                                "'prompt' must be a string, got %s",
-                               p ? type_name(p) : "nothing");
+                               p ? dsq__json_type_name(p) : "nothing");
         goto done;
     }
     *prompt = strdup(p->valuestring);
@@ -1379,7 +1462,7 @@ int dsq_openai_parse_detokenize(const char *body, size_t len,
 {
     int rc;
     const cJSON *t;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = dsq__openai_parse_object(body, len, err);
     *ids = NULL;
     *n_ids = 0;
     if (!root)
@@ -1390,7 +1473,7 @@ int dsq_openai_parse_detokenize(const char *body, size_t len,
     if (!cJSON_IsArray(t)) {
         rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "tokens",
                                "'tokens' must be an array of token ids, got %s",
-                               t ? type_name(t) : "nothing");
+                               t ? dsq__json_type_name(t) : "nothing");
         goto done;
     }
     rc = parse_ids(t, lim, "tokens", true, ids, n_ids, err);
@@ -1405,7 +1488,7 @@ int dsq_openai_parse_tokenize_req(const char *body, size_t len,
                                   dsq_api_error_t *err)
 {
     int rc;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = dsq__openai_parse_object(body, len, err);
     memset(out, 0, sizeof(*out));
     out->add_special = true;
     out->add_generation_prompt = true;

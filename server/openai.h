@@ -70,6 +70,10 @@ typedef struct dsq_completion_req {
     int tool_choice;
     char *tool_name;
     bool parallel_tool_calls;
+    /* chat: thinking tokens allowed (thinking_budget; 0 from
+     * chat_template_kwargs.enable_thinking false), -1 = not given */
+    int think_budget;
+    int32_t *think_ids;          /* storage behind sp.think_start/_end      */
     /* storage behind sp */
     int32_t *logit_bias_ids;
     float *logit_bias;
@@ -121,6 +125,11 @@ void dsq_completion_req_deinit(dsq_completion_req_t *r);
 int dsq_openai_parse_chat(const char *body, size_t len,
                           const dsq_openai_limits_t *lim,
                           dsq_completion_req_t *out, dsq_api_error_t *err);
+/* Every request body's first step: the strict JSON check (server/json.h),
+ * then cJSON's tree, which must be an object whose strings are UTF-8.
+ * Returns the tree (caller deletes) or NULL with *err set (400 naming the
+ * byte, or the top-level field that holds bad UTF-8). */
+cJSON *dsq__openai_parse_object(const char *body, size_t len, dsq_api_error_t *err);
 /* The messages/tools part of a chat-style body (also used by /tokenize):
  * *messages gets a normalised copy (see dsq_openai_parse_chat), *tools a
  * copy of "tools" or NULL; both owned by the caller (cJSON_Delete).
@@ -221,6 +230,8 @@ typedef struct dsq_usage {
     int64_t completion_tokens;
     int64_t cached_tokens;
     bool has_cached;             /* add prompt_tokens_details.cached_tokens */
+    int64_t reasoning_tokens;
+    bool has_reasoning;          /* add completion_tokens_details.reasoning_tokens */
 } dsq_usage_t;
 
 /* Whole text_completion body. malloc'd string, NULL on ENOMEM. */
@@ -305,5 +316,43 @@ char *dsq_openai_chat_usage_chunk(const char *id, int64_t created,
 /* The final usage event ("choices": []). malloc'd. */
 char *dsq_openai_usage_chunk(const char *id, int64_t created,
                              const char *model, const dsq_usage_t *usage);
+
+/* ---- shared by the translating front ends (server/anthropic.c,
+ * server/responses.c); not an API */
+
+/* "null", "boolean", "number", "string", "array", "object" (messages:
+ * "got %s"). Static. */
+const char *dsq__json_type_name(const cJSON *v);
+/* n bytes of s (NULL: "") as a JSON string, invalid UTF-8 replaced by
+ * U+FFFD. New item, NULL on ENOMEM. */
+cJSON *dsq__json_clean_string(const char *s, size_t n);
+/* *s (malloc'd, NUL-terminated, *n bytes) += sep (only when *s is not
+ * empty) + t. Returns false on ENOMEM, *s then freed and NULL. */
+bool dsq__text_join(char **s, size_t *n, const char *sep, const char *t);
+
+/* c: a string, or an array of {"type": one of types[0..n_types), "text":
+ * string} parts (other members ignored) joined by "\n". malloc'd, or NULL
+ * with *err set: a part of another type is unsupported, a malformed one
+ * invalid; param is the error's field, where names c in its message
+ * ("'system'"). */
+char *dsq__text_parts(const cJSON *c, const char *const *types, int n_types,
+                      const char *param, const char *where, dsq_api_error_t *err);
+/* Append {"role": role, "content": text} (text NULL: JSON null) to the
+ * chat messages array msgs; the new message, or NULL on ENOMEM. */
+cJSON *dsq__chat_message_add(cJSON *msgs, const char *role, const char *text);
+
+/* A growing run of named SSE events; zero-initialise. */
+typedef struct dsq_sse_buf {
+    char *s;
+    size_t n;
+    bool fail;                   /* an append ran out of memory            */
+} dsq_sse_buf_t;
+/* Append "event: <o.type>\ndata: <o>\n\n" (the event's name is its
+ * object's "type", as Anthropic's and OpenAI's Responses streams have it);
+ * takes o (NULL: out of memory, recorded). */
+void dsq__sse_typed_event(dsq_sse_buf_t *b, cJSON *o);
+/* The events (malloc'd; "" when none), or NULL when an append failed
+ * (then freed). */
+char *dsq__sse_buf_done(dsq_sse_buf_t *b);
 
 #endif

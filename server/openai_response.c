@@ -95,7 +95,7 @@ char *dsq_openai_utf8_clean(const char *s, size_t len, size_t *out_len)
     return out;
 }
 
-static cJSON *clean_string(const char *s, size_t len)
+cJSON *dsq__json_clean_string(const char *s, size_t len)
 {
     char *c = dsq_openai_utf8_clean(s ? s : "", s ? len : 0, NULL);
     cJSON *j = c ? cJSON_CreateString(c) : NULL;
@@ -120,7 +120,7 @@ static cJSON *token_string(int32_t id, dsq_token_text_fn fn, void *u)
 {
     size_t len = 0;
     const char *s = fn ? fn(u, id, &len) : NULL;
-    return clean_string(s, s ? len : 0);
+    return dsq__json_clean_string(s, s ? len : 0);
 }
 
 int dsq_openai_logprobs_add(cJSON *lp, const dsq_output_t *o,
@@ -180,7 +180,7 @@ int dsq_openai_logprobs_add_prompt(cJSON *lp, const int32_t *ids, int n_ids,
     for (int i = 0; i < n_ids; i++) {
         size_t len = 0;
         const char *t = fn ? fn(u, ids[i], &len) : NULL;
-        cJSON *ts = clean_string(t, t ? len : 0);
+        cJSON *ts = dsq__json_clean_string(t, t ? len : 0);
         bool have = i > 0 && i <= o->n_prompt_logprobs && o->prompt_logprobs;
         cJSON *top = have ? cJSON_CreateObject() : cJSON_CreateNull();
         cJSON *lv = have ? cJSON_CreateNumber(o->prompt_logprobs[i - 1])
@@ -230,6 +230,11 @@ static void add_usage(cJSON *obj, const dsq_usage_t *u)
         if (d)
             cJSON_AddNumberToObject(d, "cached_tokens", (double)u->cached_tokens);
     }
+    if (u->has_reasoning) {
+        cJSON *d = cJSON_AddObjectToObject(us, "completion_tokens_details");
+        if (d)
+            cJSON_AddNumberToObject(d, "reasoning_tokens", (double)u->reasoning_tokens);
+    }
 }
 
 static cJSON *head_of(const char *id, int64_t created, const char *model,
@@ -258,7 +263,7 @@ static cJSON *choice(int index, const char *text, size_t len, cJSON *lp,
     if (!c)
         return NULL;
     cJSON_AddNumberToObject(c, "index", index);
-    cJSON_AddItemToObject(c, "text", clean_string(text, len));
+    cJSON_AddItemToObject(c, "text", dsq__json_clean_string(text, len));
     if (lp)
         cJSON_AddItemToObject(c, "logprobs", cJSON_Duplicate(lp, true));
     else
@@ -289,6 +294,56 @@ char *dsq_openai_completion_body(const char *id, int64_t created,
     out = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return out;
+}
+
+bool dsq__text_join(char **s, size_t *n, const char *sep, const char *t)
+{
+    size_t sl = *n ? strlen(sep) : 0, tl = strlen(t);
+    char *q = realloc(*s, *n + sl + tl + 1);
+    if (!q) {
+        free(*s);
+        *s = NULL;
+        return false;
+    }
+    memcpy(q + *n, sep, sl);
+    memcpy(q + *n + sl, t, tl + 1);
+    *s = q;
+    *n += sl + tl;
+    return true;
+}
+
+void dsq__sse_typed_event(dsq_sse_buf_t *b, cJSON *o)
+{
+    char *json = o ? cJSON_PrintUnformatted(o) : NULL;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
+    char *e = NULL;
+    int n = -1;
+    if (json && cJSON_IsString(t))
+        n = asprintf(&e, "event: %s\ndata: %s\n\n", t->valuestring, json);
+    if (n < 0) {
+        b->fail = true;
+    } else {
+        char *q = realloc(b->s, b->n + (size_t)n + 1);
+        if (q) {
+            memcpy(q + b->n, e, (size_t)n + 1);
+            b->s = q;
+            b->n += (size_t)n;
+        } else {
+            b->fail = true;
+        }
+        free(e);
+    }
+    free(json);
+    cJSON_Delete(o);
+}
+
+char *dsq__sse_buf_done(dsq_sse_buf_t *b)
+{
+    if (b->fail) {
+        free(b->s);
+        return NULL;
+    }
+    return b->s ? b->s : strdup("");
 }
 
 static char *sse(cJSON *o)
@@ -348,7 +403,7 @@ static cJSON *chat_token(int32_t id, double logprob, dsq_token_text_fn fn,
     cJSON *t = cJSON_CreateObject(), *bytes;
     if (!t)
         return NULL;
-    cJSON_AddItemToObject(t, "token", clean_string(s, s ? len : 0));
+    cJSON_AddItemToObject(t, "token", dsq__json_clean_string(s, s ? len : 0));
     cJSON_AddNumberToObject(t, "logprob", logprob);
     bytes = cJSON_AddArrayToObject(t, "bytes");
     for (size_t i = 0; bytes && s && i < len; i++)
@@ -436,10 +491,10 @@ static cJSON *chat_choice(const dsq_chat_choice_out_t *c)
             cJSON_AddNullToObject(m, "content");
         else
             cJSON_AddItemToObject(m, "content",
-                                  clean_string(c->content, c->content_len));
+                                  dsq__json_clean_string(c->content, c->content_len));
         if (c->reasoning)
             cJSON_AddItemToObject(m, "reasoning_content",
-                                  clean_string(c->reasoning, c->reasoning_len));
+                                  dsq__json_clean_string(c->reasoning, c->reasoning_len));
         if (c->n_tool_calls > 0)
             cJSON_AddItemToObject(m, "tool_calls",
                                   tool_calls_json(c->tool_calls, c->n_tool_calls, 0, false));
@@ -517,10 +572,10 @@ char *dsq_openai_chat_chunk(const char *id, int64_t created, const char *model,
     if (d && role)
         cJSON_AddStringToObject(d, "role", role);
     if (d && content)
-        cJSON_AddItemToObject(d, "content", clean_string(content, content_len));
+        cJSON_AddItemToObject(d, "content", dsq__json_clean_string(content, content_len));
     if (d && reasoning)
         cJSON_AddItemToObject(d, "reasoning_content",
-                              clean_string(reasoning, reasoning_len));
+                              dsq__json_clean_string(reasoning, reasoning_len));
     if (logprobs)
         cJSON_AddItemToObject(c, "logprobs", cJSON_Duplicate(logprobs, true));
     else

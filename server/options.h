@@ -53,6 +53,8 @@ typedef struct dsq_options {
     int max_seqs_per_request;    /* api: prompts x max(n, best_of) cap     */
     int threads;
     int seed;                    /* users: default request seed, -1 = none */
+    int reasoning_budget;        /* thinking tokens of a request that sets
+                                    none; -1 = no limit                    */
     char *device;                /* auto | cpu | cuda                      */
     char *quantize;              /* none | int4                            */
     int group_size;

@@ -9,8 +9,8 @@
 
 #include "engine/common/error.h"
 
-static const char OPEN_TAG[] = "<think>";
-static const char CLOSE_TAG[] = "</think>";
+static const char OPEN_TAG[] = DSQ_REASONING_OPEN;
+static const char CLOSE_TAG[] = DSQ_REASONING_CLOSE;
 
 void dsq_reasoning_init(dsq_reasoning_t *r, bool in_think)
 {

@@ -22,6 +22,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* deepseek_r1's tags (also what the engine counts and, at a reasoning
+ * budget's end, writes: completions.c). */
+#define DSQ_REASONING_OPEN "<think>"
+#define DSQ_REASONING_CLOSE "</think>"
+
 /* Parser state of one choice. Caller-provided storage (_init). */
 typedef struct dsq_reasoning {
     bool in_think;               /* inside <think> ... </think>            */

@@ -26,12 +26,17 @@
 #include "sampler.h"
 #include "scheduler.h"
 
+/* Where a choice stands in its thinking section (sp.think_*). */
+enum { THINK_BEFORE = 0, THINK_IN, THINK_AFTER };
+
 eseq_t *dsq__eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
 {
     eseq_t *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
     s->req = r;
+    s->think_state = r->sp.think_open ? THINK_IN : THINK_BEFORE;
+    s->think_force = -1;
     s->seq.owner = s;
     s->seq.req = r;                /* the fair share is per request */
     s->seq.index = index;
@@ -133,6 +138,7 @@ static bool release_text(eseq_t *s, bool final)
     dsq_req_t *r = s->req;
     size_t cut = s->hold_len;
     bool stopped = false;
+    int which = 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         size_t sl = strlen(r->stop[i]);
         if (sl == 0)
@@ -141,8 +147,11 @@ static bool release_text(eseq_t *s, bool final)
         if (p && (size_t)(p - s->hold) < cut) {
             cut = (size_t)(p - s->hold);
             stopped = true;
+            which = i + 1;
         }
     }
+    if (stopped && !s->stop_matched)
+        s->stop_matched = which;
     if (!stopped && !final && r->max_stop_len > 0) {
         size_t keep = r->max_stop_len - 1;
         cut = s->hold_len > keep ? s->hold_len - keep : 0;
@@ -191,6 +200,8 @@ void dsq__flush_event(eseq_t *s)
         ev->prompt_tokens = s->req->n_prompt;
         ev->completion_tokens = s->n_generated;
         ev->cached_tokens = s->seq.n_cached_prompt;
+        ev->stop_matched = s->stop_matched;
+        ev->reasoning_tokens = s->think_n;
     }
     s->ev_text = NULL;
     s->ev_text_len = s->ev_text_cap = 0;
@@ -229,6 +240,37 @@ void dsq__finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tai
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The choice's output ends with ids[0..n). */
+static bool output_ends_with(const eseq_t *s, const int32_t *ids, int n)
+{
+    int n_out = s->seq.n_tokens - s->seq.n_prompt;
+    return n > 0 && n_out >= n &&
+           !memcmp(s->seq.tokens + s->seq.n_tokens - n, ids, (size_t)n * sizeof(*ids));
+}
+
+/* The thinking section after the token just appended: count it, step a
+ * forced end along, and see the section open or close. */
+static void think_track(eseq_t *s)
+{
+    const dsq_sampling_t *sp = &s->req->sp;
+    if (!sp->n_think_end)
+        return;
+    if (s->think_state == THINK_BEFORE) {
+        if (output_ends_with(s, sp->think_start, sp->n_think_start))
+            s->think_state = THINK_IN;
+        return;
+    }
+    if (s->think_state != THINK_IN)
+        return;
+    s->think_n++;
+    if (s->think_force >= 0 && ++s->think_force < sp->n_think_end)
+        return;
+    if (s->think_force >= 0 || output_ends_with(s, sp->think_end, sp->n_think_end)) {
+        s->think_state = THINK_AFTER;
+        s->think_force = -1;
+    }
+}
+
 static bool is_stop_token(const dsq_req_t *r, int32_t t)
 {
     for (int i = 0; i < r->sp.n_stop_token_ids; i++)
@@ -248,6 +290,7 @@ static int accept_token(dsq_engine_t *e, eseq_t *s, int32_t tok, float lp,
         rc = ev_reserve(s, n_top);
     if (rc)
         return rc;
+    think_track(s);
     dsq_output_t *ev = &s->ev;
     int k = ev->n_tokens++;
     ev->tokens[k] = tok;
@@ -375,6 +418,19 @@ int dsq__sample_seq(dsq_engine_t *e, eseq_t *s, const float *row)
         if (n_ok < 0)
             return n_ok;
         hist.allowed = mask;
+    } else if (r->sp.has_think_budget && s->think_state == THINK_IN && r->sp.n_think_end &&
+               (s->think_force >= 0 || s->think_n >= r->sp.think_budget)) {
+        /* the budget is spent: the end of the section comes next, one
+         * token a step, through the sampler so its logprob is the model's */
+        size_t words = ((size_t)e->n_vocab + 31) / 32;
+        int32_t t = r->sp.think_end[s->think_force >= 0 ? s->think_force : 0];
+        if (!e->tmask && !(e->tmask = malloc(words * sizeof(uint32_t))))
+            return DSQ_ENOMEM;
+        memset(e->tmask, 0, words * sizeof(uint32_t));
+        if (t >= 0 && t < e->n_vocab)
+            e->tmask[t / 32] |= 1u << (t % 32);
+        s->think_force = s->think_force >= 0 ? s->think_force : 0;
+        hist.allowed = e->tmask;
     }
     int rc = dsq_sampler_pick(e->sampler, &r->sp, &hist, e->logits_fork, &s->rng, &tok,
                               r->sp.logprobs >= 0 || dsq__req_n_total(r) > r->sp.n ? &lp : NULL,

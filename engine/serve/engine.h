@@ -276,6 +276,23 @@ typedef struct dsq_sampling {
      * finishes with DSQ_FINISH_STOP. dsq_req_create takes its own reference
      * (the caller keeps and frees its own). */
     struct dsq_grammar *grammar;
+    /* Reasoning models' thinking section, as token ids (copied on
+     * create): it is open from the start when think_open (the prompt
+     * opened it), else from where the choice writes think_start; it ends
+     * where the choice writes think_end. Its tokens are counted
+     * (dsq_output_t.reasoning_tokens). With has_think_budget, a choice that
+     * has written think_budget (>= 0) tokens inside it is made to write
+     * think_end next, one token a step (the sampler picks among those
+     * alone, so logprobs stay the model's), and then goes on as sampled.
+     * No think_end ids: nothing is tracked. The budget is not applied
+     * under a grammar (the grammar decides every token there). */
+    bool think_open;
+    int n_think_start;
+    const int32_t *think_start;
+    int n_think_end;
+    const int32_t *think_end;
+    bool has_think_budget;
+    int think_budget;
 } dsq_sampling_t;
 
 /* Why a choice ended. */
@@ -311,6 +328,13 @@ typedef struct dsq_output {
     dsq_finish_t finish;
     int prompt_tokens;               /* set on the final event                  */
     int completion_tokens;           /* set on the final event                  */
+    int reasoning_tokens;            /* set on the final event: tokens written
+                                        inside the thinking section (its end
+                                        marker included; sp.think_*)        */
+    int stop_matched;                /* set on the final event: 1 + the index in
+                                        sp.stop of the stop string that ended
+                                        the choice; 0 when none did (EOS, a
+                                        stop token, length, abort)          */
     int cached_tokens;               /* set on the final event: prompt tokens
                                         whose KV came from the prefix cache at
                                         admission (a multiple of block_size,

@@ -62,6 +62,10 @@ typedef struct eseq {
     int n_generated;
     double cum_logprob;            /* best_of ranking (raw logprobs)          */
     bool finished;
+    int stop_matched;              /* 1 + the sp.stop index that ended it, 0 */
+    int think_state;               /* THINK_* (choice.c)                      */
+    int think_n;                   /* tokens written inside the section       */
+    int think_force;               /* next think_end index to force, -1: none */
     int step_prefill;              /* timeline: prompt tokens of this step   */
     int step_pos;                  /* timeline: their first position          */
     bool step_decode;              /* timeline: a decode row in this step     */
@@ -79,6 +83,7 @@ struct dsq_req {
     int n_prompt;
     dsq_sampling_t sp;             /* arrays point at owned copies below      */
     int32_t *bias_ids, *stop_ids;
+    int32_t *think_ids;            /* think_start then think_end (sp points in) */
     float *bias;
     char **stop;
     size_t max_stop_len;
@@ -145,6 +150,7 @@ struct dsq_engine {
     int n_vocab;
     dsq_grammar_vocab_t *gvocab;   /* made at the first grammar request       */
     uint32_t *gmask;               /* [(max(n_vocab, gvocab's) + 31) / 32]     */
+    uint32_t *tmask;               /* [(n_vocab + 31) / 32]: a forced token    */
     /* The mask worker (mask_worker.c). While the engine thread runs a
      * step's forward pass, this thread fills the masks of the step's
      * constrained sequences (their matchers are not touched by the engine

@@ -498,6 +498,7 @@ void dsq_engine_destroy(dsq_engine_t *e)
     dsq_sampler_destroy(e->sampler);
     dsq_grammar_vocab_free(e->gvocab);
     free(e->gmask);
+    free(e->tmask);
     free(e->logits);
     free(e->logits_fork);
     free(e->lrows);

@@ -42,6 +42,7 @@ static void req_free(dsq_req_t *r)
     free(r->bias_ids);
     free(r->bias);
     free(r->stop_ids);
+    free(r->think_ids);
     for (int i = 0; r->stop && i < r->sp.n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
@@ -73,7 +74,8 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
     if (sp->max_tokens < 0 || sp->n < 1 || sp->temperature < 0 ||
         !(sp->top_p > 0 && sp->top_p <= 1) || sp->min_p < 0 || sp->min_p > 1 ||
         sp->logprobs > MAX_TOP_LOGPROBS || sp->n_logit_bias < 0 || sp->n_stop < 0 ||
-        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 ||
+        sp->n_stop_token_ids < 0 || sp->repetition_penalty < 0 || sp->n_think_start < 0 ||
+        sp->n_think_end < 0 || (sp->has_think_budget && sp->think_budget < 0) ||
         sp->best_of < 0 || sp->best_of > MAX_BEST_OF) {
         snprintf(err, err_len, "invalid sampling parameters");
         return NULL;
@@ -112,6 +114,18 @@ dsq_req_t *dsq_req_create(const int32_t *prompt, int n_prompt,
         memcpy(r->stop_ids, sp->stop_token_ids, (size_t)sp->n_stop_token_ids * sizeof(int32_t));
     }
     r->sp.stop_token_ids = r->stop_ids;
+    if (sp->n_think_start + sp->n_think_end > 0) {
+        size_t n = (size_t)sp->n_think_start + (size_t)sp->n_think_end;
+        if (!(r->think_ids = malloc(n * sizeof(*r->think_ids))))
+            goto oom;
+        if (sp->n_think_start)
+            memcpy(r->think_ids, sp->think_start, (size_t)sp->n_think_start * sizeof(int32_t));
+        if (sp->n_think_end)
+            memcpy(r->think_ids + sp->n_think_start, sp->think_end,
+                   (size_t)sp->n_think_end * sizeof(int32_t));
+    }
+    r->sp.think_start = r->think_ids;
+    r->sp.think_end = r->think_ids ? r->think_ids + sp->n_think_start : NULL;
     if (sp->n_stop > 0) {
         r->stop = calloc((size_t)sp->n_stop, sizeof(*r->stop));
         if (!r->stop)

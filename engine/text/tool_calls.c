@@ -327,6 +327,26 @@ int dsq_tool_calls_parse(dsq_tool_parser_t p, const char *text, size_t len,
     return DSQ_OK;
 }
 
+int dsq_tool_calls_parse_cut(dsq_tool_parser_t p, const char *text, size_t len,
+                             dsq_tool_parse_t *out)
+{
+    const char *begin = p == DSQ_TOOL_PARSER_DEEPSEEK ? DS_CALL_BEGIN : HM_BEGIN;
+    const char *endm = p == DSQ_TOOL_PARSER_DEEPSEEK ? DS_CALL_END : HM_END;
+    const char *end = text + len, *last = NULL;
+    /* the last begin marker, and whether an end marker follows it */
+    for (const char *q = text; p != DSQ_TOOL_PARSER_NONE && (q = find(q, end, begin));
+         q += strlen(begin))
+        last = q;
+    if (last && !find(last + strlen(begin), end, endm)) {
+        int rc = dsq_tool_calls_parse(p, text, (size_t)(last - text), out);
+        if (rc || out->n_calls)
+            return rc;
+        /* no call was finished: all of it is content, as uncut */
+        dsq_tool_parse_free(out);
+    }
+    return dsq_tool_calls_parse(p, text, len, out);
+}
+
 void dsq_tool_parse_free(dsq_tool_parse_t *r)
 {
     if (!r)

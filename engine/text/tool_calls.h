@@ -57,6 +57,13 @@ typedef struct dsq_tool_parse {
 int dsq_tool_calls_parse(dsq_tool_parser_t p, const char *text, size_t len,
                          dsq_tool_parse_t *out);
 
+/* The same for the text of a choice cut at its token limit: a last call
+ * that was begun and never ended is dropped (with whatever followed its
+ * begin marker) when complete calls come before it, so those still parse;
+ * with none before it, all of the text is content, as when uncut. */
+int dsq_tool_calls_parse_cut(dsq_tool_parser_t p, const char *text, size_t len,
+                             dsq_tool_parse_t *out);
+
 /* Free what *r owns and zero it; NULL or a zeroed result is a no-op. */
 void dsq_tool_parse_free(dsq_tool_parse_t *r);
 

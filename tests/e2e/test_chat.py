@@ -228,3 +228,39 @@ def test_r1_template_reasoning_parser(daemon_factory):
     assert "".join(x.get("reasoning_content", "") for x in deltas) == \
         m.get("reasoning_content", "")
     assert "".join(x.get("content", "") for x in deltas) == m["content"]
+
+
+@pytest.mark.parametrize("extra,budget", [
+    ({}, 6),                                          # --reasoning-budget
+    ({"thinking_budget": 3}, 3),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, 0),
+])
+def test_reasoning_budget_bounds_thinking(daemon_factory, extra, budget):
+    """The budget counts the tokens between the think markers: the R1
+    template opens <think> in the prompt and SmolLM2 never closes it, so
+    the engine writes </think> (several ids in SmolLM2's vocabulary) right
+    after `budget` tokens; the reasoning is those tokens, the usage counts
+    them with the marker."""
+    tpl = data_file("tokenizers", "chat_templates",
+                    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+    d = daemon_factory("--chat-template", tpl, "--reasoning-parser", "deepseek_r1",
+                       "--reasoning-budget", "6")
+    n_end = post(d, "/tokenize", {"prompt": "</think>", "add_special_tokens": False}).json()
+    n_end = n_end["count"]
+    r = post(d, "/v1/chat/completions", {"model": MODEL_NAME, "temperature": 0,
+                                         "max_tokens": 24, "logprobs": True,
+                                         "messages": [{"role": "user", "content": QUESTION}],
+                                         **extra})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    toks = [t["token"] for t in ch["logprobs"]["content"]]
+    assert "".join(toks[budget:budget + n_end]) == "</think>", toks
+    assert "</think>" not in "".join(toks[:budget])
+    assert (ch["message"].get("reasoning_content") or "") == "".join(toks[:budget])
+    assert r.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == budget + n_end
+    # a budget the model never reaches changes nothing
+    free = post(d, "/v1/chat/completions", {"model": MODEL_NAME, "temperature": 0,
+                                            "max_tokens": 8, "thinking_budget": 100,
+                                            "messages": [{"role": "user", "content": QUESTION}]})
+    assert "</think>" not in (free.json()["choices"][0]["message"].get("reasoning_content")
+                              or "")

@@ -78,6 +78,43 @@ def test_named_function_and_single_call(server):
     check_calls(ch.message.tool_calls, only="set_alarm")
 
 
+def test_named_function_is_one_call(server):
+    """A forced call ends after it, parallel_tool_calls left at its default
+    (true): before, the grammar allowed up to 8 calls of the named function,
+    and SmolLM2 started a second one that ran into max_tokens."""
+    ch = client(server).chat.completions.create(
+        model=MODEL_NAME, max_tokens=100, temperature=0, tools=[WEATHER],
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) == 1
+    check_calls(ch.message.tool_calls, only="get_weather")
+
+
+def test_cut_by_max_tokens_keeps_complete_calls(server):
+    """With parallel calls SmolLM2 repeats itself; cut a few tokens before
+    the end of its answer, the calls it finished still come back parsed
+    (finish_reason stays "length"), streamed and not."""
+    cl = client(server)
+    kw = dict(model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice="required",
+              temperature=0)
+    full = cl.chat.completions.create(max_tokens=600, **kw)
+    calls = full.choices[0].message.tool_calls
+    assert len(calls) >= 2, full
+    cut = cl.chat.completions.create(max_tokens=full.usage.completion_tokens - 3, **kw)
+    ch = cut.choices[0]
+    assert ch.finish_reason == "length", ch
+    got = [(c.function.name, c.function.arguments) for c in ch.message.tool_calls]
+    assert got == [(c.function.name, c.function.arguments) for c in calls[:-1]]
+    assert not ch.message.content
+    streamed = {}
+    for ev in cl.chat.completions.create(max_tokens=full.usage.completion_tokens - 3,
+                                         stream=True, **kw):
+        for tc in (ev.choices[0].delta.tool_calls or []) if ev.choices else []:
+            streamed[tc.index] = (tc.function.name, tc.function.arguments)
+    assert [streamed[k] for k in sorted(streamed)] == got
+
+
 def test_streamed_deltas_assemble_to_the_answer(server):
     kw = dict(model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice="required",
               max_tokens=600, temperature=0)

@@ -60,6 +60,8 @@ typedef struct result {
     char text[4096];
     size_t text_len;
     dsq_finish_t finish[8];
+    int stop_matched[8];
+    int reasoning_tokens[8];
     int n_choices_done;
     int32_t choice_tokens[8][64];
     int choice_n[8];
@@ -130,6 +132,8 @@ static void collect(dsq_req_t *r, result_t *res)
         }
         if (ev.finish != DSQ_FINISH_NONE && ev.index < 8) {
             res->finish[ev.index] = ev.finish;
+            res->stop_matched[ev.index] = ev.stop_matched;
+            res->reasoning_tokens[ev.index] = ev.reasoning_tokens;
             res->n_choices_done++;
         }
         dsq_output_free(&ev);
@@ -161,6 +165,7 @@ static void test_batch_invariance(void **state)
         collect(r, &alone[i]);
         assert_int_equal(alone[i].n_tokens, MAX_NEW);
         assert_int_equal(alone[i].finish[0], DSQ_FINISH_LENGTH);
+        assert_int_equal(alone[i].stop_matched[0], 0);
         dsq_req_unref(r);
     }
     /* all together */
@@ -246,9 +251,11 @@ static void test_n_seed_stop_cancel(void **state)
     char stop[8];
     memcpy(stop, text + tl / 2, 3);
     stop[3] = 0;
-    const char *stops[] = {stop};
+    /* the second stop string is the one that ends it: stop_matched
+     * names it (1-based) */
+    const char *stops[] = {"\x01never", stop};
     dsq_sampling_t st = greedy(MAX_NEW);
-    st.n_stop = 1;
+    st.n_stop = 2;
     st.stop = stops;
     r = submit(e, prompt, &st);
     collect(r, &res);
@@ -257,6 +264,7 @@ static void test_n_seed_stop_cancel(void **state)
     assert_non_null(at);
     print_message("# stop %s: got [%s]\n", stop, res.text);
     assert_int_equal(res.finish[0], DSQ_FINISH_STOP);
+    assert_int_equal(res.stop_matched[0], 2);
     assert_int_equal(res.text_len, (size_t)(at - text));
     assert_memory_equal(res.text, text, res.text_len);
     assert_null(strstr(res.text, stop));
@@ -611,6 +619,69 @@ static void test_fair_share_is_per_request(void **state)
     dsq_engine_destroy(e);
 }
 
+/* The reasoning budget: a choice inside its thinking section writes
+ * budget tokens as it would without one, then the end marker's ids, then
+ * goes on; the tokens inside are counted. The marker is "</think>" as
+ * SmolLM2's tokenizer splits it (several ids), so the forced end spans
+ * steps. */
+static void test_think_budget(void **state)
+{
+    (void)state;
+    dsq_engine_t *e = open_engine(64 << 20, 512);
+    const dsq_tokenizer_t *tok = dsq_engine_tokenizer(e);
+    int32_t *end = NULL, *start = NULL;
+    size_t n_end = 0, n_start = 0;
+    assert_int_equal(dsq_tokenizer_encode(tok, "</think>", 8, DSQ_TOK_PARSE_SPECIAL, &end,
+                                          &n_end), 0);
+    assert_int_equal(dsq_tokenizer_encode(tok, "<think>", 7, DSQ_TOK_PARSE_SPECIAL, &start,
+                                          &n_start), 0);
+    assert_true(n_end >= 2);
+    result_t plain, res;
+    dsq_sampling_t sp = greedy(24);
+    dsq_req_t *r = submit(e, prompts[3], &sp);
+    collect(r, &plain);
+    dsq_req_unref(r);
+    assert_int_equal(plain.reasoning_tokens[0], 0);   /* nothing tracked */
+    sp.n_think_start = (int)n_start;
+    sp.think_start = start;
+    sp.n_think_end = (int)n_end;
+    sp.think_end = end;
+    /* tracked, no budget: the prompt opened the section and SmolLM2
+     * never closes it, so every token is reasoning */
+    sp.think_open = true;
+    r = submit(e, prompts[3], &sp);
+    collect(r, &res);
+    dsq_req_unref(r);
+    assert_memory_equal(res.tokens, plain.tokens, 24 * sizeof(int32_t));
+    assert_int_equal(res.reasoning_tokens[0], 24);
+    /* not opened by the prompt, and SmolLM2 never writes <think>: none */
+    sp.think_open = false;
+    r = submit(e, prompts[3], &sp);
+    collect(r, &res);
+    dsq_req_unref(r);
+    assert_int_equal(res.reasoning_tokens[0], 0);
+    for (int budget = 0; budget <= 5; budget += 5) {
+        sp.think_open = true;
+        sp.has_think_budget = true;
+        sp.think_budget = budget;
+        r = submit(e, prompts[3], &sp);
+        collect(r, &res);
+        dsq_req_unref(r);
+        print_message("# budget %d: [%s]\n", budget, res.text);
+        assert_int_equal(res.n_tokens, 24);
+        assert_memory_equal(res.tokens, plain.tokens, (size_t)budget * sizeof(int32_t));
+        assert_memory_equal(res.tokens + budget, end, n_end * sizeof(int32_t));
+        assert_int_equal(res.reasoning_tokens[0], budget + (int)n_end);
+        /* one forced end only: the answer after it is free */
+        assert_non_null(strstr(res.text, "</think>"));
+        assert_null(strstr(strstr(res.text, "</think>") + 1, "</think>"));
+    }
+    free(end);
+    free(start);
+    wait_idle(e);
+    dsq_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -621,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_waiting_cap_and_slots),
         cmocka_unit_test(test_new_request_beside_n_request),
         cmocka_unit_test(test_fair_share_is_per_request),
+        cmocka_unit_test(test_think_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -648,7 +648,8 @@ static void test_response_and_chunks(void **state)
     size_t offs[2] = {0, 2};
     dsq_output_t o = {0};
     dsq_choice_out_t ch;
-    dsq_usage_t u = {5, 2, 3, true};
+    dsq_usage_t u = {.prompt_tokens = 5, .completion_tokens = 2, .cached_tokens = 3,
+                     .has_cached = true};
     cJSON *lp = dsq_openai_logprobs_new(), *j, *c0, *l;
     char *body, *chunk, id[64];
     (void)state;
@@ -732,6 +733,10 @@ static void test_chat_parse(void **state)
         {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", "max_completion_tokens"},
         {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", "max_tokens"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking_budget\":-1}", "thinking_budget"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking_budget\":1.5}", "thinking_budget"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", "chat_template_kwargs"},
+        {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":0}}", "chat_template_kwargs"},
     };
     dsq_completion_req_t r;
     dsq_api_error_t e;
@@ -767,6 +772,7 @@ static void test_chat_parse(void **state)
     assert_true(r.stream && r.include_usage && r.sp.has_seed);
     assert_int_equal(r.sp.n_stop, 1);
     assert_int_equal(r.sp.n_logit_bias, 1);
+    assert_int_equal(r.think_budget, -1);        /* none given */
     assert_int_equal(cJSON_GetArraySize(r.messages), 4);
     m = cJSON_GetArrayItem(r.messages, 1);
     assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, "a\nb");
@@ -776,6 +782,25 @@ static void test_chat_parse(void **state)
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(m, "tool_calls")));
     assert_int_equal(cJSON_GetArraySize(r.tools), 1);
     dsq_completion_req_deinit(&r);
+    /* reasoning budgets: thinking_budget, or 0 from enable_thinking false
+     * (an explicit budget wins) */
+    {
+        static const struct { const char *body; int budget; } tb[] = {
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking_budget\":7}", 7},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":"
+             "{\"enable_thinking\":false,\"other\":1}}", 0},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":"
+             "{\"enable_thinking\":true}}", -1},
+            {"{" M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking_budget\":5,"
+             "\"chat_template_kwargs\":{\"enable_thinking\":false}}", 5},
+        };
+        for (size_t i = 0; i < sizeof(tb) / sizeof(tb[0]); i++) {
+            if (dsq_openai_parse_chat(tb[i].body, strlen(tb[i].body), &LIM, &r, &e))
+                fail_msg("refused %s: %s", tb[i].body, e.message);
+            assert_int_equal(r.think_budget, tb[i].budget);
+            dsq_completion_req_deinit(&r);
+        }
+    }
     /* tool_choice and parallel_tool_calls; a named
      * function must be one of the tools; the legacy functions fields are
      * refused; response_format text passes */
@@ -908,7 +933,7 @@ static void test_chat_response_and_chunks(void **state)
     dsq_top_logprob_t top[2] = {{0, -0.25f}, {2, -1.5f}};
     dsq_output_t o = {0};
     dsq_chat_choice_out_t ch = {0};
-    dsq_usage_t u = {5, 2, 0, false};
+    dsq_usage_t u = {.prompt_tokens = 5, .completion_tokens = 2};
     cJSON *lp = dsq_openai_chat_logprobs_new(), *j, *c0, *t, *d;
     char *body, *chunk;
     (void)state;

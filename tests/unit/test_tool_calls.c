@@ -370,6 +370,47 @@ static void test_calls_render_back(void **state)
 /* The engine's own form of the tools: fns[i] is tools[i], an entry
  * without a name is skipped but keeps its index, and parameters that are
  * not JSON text are refused naming that index. */
+/* A choice cut at max_tokens: the calls it finished parse, the one it was
+ * writing is dropped; with none finished, all of it stays content. */
+static void test_parse_cut(void **state)
+{
+    (void)state;
+#define DCB "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DCE "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DSEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+    static const struct {
+        dsq_tool_parser_t p;
+        const char *text;
+        int n_calls;
+        const char *content;
+    } cases[] = {
+        {DSQ_TOOL_PARSER_HERMES,
+         "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"b\": 2}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"f\", \"argu", 2, "Sure."},
+        {DSQ_TOOL_PARSER_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\"", 0,
+         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\""},
+        /* not cut inside a call: as dsq_tool_calls_parse */
+        {DSQ_TOOL_PARSER_HERMES,
+         "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\nand then", 1,
+         "and then"},
+        {DSQ_TOOL_PARSER_DEEPSEEK,
+         DCB "f" DSEP "{\"a\": 1}" DCE "\n" DCB "g" DSEP "{\"b\"", 1, ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        dsq_tool_parse_t r;
+        assert_int_equal(dsq_tool_calls_parse_cut(cases[i].p, cases[i].text,
+                                                  strlen(cases[i].text), &r), DSQ_OK);
+        if (r.n_calls != cases[i].n_calls || strcmp(r.content, cases[i].content))
+            fail_msg("case %zu: %d calls, content [%s]", i, r.n_calls, r.content);
+        if (r.n_calls)
+            assert_string_equal(r.calls[0].name, "f");
+        if (r.n_calls > 1)
+            assert_string_equal(r.calls[1].arguments, "{\"b\": 2}");
+        dsq_tool_parse_free(&r);
+    }
+}
+
 static void test_tool_grammar_fns(void **state)
 {
     (void)state;
@@ -407,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_tool_grammar_fns),
         cmocka_unit_test(test_detect_names_and_prefix),
         cmocka_unit_test(test_calls_render_back),
+        cmocka_unit_test(test_parse_cut),
     };
     return cmocka_run_group_tests_name("tool_calls", tests, NULL, NULL);
 }
