@@ -242,6 +242,34 @@ def test_spans_of_a_chat_request(daemon_factory, collector):
     assert exported >= 4
 
 
+def test_spans_of_messages_and_responses(daemon_factory, collector):
+    """/v1/messages and /v1/responses are traced like chat: one server span
+    named for the route, with the request's id and token counts, and the
+    engine's children."""
+    d = daemon_factory("--otlp-endpoint", collector.url, env=FAST_EXPORT)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    cases = [("/v1/messages", "1" * 32, {"model": MODEL_NAME, "max_tokens": 6,
+                                          "messages": msgs}),
+             ("/v1/responses", "2" * 32, {"model": MODEL_NAME, "max_output_tokens": 6,
+                                           "input": "Name a colour."})]
+    for route, trace, body in cases:
+        r = post(d, route, body, headers={"traceparent": f"00-{trace}-{PARENT_ID}-01"})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        u = out["usage"]
+        n_in = u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+        spans = collector.trace(trace, 4)
+        roots = [s for s in spans if s.name == "POST " + route]
+        assert len(roots) == 1, [s.name for s in spans]
+        a = attrs(roots[0])
+        assert a["http.route"] == route and a["http.response.status_code"] == 200
+        assert a["gen_ai.operation.name"] == "chat"
+        assert a["gen_ai.response.id"] == out["id"]
+        assert a["gen_ai.usage.input_tokens"] == n_in
+        assert a["gen_ai.usage.output_tokens"] == u["output_tokens"]
+        assert {s.name for s in spans} >= {"queue", "prefill", "decode"}
+
+
 def test_new_trace_stream_and_errors(daemon_factory, collector):
     d = daemon_factory("--otlp-endpoint", collector.url + "/v1/traces", env=FAST_EXPORT)
     # no traceparent: a new trace, the server span is a root
