@@ -254,9 +254,9 @@ static int translate_tool_choice(const cJSON *tc, cJSON *out, dsq_api_error_t *e
     return DSQ_OK;
 }
 
-/* thinking: disabled (a budget of 0, nothing returned), adaptive (the
- * model decides: no budget), enabled with budget_tokens; display
- * "omitted" keeps the thinking out of the answer. */
+/* thinking: disabled (a budget of 0, nothing returned), adaptive (no
+ * budget of its own: --reasoning-budget applies), enabled with
+ * budget_tokens; display "omitted" keeps the thinking out of the answer. */
 static int translate_thinking(const cJSON *th, dsq_anthropic_req_t *r, dsq_api_error_t *err)
 {
     const cJSON *bt = get(th, "budget_tokens"), *dp = get(th, "display");
@@ -278,11 +278,11 @@ static int translate_thinking(const cJSON *th, dsq_anthropic_req_t *r, dsq_api_e
     r->thinking_off = cJSON_IsString(dp) && !strcmp(dp->valuestring, "omitted");
     if (type_is(th, "adaptive"))
         return DSQ_OK;
-    if (!cJSON_IsNumber(bt) || bt->valuedouble < 1 || bt->valuedouble > 1e9 ||
+    if (!cJSON_IsNumber(bt) || bt->valuedouble < 1 || bt->valuedouble > (1 << 30) ||
         bt->valuedouble != (double)(int)bt->valuedouble)
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "thinking",
-                                 "'thinking.budget_tokens' must be an integer >= 1, got %s",
-                                 dsq__json_type_name(bt));
+                                 "'thinking.budget_tokens' must be an integer in [1, %d], got "
+                                 "%s", 1 << 30, dsq__json_type_name(bt));
     r->thinking_budget = (int)bt->valuedouble;
     return DSQ_OK;
 }
@@ -364,8 +364,12 @@ int dsq_anthropic_to_chat(const char *body, size_t len, bool count_only,
         goto done;
     if (out->thinking_budget >= 0 && !count_only)
         cJSON_AddNumberToObject(o, "thinking_budget", out->thinking_budget);
+    if (count_only && !get(in, "model")) {
+        rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "model", "'model' is required");
+        goto done;
+    }
     if (!count_only) {
-        if (!get(in, "max_tokens")) {
+        if (!get(in, "max_tokens") || cJSON_IsNull(get(in, "max_tokens"))) {
             rc = dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "max_tokens",
                                    "'max_tokens' is required");
             goto done;
@@ -486,7 +490,8 @@ char *dsq_anthropic_message_body(const char *id, const char *model,
     cJSON_AddStringToObject(o, "role", "assistant");
     cJSON_AddStringToObject(o, "model", model);
     content = cJSON_AddArrayToObject(o, "content");
-    if (thinking && ch->reasoning && (b = cJSON_CreateObject())) {
+    bool think_block = thinking && ch->reasoning;
+    if (think_block && (b = cJSON_CreateObject())) {
         cJSON_AddItemToArray(content, b);
         cJSON_AddStringToObject(b, "type", "thinking");
         cJSON_AddItemToObject(b, "thinking",
@@ -494,7 +499,9 @@ char *dsq_anthropic_message_body(const char *id, const char *model,
         /* no signature: nothing here is signed, and clients only echo it */
         cJSON_AddStringToObject(b, "signature", "");
     }
-    if ((ch->content_len || !ch->n_tool_calls) && (b = cJSON_CreateObject())) {
+    /* a text block when there is text, or when there would be no block */
+    if ((ch->content_len || (!ch->n_tool_calls && !think_block)) &&
+        (b = cJSON_CreateObject())) {
         cJSON_AddItemToArray(content, b);
         cJSON_AddStringToObject(b, "type", "text");
         cJSON_AddItemToObject(b, "text", dsq__json_clean_string(ch->content, ch->content_len));
@@ -631,6 +638,17 @@ char *dsq_anthropic_ev_end(dsq_anthropic_stream_t *st, const char *stop_reason,
     dsq_sse_buf_t b = {0};
     cJSON *o, *d;
     char *out;
+    if (!next.index && next.open == DSQ_ANTHROPIC_BLOCK_NONE) {
+        /* no block at all: one empty text block, as unstreamed */
+        o = indexed("content_block_start", 0);
+        d = o ? cJSON_AddObjectToObject(o, "content_block") : NULL;
+        if (d) {
+            cJSON_AddStringToObject(d, "type", "text");
+            cJSON_AddStringToObject(d, "text", "");
+        }
+        dsq__sse_typed_event(&b, o);
+        next.open = DSQ_ANTHROPIC_BLOCK_TEXT;
+    }
     block_stop(&b, &next);
     o = typed("message_delta");
     d = o ? cJSON_AddObjectToObject(o, "delta") : NULL;

@@ -852,7 +852,10 @@ enum MHD_Result dsq__do_chat(conn_t *c)
     if (dsq_openai_check_context(pr->n_ids, q->sp.max_tokens, max_len, &err))
         return dsq__send_api_error(c, &err);
     c->reasoning = dsq_chat_has_reasoning(c->h->chat);
-    c->prompt_in_think = c->reasoning &&
+    /* under a grammar (structured outputs, forced tool calls) the grammar
+     * writes every token from the first: what the template's open <think>
+     * would make reasoning is the constrained answer itself */
+    c->prompt_in_think = c->reasoning && !q->sp.grammar &&
         dsq_reasoning_prompt_in_think(pr->text, pr->text_len);
     if (c->reasoning && think_setup(c))
         return dsq__send_error(c, DSQ_APIERR_INTERNAL, NULL, "tokenizer failed");

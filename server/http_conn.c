@@ -294,8 +294,11 @@ enum MHD_Result dsq__send_error(conn_t *c, dsq_apierr_t kind,
                                 const char *param, const char *msg)
 {
     int status = dsq_apierr_status(kind);
-    char *body = dsq__route_anthropic(c->route) ? dsq_anthropic_error_json(kind, msg)
-                                                : dsq_apierr_json(kind, msg, param);
+    /* Anthropic's routes, and paths under them that are none */
+    bool anthropic = dsq__route_anthropic(c->route) ||
+                     (c->route == R_NONE && !strncmp(c->path, "/v1/messages/", 13));
+    char *body = anthropic ? dsq_anthropic_error_json(kind, msg)
+                           : dsq_apierr_json(kind, msg, param);
     /* the access log line of a 4xx/5xx names the error */
     c->err_code = dsq_apierr_code(kind) ? dsq_apierr_code(kind) : dsq_apierr_type(kind);
     snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg ? msg : "");

@@ -203,6 +203,9 @@ static int translate_text(const cJSON *text, cJSON *o, dsq_api_error_t *err)
 static int refuse_stateful(const cJSON *in, dsq_api_error_t *err)
 {
     const cJSON *v;
+    if (given(v = get(in, "store")) && !cJSON_IsBool(v))
+        return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "store",
+                                 "'store' must be a boolean, got %s", dsq__json_type_name(v));
     if (cJSON_IsTrue(get(in, "store")))
         return dsq_api_error_set(err, DSQ_APIERR_UNSUPPORTED, "store",
                                  "dsqd keeps no responses: send 'store': false (or leave it "
@@ -468,7 +471,9 @@ char *dsq_responses_body(const dsq_responses_meta_t *m, const dsq_chat_choice_ou
         return NULL;
     if (ch->reasoning && !dsq_openai_new_id(id, sizeof(id), "rs_"))
         cJSON_AddItemToArray(out, text_item(true, id, NULL, ch->reasoning, ch->reasoning_len));
-    if ((ch->content_len || !ch->n_tool_calls) && !dsq_openai_new_id(id, sizeof(id), "msg_"))
+    /* a message item when there is text, or when there would be no item */
+    if ((ch->content_len || (!ch->n_tool_calls && !ch->reasoning)) &&
+        !dsq_openai_new_id(id, sizeof(id), "msg_"))
         cJSON_AddItemToArray(out, text_item(false, id, cut ? "incomplete" : "completed",
                                             ch->content ? ch->content : "", ch->content_len));
     for (int k = 0; k < ch->n_tool_calls; k++) {
@@ -542,8 +547,9 @@ static void item_done(dsq_sse_buf_t *b, dsq_responses_stream_t *st, cJSON *item)
         cJSON_Delete(item);
 }
 
-/* Close the open item: its text's done events, then item done. */
-static void close_item(dsq_sse_buf_t *b, dsq_responses_stream_t *st)
+/* Close the open item: its text's done events, then item done (a
+ * message item with status, "completed" or "incomplete"). */
+static void close_item(dsq_sse_buf_t *b, dsq_responses_stream_t *st, const char *status)
 {
     bool r = st->open == DSQ_RESPONSES_ITEM_REASONING;
     cJSON *o, *p;
@@ -566,7 +572,7 @@ static void close_item(dsq_sse_buf_t *b, dsq_responses_stream_t *st)
         }
         dsq__sse_typed_event(b, o);
     }
-    item_done(b, st, text_item(r, st->item_id, "completed", st->text ? st->text : "",
+    item_done(b, st, text_item(r, st->item_id, status, st->text ? st->text : "",
                                st->text_len));
     free(st->text);
     st->text = NULL;
@@ -587,32 +593,39 @@ char *dsq_responses_ev_start(dsq_responses_stream_t *st, const dsq_responses_met
     return dsq__sse_buf_done(&b);
 }
 
+/* A new item of the kind asked (its added events); none may be open. */
+static void open_item(dsq_sse_buf_t *b, dsq_responses_stream_t *st, bool reasoning)
+{
+    cJSON *o, *p;
+    if (dsq_openai_new_id(st->item_id, sizeof(st->item_id), reasoning ? "rs_" : "msg_"))
+        b->fail = true;
+    dsq__sse_typed_event(b, item_event(st, "response.output_item.added",
+                                       text_item(reasoning, st->item_id, "in_progress", NULL,
+                                                 0)));
+    if (!reasoning) {
+        o = part_event(st, "response.content_part.added");
+        if (o && (p = cJSON_AddObjectToObject(o, "part"))) {
+            cJSON_AddStringToObject(p, "type", "output_text");
+            cJSON_AddStringToObject(p, "text", "");
+            cJSON_AddArrayToObject(p, "annotations");
+            cJSON_AddArrayToObject(p, "logprobs");
+        }
+        dsq__sse_typed_event(b, o);
+    }
+    st->open = reasoning ? DSQ_RESPONSES_ITEM_REASONING : DSQ_RESPONSES_ITEM_MESSAGE;
+}
+
 char *dsq_responses_ev_text(dsq_responses_stream_t *st, bool reasoning, const char *s,
                             size_t n)
 {
     int want = reasoning ? DSQ_RESPONSES_ITEM_REASONING : DSQ_RESPONSES_ITEM_MESSAGE;
     dsq_sse_buf_t b = {0};
-    cJSON *o, *p;
+    cJSON *o;
     if (!n)
         return strdup("");
     if (st->open != want) {
-        close_item(&b, st);
-        if (dsq_openai_new_id(st->item_id, sizeof(st->item_id), reasoning ? "rs_" : "msg_"))
-            b.fail = true;
-        dsq__sse_typed_event(&b, item_event(st, "response.output_item.added",
-                                            text_item(reasoning, st->item_id, "in_progress",
-                                                      NULL, 0)));
-        if (!reasoning) {
-            o = part_event(st, "response.content_part.added");
-            if (o && (p = cJSON_AddObjectToObject(o, "part"))) {
-                cJSON_AddStringToObject(p, "type", "output_text");
-                cJSON_AddStringToObject(p, "text", "");
-                cJSON_AddArrayToObject(p, "annotations");
-                cJSON_AddArrayToObject(p, "logprobs");
-            }
-            dsq__sse_typed_event(&b, o);
-        }
-        st->open = want;
+        close_item(&b, st, "completed");
+        open_item(&b, st, reasoning);
     }
     o = part_event(st, reasoning ? "response.reasoning_text.delta" : "response.output_text.delta");
     if (o) {
@@ -640,7 +653,7 @@ char *dsq_responses_ev_calls(dsq_responses_stream_t *st, const dsq_tool_call_out
 {
     dsq_sse_buf_t b = {0};
     char id[48];
-    close_item(&b, st);
+    close_item(&b, st, "completed");
     for (int k = 0; k < n; k++) {
         cJSON *o;
         call_item_id(&calls[k], id, sizeof(id));
@@ -670,7 +683,11 @@ char *dsq_responses_ev_end(dsq_responses_stream_t *st, const dsq_responses_meta_
     dsq_sse_buf_t b = {0};
     bool cut = finish == DSQ_FINISH_LENGTH;
     cJSON *o;
-    close_item(&b, st);
+    /* an answer with no item at all is one empty message, as unstreamed */
+    if (!n_done(st) && st->open == DSQ_RESPONSES_ITEM_NONE)
+        open_item(&b, st, false);
+    close_item(&b, st, st->open == DSQ_RESPONSES_ITEM_MESSAGE && cut ? "incomplete"
+                                                                    : "completed");
     o = event(st, cut ? "response.incomplete" : "response.completed");
     if (o)
         cJSON_AddItemToObject(o, "response",

@@ -333,16 +333,20 @@ int dsq_tool_calls_parse_cut(dsq_tool_parser_t p, const char *text, size_t len,
     const char *begin = p == DSQ_TOOL_PARSER_DEEPSEEK ? DS_CALL_BEGIN : HM_BEGIN;
     const char *endm = p == DSQ_TOOL_PARSER_DEEPSEEK ? DS_CALL_END : HM_END;
     const char *end = text + len, *last = NULL;
+    size_t bl = strlen(begin);
     /* the last begin marker, and whether an end marker follows it */
     for (const char *q = text; p != DSQ_TOOL_PARSER_NONE && (q = find(q, end, begin));
-         q += strlen(begin))
+         q += bl)
         last = q;
-    if (last && !find(last + strlen(begin), end, endm)) {
-        int rc = dsq_tool_calls_parse(p, text, (size_t)(last - text), out);
-        if (rc || out->n_calls)
-            return rc;
-        /* no call was finished: all of it is content, as uncut */
-        dsq_tool_parse_free(out);
+    if (last && !find(last + bl, end, endm)) {
+        len = (size_t)(last - text);
+    } else if (p != DSQ_TOOL_PARSER_NONE) {
+        /* cut inside a begin marker: its first bytes end the text */
+        for (size_t k = bl - 1; k > 0; k--)
+            if (len >= k && !memcmp(end - k, begin, k)) {
+                len -= k;
+                break;
+            }
     }
     return dsq_tool_calls_parse(p, text, len, out);
 }

@@ -58,9 +58,9 @@ int dsq_tool_calls_parse(dsq_tool_parser_t p, const char *text, size_t len,
                          dsq_tool_parse_t *out);
 
 /* The same for the text of a choice cut at its token limit: a last call
- * that was begun and never ended is dropped (with whatever followed its
- * begin marker) when complete calls come before it, so those still parse;
- * with none before it, all of the text is content, as when uncut. */
+ * that was begun and never ended is dropped, from its begin marker on
+ * (also when the cut fell inside the marker itself), so the complete calls
+ * before it still parse and no half call is returned as content. */
 int dsq_tool_calls_parse_cut(dsq_tool_parser_t p, const char *text, size_t len,
                              dsq_tool_parse_t *out);
 

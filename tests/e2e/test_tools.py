@@ -231,3 +231,49 @@ def test_untyped_object_parameters_still_constrain(server):
     (tc,) = ch["message"]["tool_calls"]
     args = json.loads(tc["function"]["arguments"])
     jsonschema.validate(args, {"type": "object", **tool["function"]["parameters"]})
+
+
+def test_r1_template_constrained_answers_are_not_reasoning(daemon_factory):
+    """The R1 templates open <think> in the prompt; under a grammar (forced
+    calls, a schema) the grammar writes the answer from the first token, so
+    it is the answer, not reasoning: tool_calls / tool_use / function_call
+    and JSON content, on all three APIs (it came back as reasoning, or was
+    lost with thinking disabled)."""
+    import os
+    tpl = os.path.join(os.environ["DSQ_TEST_DATA"], "tokenizers", "chat_templates",
+                       "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+    d = daemon_factory("--chat-template", tpl, "--reasoning-parser", "deepseek_r1")
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ch = client(d).chat.completions.create(model=MODEL_NAME, messages=ask, tools=[WEATHER],
+                                           tool_choice="required", max_tokens=200,
+                                           temperature=0, parallel_tool_calls=False).choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    check_calls(ch.message.tool_calls)
+    assert not getattr(ch.message, "reasoning_content", None)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    ch = client(d).chat.completions.create(
+        model=MODEL_NAME, messages=ask, max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        extra_body={"thinking_budget": 0}).choices[0]
+    jsonschema.validate(json.loads(ch.message.content), schema)
+    fn = WEATHER["function"]
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 2000}):
+        m = post(d, "/v1/messages", {"model": MODEL_NAME, "max_tokens": 200, "temperature": 0,
+                                     "messages": ask, "thinking": thinking,
+                                     "tools": [{"name": fn["name"],
+                                                "input_schema": fn["parameters"]}],
+                                     "tool_choice": {"type": "tool", "name": fn["name"]}})
+        assert m.status_code == 200, m.text
+        m = m.json()
+        assert m["stop_reason"] == "tool_use", m
+        uses = [b for b in m["content"] if b["type"] == "tool_use"]
+        assert len(uses) == 1
+        jsonschema.validate(uses[0]["input"], fn["parameters"])
+    r = post(d, "/v1/responses", {"model": MODEL_NAME, "input": ask, "max_output_tokens": 200,
+                                  "temperature": 0, "tool_choice": "required",
+                                  "parallel_tool_calls": False,
+                                  "tools": [{"type": "function", **fn}]}).json()
+    calls = [o for o in r["output"] if o["type"] == "function_call"]
+    assert len(calls) == 1 and r["status"] == "completed", r
+    jsonschema.validate(json.loads(calls[0]["arguments"]), fn["parameters"])

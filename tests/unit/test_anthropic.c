@@ -340,6 +340,16 @@ static void test_message_body(void **state)
                "{\"input_tokens\":3,\"output_tokens\":2,\"cache_read_input_tokens\":0,"
                "\"cache_creation_input_tokens\":0}}");
     free(b);
+    /* all thinking: no empty text block beside it (the stream sends none) */
+    ch = (dsq_chat_choice_out_t){.reasoning = "r", .reasoning_len = 1,
+                                 .finish = DSQ_FINISH_LENGTH};
+    b = dsq_anthropic_message_body("msg_3", "smol", &ch, true, NULL, &u);
+    assert_non_null(strstr(b, "\"content\":[{\"type\":\"thinking\",\"thinking\":\"r\","
+                              "\"signature\":\"\"}],"));
+    free(b);
+    b = dsq_anthropic_message_body("msg_4", "smol", &ch, false, NULL, &u);
+    assert_non_null(strstr(b, "\"content\":[{\"type\":\"text\",\"text\":\"\"}],"));
+    free(b);
     assert_string_equal(dsq_anthropic_stop_reason(DSQ_FINISH_LENGTH, false, false),
                         "max_tokens");
     assert_string_equal(dsq_anthropic_stop_reason(DSQ_FINISH_STOP, false, false), "end_turn");
@@ -406,11 +416,14 @@ static void test_stream_events(void **state)
     if (strcmp(all, want))
         fail_msg("stream\n%s\nwant\n%s", all, want);
     free(all);
-    /* an empty message: no block at all, then the end */
+    /* an empty message: one empty text block (as the unstreamed body has
+     * it), then the end */
     st = (dsq_anthropic_stream_t){0};
     all = dsq_anthropic_ev_end(&st, "max_tokens", "x", &u);
     assert_non_null(strstr(all, "\"stop_reason\":\"max_tokens\",\"stop_sequence\":\"x\""));
-    assert_null(strstr(all, "content_block_stop"));
+    assert_non_null(strstr(all, "event: content_block_start\ndata: {\"type\":"
+                                "\"content_block_start\",\"index\":0,\"content_block\":"
+                                "{\"type\":\"text\",\"text\":\"\"}}\n\nevent: content_block_stop\n"));
     free(all);
 }
 

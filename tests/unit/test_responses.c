@@ -348,6 +348,28 @@ static void test_stream(void **state)
     free(out);
     cJSON_Delete(last);
     dsq_responses_stream_free(&st);
+    /* cut at the limit: the message item is incomplete in its done event
+     * and in response.incomplete, as unstreamed; an answer with no text
+     * at all is one empty message item */
+    for (int empty = 0; empty < 2; empty++) {
+        dsq_responses_stream_t s2 = {0};
+        char *a = dsq_responses_ev_start(&s2, &m);
+        char *t = dsq_responses_ev_text(&s2, false, "ab", empty ? 0 : 2);
+        char *e = dsq_responses_ev_end(&s2, &m, DSQ_FINISH_LENGTH, &u);
+        assert_non_null(a);
+        assert_non_null(t);
+        assert_non_null(e);
+        assert_non_null(strstr(e, "event: response.output_item.done\n"));
+        assert_non_null(strstr(e, "event: response.incomplete\n"));
+        assert_null(strstr(e, "\"status\":\"completed\""));
+        assert_non_null(strstr(e, empty ? "\"text\":\"\"" : "\"text\":\"ab\""));
+        if (empty)
+            assert_non_null(strstr(e, "event: response.output_item.added\n"));
+        free(a);
+        free(t);
+        free(e);
+        dsq_responses_stream_free(&s2);
+    }
     cJSON_Delete(echo);
 }
 

@@ -371,7 +371,7 @@ static void test_calls_render_back(void **state)
  * without a name is skipped but keeps its index, and parameters that are
  * not JSON text are refused naming that index. */
 /* A choice cut at max_tokens: the calls it finished parse, the one it was
- * writing is dropped; with none finished, all of it stays content. */
+ * writing is dropped (from its begin marker, even a cut one). */
 static void test_parse_cut(void **state)
 {
     (void)state;
@@ -388,8 +388,11 @@ static void test_parse_cut(void **state)
          "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
          "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"b\": 2}}\n</tool_call>\n"
          "<tool_call>\n{\"name\": \"f\", \"argu", 2, "Sure."},
-        {DSQ_TOOL_PARSER_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\"", 0,
-         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\""},
+        {DSQ_TOOL_PARSER_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\"", 0, ""},
+        /* cut inside the second call's begin marker */
+        {DSQ_TOOL_PARSER_HERMES,
+         "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_c", 1, ""},
+        {DSQ_TOOL_PARSER_HERMES, "Let me see. <too", 0, "Let me see. "},
         /* not cut inside a call: as dsq_tool_calls_parse */
         {DSQ_TOOL_PARSER_HERMES,
          "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\nand then", 1,
