@@ -148,3 +148,36 @@ def test_both_translated_apis_count_in_metrics(server):
     after = [metric(server, n) for n in names]
     assert after[0] - before[0] == 2
     assert after[1] - before[1] == r.usage.output_tokens + m.usage.output_tokens
+
+
+def test_reasoning_item_with_r1_template(daemon_factory):
+    """With the R1 template and --reasoning-parser, the reasoning is a
+    reasoning item (reasoning_text), equal to chat's reasoning_content,
+    streamed and not; --reasoning-budget bounds it here too."""
+    import os
+    tpl = os.path.join(os.environ["DSQ_TEST_DATA"], "tokenizers", "chat_templates",
+                       "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+    d = daemon_factory("--chat-template", tpl, "--reasoning-parser", "deepseek_r1",
+                       "--reasoning-budget", "4")
+    c = client(d)
+    r = c.responses.create(model=MODEL_NAME, input=QUESTION, max_output_tokens=40,
+                           temperature=0)
+    ch = c.chat.completions.create(model=MODEL_NAME, max_tokens=40, temperature=0,
+                                   messages=[{"role": "user", "content": QUESTION}])
+    want = ch.choices[0].message.model_extra.get("reasoning_content") or ""
+    items = [o for o in r.output if o.type == "reasoning"]
+    assert len(items) == 1 and want, r.output
+    assert items[0].content[0].type == "reasoning_text"
+    assert items[0].content[0].text == want
+    assert r.output_text == (ch.choices[0].message.content or "")
+    assert r.usage.output_tokens_details.reasoning_tokens == \
+        ch.usage.completion_tokens_details.reasoning_tokens > 0
+    with c.responses.stream(model=MODEL_NAME, input=QUESTION, max_output_tokens=40,
+                            temperature=0) as s:
+        events = list(s)      # get_final_response() wants completed, not incomplete
+    types = [e.type for e in events]
+    assert types[-1] == "response." + r.status
+    final = events[-1].response
+    assert "response.reasoning_text.delta" in types
+    assert [o.type for o in final.output] == [o.type for o in r.output]
+    assert final.output[0].content[0].text == want
