@@ -318,7 +318,9 @@ char *dsq_openai_usage_chunk(const char *id, int64_t created,
                              const char *model, const dsq_usage_t *usage);
 
 /* ---- shared by the translating front ends (server/anthropic.c,
- * server/responses.c); not an API */
+ * server/responses.c); not an API. dsq__json_type_name lives in
+ * openai.c, the string and SSE builders in openai_response.c,
+ * dsq__text_parts and dsq__chat_message_add in translate.c */
 
 /* "null", "boolean", "number", "string", "array", "object" (messages:
  * "got %s"). Static. */
