@@ -32,24 +32,16 @@ static const char *const TEXT[] = {"text"};
 static int tool_use_call(const cJSON *b, int i, int j, cJSON *calls, dsq_api_error_t *err)
 {
     const cJSON *id = get(b, "id"), *name = get(b, "name"), *in = get(b, "input");
-    cJSON *call, *fn;
     char *args;
     if (!cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsObject(in))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                                  "'messages[%d].content[%d]' (tool_use) must have a string "
                                  "'id', a string 'name' and an object 'input'", i, j);
-    if (!(call = cJSON_CreateObject()) || !(args = cJSON_PrintUnformatted(in))) {
-        cJSON_Delete(call);
+    if (!(args = cJSON_PrintUnformatted(in)))
         return NOMEM(err);
-    }
-    cJSON_AddItemToArray(calls, call);
-    cJSON_AddStringToObject(call, "id", id->valuestring);
-    cJSON_AddStringToObject(call, "type", "function");
-    fn = cJSON_AddObjectToObject(call, "function");
-    cJSON_AddStringToObject(fn, "name", name->valuestring);
-    cJSON_AddStringToObject(fn, "arguments", args);
+    cJSON *call = dsq__chat_tool_call_add(calls, id->valuestring, name->valuestring, args);
     free(args);
-    return DSQ_OK;
+    return call ? DSQ_OK : NOMEM(err);
 }
 
 /* One user tool_result block -> a "tool" message. */
@@ -101,7 +93,8 @@ static int translate_message(const cJSON *m, int i, cJSON *msgs, dsq_api_error_t
                                  cJSON_IsString(role) ? "'" : "");
     user = !strcmp(role->valuestring, "user");
     if (cJSON_IsString(c))
-        return dsq__chat_message_add(msgs, role->valuestring, c->valuestring) ? DSQ_OK : NOMEM(err);
+        return dsq__chat_message_add(msgs, role->valuestring, c->valuestring) ? DSQ_OK
+                                                                              : NOMEM(err);
     if (!cJSON_IsArray(c))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "messages",
                                  "'messages[%d].content' must be a string or an array of "

@@ -320,7 +320,8 @@ char *dsq_openai_usage_chunk(const char *id, int64_t created,
 /* ---- shared by the translating front ends (server/anthropic.c,
  * server/responses.c); not an API. dsq__json_type_name lives in
  * openai.c, the string and SSE builders in openai_response.c,
- * dsq__text_parts and dsq__chat_message_add in translate.c */
+ * dsq__text_parts, dsq__chat_message_add and dsq__chat_tool_call_add in
+ * translate.c */
 
 /* "null", "boolean", "number", "string", "array", "object" (messages:
  * "got %s"). Static. */
@@ -342,6 +343,11 @@ char *dsq__text_parts(const cJSON *c, const char *const *types, int n_types,
 /* Append {"role": role, "content": text} (text NULL: JSON null) to the
  * chat messages array msgs; the new message, or NULL on ENOMEM. */
 cJSON *dsq__chat_message_add(cJSON *msgs, const char *role, const char *text);
+/* Append {"id": id, "type": "function", "function": {"name": name,
+ * "arguments": arguments (JSON text)}} to an assistant message's
+ * tool_calls array; the new entry, or NULL on ENOMEM. */
+cJSON *dsq__chat_tool_call_add(cJSON *calls, const char *id, const char *name,
+                               const char *arguments);
 
 /* A growing run of named SSE events; zero-initialise. */
 typedef struct dsq_sse_buf {

@@ -35,7 +35,7 @@ static bool given(const cJSON *v)
 static int function_call(const cJSON *it, int i, cJSON *msgs, dsq_api_error_t *err)
 {
     const cJSON *id = get(it, "call_id"), *nm = get(it, "name"), *ar = get(it, "arguments");
-    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1), *calls, *c, *fn;
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1), *calls;
     if (!cJSON_IsString(id) || !cJSON_IsString(nm) || !cJSON_IsString(ar))
         return dsq_api_error_set(err, DSQ_APIERR_INVALID_REQUEST, "input",
                                  "'input[%d]' (function_call) needs string 'call_id', 'name' "
@@ -47,15 +47,8 @@ static int function_call(const cJSON *it, int i, cJSON *msgs, dsq_api_error_t *e
     calls = cJSON_GetObjectItemCaseSensitive(last, "tool_calls");
     if (!calls && !(calls = cJSON_AddArrayToObject(last, "tool_calls")))
         return NOMEM(err);
-    if (!(c = cJSON_CreateObject()))
-        return NOMEM(err);
-    cJSON_AddItemToArray(calls, c);
-    cJSON_AddStringToObject(c, "id", id->valuestring);
-    cJSON_AddStringToObject(c, "type", "function");
-    fn = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(fn, "name", nm->valuestring);
-    cJSON_AddStringToObject(fn, "arguments", ar->valuestring);
-    return DSQ_OK;
+    return dsq__chat_tool_call_add(calls, id->valuestring, nm->valuestring, ar->valuestring)
+               ? DSQ_OK : NOMEM(err);
 }
 
 static int translate_item(const cJSON *it, int i, cJSON *msgs, dsq_api_error_t *err)

@@ -72,3 +72,18 @@ cJSON *dsq__chat_message_add(cJSON *msgs, const char *role, const char *text)
         cJSON_AddNullToObject(m, "content");
     return m;
 }
+
+cJSON *dsq__chat_tool_call_add(cJSON *calls, const char *id, const char *name,
+                               const char *arguments)
+{
+    cJSON *c = cJSON_CreateObject(), *fn;
+    if (!c)
+        return NULL;
+    cJSON_AddItemToArray(calls, c);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", arguments);
+    return c;
+}
