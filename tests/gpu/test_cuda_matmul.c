@@ -14,7 +14,8 @@
  * the only difference is fp32 summation order: the tolerance per output is
  * 1e-5 * sum_j |w_ij x_j| (+1e-6), and for fp16 outputs one fp16 rounding
  * step (2^-10 |y|) on top. Prints the max abs difference of each case and
- * the largest ratio to its tolerance. */
+ * the largest ratio to its tolerance. The tensor-core prefill tile, which
+ * rounds to fp16, has its own FP64 reference and bound (test_matmul_tc). */
 #include "gpu_common.h"
 
 #include "engine/common/error.h"
@@ -435,6 +436,81 @@ static void test_gather(void **state)
 }
 
 /* Launchers refuse what the CPU ops refuse, before touching the device. */
+/* The tensor-core prefill tile (tc_gemm_kernel, kernels/cuda/matmul.cu),
+ * built a second time for compute_80 under the entry names below
+ * (tests/meson.build), on a device of compute capability 8.0 or later (the
+ * simulator reports 8.0). Reference: y = W.x + b in FP64 from the weights
+ * dequantised by the CPU's dsq_weight_dequant_row. Bound: each product
+ * sees one fp16 rounding of w and of x (relative u = 2^-11 each, so at
+ * most 2.001 u |w x|, plus 2^-25 absolute per subnormal rounding), then
+ * k fp32 additions whose error is below 2^-23 of the running sum of |w x|
+ * even with truncating adds: tol = (2.01 u + k 2^-23) sum |w x| + 1e-6.
+ * m spans one and several row blocks with partial edges (17, 64, 65, 130),
+ * n and k are not multiples of the 64 x 32 tile. */
+int dsq_test_tc_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
+int dsq_test_tc_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
+
+static void tc_case(const hw_t *h, int64_t m)
+{
+    const dsq_weight_t *w = &h->w;
+    const int64_t n = w->n, k = w->k;
+    float *x = malloc(sizeof(*x) * m * k), *yg = malloc(sizeof(*yg) * m * n);
+    float *row = malloc(sizeof(*row) * k), *want = malloc(sizeof(*want) * m * n);
+    double *tol = malloc(sizeof(*tol) * m * n);
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = frand(1.0f);
+    float *dx = dev_dup(x, sizeof(*x) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
+    assert_int_equal(dsq_test_tc_matmul(dy, dx, m, &h->dw), DSQ_OK);
+    dev_get(yg, dy, sizeof(*yg) * m * n);
+    const double u = 1.0 / 2048.0;
+    for (int64_t o = 0; o < n; o++) {
+        assert_int_equal(dsq_weight_dequant_row(w, o, row), DSQ_OK);
+        for (int64_t i = 0; i < m; i++) {
+            double s = w->bias ? w->bias[o] : 0.0, b = 0.0;
+            for (int64_t j = 0; j < k; j++) {
+                s += (double)row[j] * x[i * k + j];
+                b += fabs((double)row[j] * x[i * k + j]);
+            }
+            want[i * n + o] = (float)s;
+            tol[i * n + o] = (2.01 * u + (double)k * ldexp(1.0, -23)) * b + 1e-6;
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof(what), "tensor-core %s m=%lld n=%lld k=%lld%s", fmt_name(w),
+             (long long)m, (long long)n, (long long)k, w->bias ? " bias" : "");
+    check_close(what, want, yg, tol, m * n);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(x); free(yg); free(row); free(want); free(tol);
+}
+
+static void test_matmul_tc(void **state)
+{
+    (void)state;
+    int dev = 0, major = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    if (major < 8) {
+        printf("# tensor-core tile: device below compute capability 8.0, not run\n");
+        return;
+    }
+    const struct { dsq_wformat_t f; dsq_zp_mode_t zp; int gs; int64_t n, k, m; bool bias; }
+    cs[] = {
+        {DSQ_WFMT_INT4, DSQ_ZP_SYM, 32, 72, 256, 17, true},
+        {DSQ_WFMT_INT4, DSQ_ZP_INT, 128, 130, 203, 65, false},
+        {DSQ_WFMT_INT4, DSQ_ZP_MIN, 64, 64, 96, 130, true},
+        {DSQ_WFMT_Q8_0, DSQ_ZP_SYM, 0, 40, 160, 64, false},
+        {DSQ_WFMT_INT8, DSQ_ZP_SYM, 0, 67, 75, 33, true},
+    };
+    for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+        hw_t h;
+        make_weight(&h, cs[c].f, cs[c].zp, cs[c].gs, cs[c].n, cs[c].k, cs[c].bias);
+        tc_case(&h, cs[c].m);
+        free_weight(&h);
+    }
+}
+
 static void test_matmul_errors(void **state)
 {
     (void)state;
@@ -470,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_matmul_other),
         cmocka_unit_test(test_matmul_gguf_layouts),
         cmocka_unit_test(test_matmul_f16act),
+        cmocka_unit_test(test_matmul_tc),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gather),
         cmocka_unit_test(test_matmul_errors),
