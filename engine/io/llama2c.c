@@ -5,7 +5,7 @@
  * match it exactly; that is the only integrity check the format allows.
  * Weights are exposed under canonical GGUF names so the model code sees one
  * naming for every format. Layout: karpathy/llama2.c run.c
- * memory_map_weights() and shared/data/SOURCES.md section 1.
+ * memory_map_weights() and tests/data/SOURCES.md section 1.
  */
 #include "llama2c.h"
 #include "engine/common/error.h"

@@ -49,7 +49,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     dsq_log_set_level("error");
     const char *dir = getenv("DSQ_TEST_DATA");
     char path[1024], err[256];
-    snprintf(path, sizeof(path), "%s/models/stories260K/tok512.bin", dir ? dir : "../shared/data");
+    snprintf(path, sizeof(path), "%s/models/stories260K/tok512.bin", dir ? dir : "tests/data");
     tok = dsq_tokenizer_from_llama2c(path, err, sizeof(err));
     if (!tok) {
         fprintf(stderr, "fuzz_grammar: %s: %s\n", path, err);

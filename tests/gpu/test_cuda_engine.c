@@ -48,9 +48,9 @@ static void find_model(void)
 {
     const char *root = getenv("DSQ_TEST_DATA");
     snprintf(model_path, sizeof(model_path), "%s/models/stories260K/stories260K.bin",
-             root ? root : "../shared/data");
+             root ? root : "tests/data");
     snprintf(tok_path, sizeof(tok_path), "%s/models/stories260K/tok512.bin",
-             root ? root : "../shared/data");
+             root ? root : "tests/data");
     struct stat st;
     if (stat(model_path, &st) != 0 || stat(tok_path, &st) != 0)
         fail_msg("required test files missing: %s, %s", model_path, tok_path);

@@ -13,7 +13,7 @@ GPU box: tests/gpu/run). Its log must name the device (event=device).
 TAP on stdout; the daemons' logs go to $TMPDIR/dsqd-cuda-http-*.log (kept
 when a check fails).
 
-  DSQD=build/tools/dsqd DSQ_TEST_DATA=../shared/data tests/gpu/test_cuda_http.py
+  DSQD=build/tools/dsqd DSQ_TEST_DATA=tests/data tests/gpu/test_cuda_http.py
 """
 import json
 import os
@@ -50,7 +50,7 @@ def free_port():
 
 class Daemon:
     def __init__(self, device, wrap):
-        data = os.environ.get("DSQ_TEST_DATA", "../shared/data")
+        data = os.environ.get("DSQ_TEST_DATA", "tests/data")
         model = os.path.join(data, "models/stories260K/stories260K.bin")
         tok = os.path.join(data, "models/stories260K/tok512.bin")
         for p in (model, tok):

@@ -62,7 +62,7 @@ static char *path_of(const char *env, const char *def, const char *rel)
     struct stat st;
     if (stat(p, &st) != 0)
         fail_msg("required test file missing: %s (scripts/test makes models/, "
-                 "../shared/data holds stories260K)", p);
+                 "tests/data holds stories260K)", p);
     return p;
 }
 
@@ -221,7 +221,7 @@ static void run_case(const char *what, const char *path, const char *quantize)
 static void test_stories_f32(void **state)
 {
     (void)state;
-    char *p = path_of("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
+    char *p = path_of("DSQ_TEST_DATA", "tests/data", "models/stories260K/stories260K.bin");
     run_case("stories260K f32", p, NULL);
     free(p);
 }
@@ -229,7 +229,7 @@ static void test_stories_f32(void **state)
 static void test_stories_int4(void **state)
 {
     (void)state;
-    char *p = path_of("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
+    char *p = path_of("DSQ_TEST_DATA", "tests/data", "models/stories260K/stories260K.bin");
     run_case("stories260K rtn int4 g32", p, "int4");
     free(p);
 }
@@ -238,7 +238,7 @@ static void test_stories_int4(void **state)
 static void test_awq(void **state)
 {
     (void)state;
-    char *p = path_of("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
+    char *p = path_of("DSQ_TEST_DATA", "tests/data", "models/stories260K/stories260K.bin");
     char dir[] = "/tmp/dsq-cuda-awq-XXXXXX", err[512] = "";
     assert_non_null(mkdtemp(dir));
     dsq_qrun_opts_t o = {.model = p, .out_dir = dir, .method = "rtn", .format = "awq",

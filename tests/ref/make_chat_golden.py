@@ -21,7 +21,7 @@ does.
 Regenerate from the repo root, in a scratch venv (no torch needed):
   python3 -m venv /tmp/chatvenv
   /tmp/chatvenv/bin/pip install transformers jinja2 gguf
-  DSQ_TEST_DATA=../shared/data DSQ_MODELS_DIR=models \\
+  DSQ_TEST_DATA=tests/data DSQ_MODELS_DIR=models \\
       /tmp/chatvenv/bin/python tests/ref/make_chat_golden.py
 """
 import copy
@@ -210,7 +210,7 @@ SNIPPET_CTX = {
 def data_path(rel):
     root = os.environ.get("DSQ_TEST_DATA")
     if not root:
-        sys.exit("set DSQ_TEST_DATA (e.g. ../shared/data)")
+        sys.exit("set DSQ_TEST_DATA (e.g. tests/data)")
     return os.path.join(root, rel)
 
 
@@ -304,7 +304,7 @@ def main():
         path = os.path.join(OUT_DIR, name + ".json")
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(f"# dsq chat-template golden, format {FORMAT_VERSION}\n")
-            f.write("# regenerate: DSQ_TEST_DATA=../shared/data DSQ_MODELS_DIR=models "
+            f.write("# regenerate: DSQ_TEST_DATA=tests/data DSQ_MODELS_DIR=models "
                     "python3 tests/ref/make_chat_golden.py (venv: transformers jinja2 gguf)\n")
             f.write(f"# rendered by transformers {transformers.__version__} "
                     f"(render_jinja_template), jinja2 {jinja2.__version__}, "
@@ -334,7 +334,7 @@ def write_snippets():
     path = os.path.join(OUT_DIR, "snippets.json")
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(f"# dsq chat-template golden, format {FORMAT_VERSION}\n")
-        f.write("# regenerate: DSQ_TEST_DATA=../shared/data DSQ_MODELS_DIR=models "
+        f.write("# regenerate: DSQ_TEST_DATA=tests/data DSQ_MODELS_DIR=models "
                 "python3 tests/ref/make_chat_golden.py (venv: transformers jinja2 gguf)\n")
         f.write(f"# rendered by transformers {transformers.__version__} "
                 f"(render_jinja_template), jinja2 {jinja2.__version__}; tolerance: exact bytes\n")

@@ -10,7 +10,7 @@ settings: sandboxed, trim_blocks, lstrip_blocks, tojson without HTML
 escaping), minus the rendering of [user] with add_generation_prompt, minus
 the end-of-sequence marker the model stops on. Templates: DeepSeek-V3's
 tokenizer_config.json (parser "deepseek") and Qwen2.5-7B-Instruct's
-(parser "hermes") from ../shared/data. DeepSeek-V3.1's shorter form has
+(parser "hermes") from tests/data. DeepSeek-V3.1's shorter form has
 no template in the data; its cases are written from the format its model
 card documents (`"source": "format"`). Malformed variants of each (cut
 before the end marker, arguments that are not a JSON object, no name)
@@ -21,7 +21,7 @@ must give no calls and the whole text as content.
   (A: the JSON object, parsed; J: json.dumps(A, ensure_ascii=False), the
   string an OpenAI client sends back in an assistant turn's tool_calls)
 
-Usage: DSQ_TEST_DATA=../shared/data tests/ref/make_tool_call_golden.py [OUT]
+Usage: DSQ_TEST_DATA=tests/data tests/ref/make_tool_call_golden.py [OUT]
 Needs jinja2 (in .venv).
 """
 import json
@@ -32,7 +32,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-DATA = os.environ.get("DSQ_TEST_DATA", "../shared/data")
+DATA = os.environ.get("DSQ_TEST_DATA", "tests/data")
 
 
 def env():

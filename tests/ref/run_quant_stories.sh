@@ -15,7 +15,7 @@
 #
 # usage: tests/ref/run_quant_stories.sh     (about 7 minutes on 2 cores)
 # env: DSQ_BUILD   dsq build folder with tools/ (default: build)
-#      DSQ_TEST_DATA  the shared test data (default: ../shared/data)
+#      DSQ_TEST_DATA  the shared test data (default: tests/data)
 #      WORK        scratch folder (default: build-quant-stories, git-ignored)
 #      TEXT        alice (default: Alice chapters I-VI / VII-XII, see
 #                  tests/ref/prep_alice.py) or gpl (GPL-2 / GPL-3)
@@ -26,7 +26,7 @@ set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 B=${DSQ_BUILD:-build}/tools
-D=${DSQ_TEST_DATA:-../shared/data}
+D=${DSQ_TEST_DATA:-tests/data}
 W=${WORK:-build-quant-stories}
 TEXT=${TEXT:-alice}
 BLOCK=${BLOCK:-256}

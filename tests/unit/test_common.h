@@ -52,6 +52,29 @@ static inline char *path_join(const char *env, const char *def, const char *rel)
     return p;
 }
 
+/* What a missing test file's failure says: where each kind of file comes
+ * from (tests/data/SOURCES.md lists every file). */
+#define DSQ_TEST_DATA_HINT                                                    \
+    "committed under tests/data; fetched by scripts/fetch-test-data "       \
+    "(tests/data/FETCHED); models by scripts/fetch-model and tests/ref "    \
+    "(scripts/test runs them all)"
+
+/* "$env/rel" (env: DSQ_TEST_DATA or DSQ_MODELS_DIR, set by tests/meson.build),
+ * malloc'd (the caller frees). Fails the test when env is unset or the file
+ * cannot be read, saying where such files come from. */
+static inline char *data_path(const char *env, const char *rel)
+{
+    const char *dir = getenv(env);
+    if (!dir)
+        fail_msg("environment variable %s is not set (run through meson test)", env);
+    char *p = path_join(env, "", rel);
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        fail_msg("missing test file %s (%s)", p, DSQ_TEST_DATA_HINT);
+    fclose(f);
+    return p;
+}
+
 /* Fails the test naming p (and hint, e.g. the script that makes the file,
  * when not NULL) when p cannot be opened for reading. */
 static inline void require_file_hint(const char *p, const char *hint)
@@ -60,7 +83,7 @@ static inline void require_file_hint(const char *p, const char *hint)
     if (!f) {
         if (hint)
             fail_msg("required test file missing: %s (%s)", p, hint);
-        fail_msg("required test file missing: %s", p);
+        fail_msg("required test file missing: %s (%s)", p, DSQ_TEST_DATA_HINT);
     }
     fclose(f);
 }
@@ -77,8 +100,8 @@ static inline void require_file(const char *p)
  * fails naming a missing one); the caller frees both. */
 static inline void stories260k_paths(char **model, char **tok)
 {
-    *model = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/stories260K.bin");
-    *tok = path_join("DSQ_TEST_DATA", "../shared/data", "models/stories260K/tok512.bin");
+    *model = path_join("DSQ_TEST_DATA", "tests/data", "models/stories260K/stories260K.bin");
+    *tok = path_join("DSQ_TEST_DATA", "tests/data", "models/stories260K/tok512.bin");
     require_file(*model);
     require_file(*tok);
 }

@@ -272,7 +272,7 @@ static void test_plan_v2_lite_int4(void **state)
     const char *root = getenv("DSQ_TEST_DATA");
     char path[1024], err[256];
     snprintf(path, sizeof(path), "%s/configs/hf/DeepSeek-V2-Lite-Chat/config.json",
-             root ? root : "../shared/data");
+             root ? root : "tests/data");
     FILE *f = fopen(path, "rb");
     if (!f)
         fail_msg("required test file missing: %s", path);

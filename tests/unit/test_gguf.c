@@ -1,6 +1,6 @@
 /* tests for engine/io/gguf.c and engine/io/tensor.c: the real SmolLM2 Q4_1 GGUF and
  * llama.cpp's vocab-only GGUFs (expected values from the task brief and
- * shared/data/SOURCES.md, read independently with a Python parser), and a
+ * tests/data/SOURCES.md, read independently with a Python parser), and a
  * small GGUF written here byte by byte, then truncated and corrupted. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,20 +17,9 @@
 #include "engine/io/gguf.h"
 #include "engine/io/tensor.h"
 
-/* ---- helpers ---- */
+#include "test_common.h"
 
-static char *data_path(const char *env, const char *rel)
-{
-    const char *dir = getenv(env);
-    if (!dir)
-        fail_msg("environment variable %s is not set", env);
-    size_t n = strlen(dir) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", dir, rel);
-    if (access(p, R_OK) != 0)
-        fail_msg("missing test file %s", p);
-    return p;
-}
+/* ---- helpers ---- */
 
 static dsq_gguf_t *open_ok(const char *path)
 {

@@ -9,7 +9,7 @@
  *    and byte by byte, and every prefix of a sentence must be accepted.
  *  - Bad grammars: each gives DSQ_EINVAL and a message naming the problem.
  *  - The mask on real vocabularies (SmolLM2's 49,152-entry byte-level BPE,
- *    the SPM vocabulary of ../shared/data): at every step of a walk the
+ *    the SPM vocabulary of tests/data): at every step of a walk the
  *    trie walk's mask equals the brute-force mask (every token tried on a
  *    clone of the matcher), the cached mask equals the computed one, and
  *    end-of-generation is allowed exactly where the grammar accepts.

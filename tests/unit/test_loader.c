@@ -1,6 +1,6 @@
 /* tests for engine/loader/loader.c and engine/io/llama2c.c: the real SmolLM2 GGUF, a
  * vocab-only GGUF, the real stories260K llama2.c checkpoint (shapes and
- * offsets from shared/data/SOURCES.md section 1, values re-read from the file
+ * offsets from tests/data/SOURCES.md section 1, values re-read from the file
  * with stdio), and Hugging Face directories written here (config.json,
  * single and sharded safetensors, tokenizer_config.json chat template). */
 #include <stdarg.h>
@@ -20,6 +20,8 @@
 #include "engine/io/tensor.h"
 #include "engine/text/tokenizer.h"
 
+#include "test_common.h"
+
 static char tmpdir[256];
 
 static int setup_tmp(void **state)
@@ -35,19 +37,6 @@ static int teardown_tmp(void **state)
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-static char *data_path(const char *env, const char *rel)
-{
-    const char *dir = getenv(env);
-    if (!dir)
-        fail_msg("environment variable %s is not set", env);
-    size_t n = strlen(dir) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", dir, rel);
-    if (access(p, R_OK) != 0)
-        fail_msg("missing test file %s", p);
-    return p;
 }
 
 static char *tmp_path(const char *rel)

@@ -137,7 +137,7 @@ static void test_stories260k_greedy(void **state)
     (void)state;
     char *model, *tok;
     stories260k_paths(&model, &tok);
-    char *ref = path_join("DSQ_TEST_DATA", "../shared/data",
+    char *ref = path_join("DSQ_TEST_DATA", "tests/data",
                           "models/stories260K/stories260K.greedy-reference.txt");
     require_file(ref);
     runner_t r;

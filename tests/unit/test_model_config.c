@@ -1,6 +1,6 @@
 /* tests for engine/io/model_config.c: GGUF metadata (the real SmolLM2 file, the
  * llama.cpp vocab-only files, a deepseek2 metadata block written here),
- * the HF config.json files in shared/data/configs/hf (expected numbers typed
+ * the HF config.json files in tests/data/configs/hf (expected numbers typed
  * in from reading those files), inline JSON snippets (AWQ, GPTQ, rope
  * scaling variants, errors) and a llama2.c header. */
 #include <stdarg.h>
@@ -18,19 +18,6 @@
 #include "engine/io/gguf.h"
 #include "engine/io/model_config.h"
 #include "test_common.h"
-
-static char *data_path(const char *env, const char *rel)
-{
-    const char *dir = getenv(env);
-    if (!dir)
-        fail_msg("environment variable %s is not set", env);
-    size_t n = strlen(dir) + strlen(rel) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", dir, rel);
-    if (access(p, R_OK) != 0)
-        fail_msg("missing test file %s", p);
-    return p;
-}
 
 static void gguf_cfg(const char *env, const char *rel, dsq_model_config_t *c,
                      int want_rc)
@@ -154,7 +141,7 @@ static void kv_bool(buf_t *b, const char *k, bool v)
 }
 
 /* DeepSeek-V2-Lite as llama.cpp's converter writes it (values from the HF
- * config in shared/data/configs/hf/DeepSeek-V2-Lite-Chat). */
+ * config in tests/data/configs/hf/DeepSeek-V2-Lite-Chat). */
 static void test_gguf_deepseek2(void **state)
 {
     (void)state;

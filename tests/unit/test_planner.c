@@ -24,7 +24,7 @@ static void load_cfg(const char *dir, dsq_model_config_t *c)
 {
     const char *root = getenv("DSQ_TEST_DATA");
     char path[1024], err[256];
-    snprintf(path, sizeof(path), "%s/configs/hf/%s/config.json", root ? root : "../shared/data",
+    snprintf(path, sizeof(path), "%s/configs/hf/%s/config.json", root ? root : "tests/data",
              dir);
     FILE *f = fopen(path, "rb");
     if (!f)

@@ -5,8 +5,9 @@
  *   *.gguf.inp/.out, made with HF tokenizers): every string must encode to
  *   exactly the listed ids (no BOS, special text not parsed). GGUF vocabs
  *   present there: gpt-2, deepseek-coder, deepseek-llm, starcoder,
- *   llama-spm. qwen2 / deepseek-r1-qwen vectors run on the Qwen3
- *   tokenizer.json (same vocab, merges and pre-tokenizer), deepseek-v3
+ *   llama-spm. qwen2 vectors (llama.cpp's deepseek-r1-qwen vectors were
+ *   the same ids and left its tree) run on the Qwen3 tokenizer.json (same
+ *   vocab, merges and pre-tokenizer as Qwen2 and R1-Distill-Qwen), deepseek-v3
  *   vectors on its tokenizer.json, smollm vectors on the SmolLM2 GGUF in
  *   $DSQ_MODELS_DIR (same tokenizer as SmolLM), llama-bpe vectors on
  *   llama.cpp's ggml-vocab-llama-bpe.gguf, which scripts/fetch-model
@@ -33,20 +34,9 @@
 #include "engine/io/gguf.h"
 #include "engine/text/tokenizer.h"
 
-/* ---- helpers ---- */
+#include "test_common.h"
 
-static char *data_path(const char *env, const char *rel)
-{
-    const char *base = getenv(env);
-    if (!base) fail_msg("environment variable %s is not set", env);
-    size_t n = strlen(base) + strlen(rel) + 2;
-    char *p = malloc(n);
-    assert_non_null(p);
-    snprintf(p, n, "%s/%s", base, rel);
-    struct stat st;
-    if (stat(p, &st) != 0) fail_msg("missing test file %s", p);
-    return p;
-}
+/* ---- helpers ---- */
 
 static char *slurp(const char *path, size_t *len)
 {
@@ -237,9 +227,6 @@ static void test_vectors_qwen2(void **state)
     check_vectors(t, "qwen2 (qwen3 tokenizer.json)",
                   "vocab/llama.cpp/ggml-vocab-qwen2.gguf.inp",
                   "vocab/llama.cpp/ggml-vocab-qwen2.gguf.out");
-    check_vectors(t, "deepseek-r1-qwen (qwen3 tokenizer.json)",
-                  "vocab/llama.cpp/ggml-vocab-deepseek-r1-qwen.gguf.inp",
-                  "vocab/llama.cpp/ggml-vocab-deepseek-r1-qwen.gguf.out");
     /* specials and end-of-generation */
     int32_t im_end = dsq_tokenizer_find(t, "<|im_end|>", 10);
     assert_int_equal(im_end, 151645);
@@ -345,20 +332,6 @@ static char *parse_repr(const char *s)
     }
     *o = '\0';
     return out;
-}
-
-static size_t parse_ids(const char *s, int32_t *ids, size_t cap)
-{
-    size_t n = 0;
-    char *e;
-    for (;;) {
-        long v = strtol(s, &e, 10);
-        if (e == s) break;
-        assert_true(n < cap);
-        ids[n++] = (int32_t)v;
-        s = e;
-    }
-    return n;
 }
 
 static void test_llama2c(void **state)

@@ -232,9 +232,9 @@ static void test_tool_grammar(void **state)
 static void test_detect_names_and_prefix(void **state)
 {
     (void)state;
-    char *qp = path_join("DSQ_TEST_DATA", "../shared/data",
+    char *qp = path_join("DSQ_TEST_DATA", "tests/data",
                          "tokenizers/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
-    char *dp = path_join("DSQ_TEST_DATA", "../shared/data",
+    char *dp = path_join("DSQ_TEST_DATA", "tests/data",
                          "tokenizers/chat_templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja");
     char *q = read_all(qp, NULL), *d = read_all(dp, NULL);
     assert_int_equal(dsq_tool_parser_detect(q), DSQ_TOOL_PARSER_HERMES);
@@ -293,10 +293,10 @@ static char *render_turn(const dsq_chat_t *chat, const cJSON *turn, const char *
 static void test_calls_render_back(void **state)
 {
     (void)state;
-    char err[256] = "", *dir = path_join("DSQ_TEST_DATA", "../shared/data", "tokenizers/deepseek-v3");
-    char *cfg_path = path_join("DSQ_TEST_DATA", "../shared/data",
+    char err[256] = "", *dir = path_join("DSQ_TEST_DATA", "tests/data", "tokenizers/deepseek-v3");
+    char *cfg_path = path_join("DSQ_TEST_DATA", "tests/data",
                                "tokenizers/deepseek-v3/tokenizer_config.json");
-    char *qwen_path = path_join("DSQ_TEST_DATA", "../shared/data",
+    char *qwen_path = path_join("DSQ_TEST_DATA", "tests/data",
                                 "tokenizers/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
     char *gold_path = path_join("DSQ_SOURCE_ROOT", ".", "tests/golden/tool_call_cases.jsonl");
     require_file(cfg_path);
