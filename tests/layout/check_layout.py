@@ -17,7 +17,10 @@ kernels/, meson's include_directories), and then:
      public engine header (not *_internal.h) includes cJSON: request JSON
      is the server's, the engine takes plain structs or text;
   6. no source file is over MAX_LINES lines (one room per concern: split
-     it long before, at ~1,500).
+     it long before, at ~1,500);
+  7. no project file reads test data from beside the clone (a path into
+     the team's shared folder): the suite's data is tests/data (or
+     $DSQ_TEST_DATA), so a clone alone passes scripts/test.
 
 usage: check_layout.py [REPO_ROOT]   (default: this file's repo)
 Prints one line per violation and exits 1 if there is any, else prints the
@@ -47,6 +50,7 @@ SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<([^>]+)>', re.M)
 # A hard stop, not the habit: STYLE.md asks for a split at ~1,500 lines.
 MAX_LINES = 1800
 SIZE_EXTS = EXTS + ('.py', '.sh')
+OUTSIDE_DATA = re.compile(r"shared(/|' */ *')data")
 
 
 def project_files(tops):
@@ -87,6 +91,14 @@ def main():
         if n > MAX_LINES:
             errors.append(f'{path}: {n} lines, over the {MAX_LINES}-line stop '
                           f'(split it by concern; STYLE.md asks ~1,500)')
+    for path in project_files(SOURCE_DIRS + ['scripts', 'deploy', '.ci', 'meson.build']):
+        if path.startswith(os.path.join('tests', 'data') + os.sep):
+            continue
+        with open(path, encoding='utf-8', errors='replace') as fh:
+            for i, line in enumerate(fh, 1):
+                if OUTSIDE_DATA.search(line):
+                    errors.append(f'{path}:{i}: names test data outside the clone '
+                                  f'(use $DSQ_TEST_DATA, default tests/data)')
     engine_dirs = sorted(d for d in os.listdir('engine')
                          if os.path.isdir(os.path.join('engine', d)))
     for d in engine_dirs:
