@@ -1,7 +1,8 @@
 #!/bin/bash
-# End-to-end check of the CPU container image (deploy/container/build) on
+# End-to-end check of the container image (deploy/container/build) on
 # SmolLM2-135M (TAP): the image builds from Debian packages with this
-# build's dsqd; a container of it (non-root, model mounted read-only)
+# build's dsqd (the CUDA image when it links the CUDA runtime: served on
+# the CPU without a GPU); a container of it (non-root, model mounted read-only)
 # becomes healthy, and its health check passes; a greedy completion from it
 # equals the one the same dsqd gives outside the container; SIGTERM (podman
 # stop) drains: a request already running finishes whole and the container
@@ -20,14 +21,17 @@ hostpid=
 skip() { echo "1..0 # SKIP $1"; exit 0; }
 cleanup() {
   if [ -n "$hostpid" ]; then kill "$hostpid" 2>/dev/null; wait "$hostpid" 2>/dev/null; fi
+  # only what this test made, in its own storage: never `podman system
+  # reset`, which also clears the host's shared podman state
   if [ -n "${podman:-}" ]; then
-    $podman rm -f -t 0 "$name" >/dev/null 2>&1
-    $podman rmi -f "$tag" "localhost/dsq-e2e-probe:$$" >/dev/null 2>&1
-    $podman system reset -f >/dev/null 2>&1
+    $podman rm -af -t 0 >/dev/null 2>&1
+    $podman rmi -af >/dev/null 2>&1
   fi
   rm -rf "$tmp"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() {
   n=$((n + 1)); echo "not ok $n - $1"; fail=1
@@ -64,7 +68,17 @@ for f in "$gguf" "$DSQD"; do
   [ -f "$f" ] || { echo "not ok 1 - input file present: $f"; echo "1..1"; exit 1; }
 done
 
-printf '[containers]\ndefault_ulimits = []\n' >"$tmp/containers.conf"
+# everything podman keeps (images, containers, its tmp and network state)
+# inside $tmp, so the host's own podman is never touched
+cat >"$tmp/containers.conf" <<EOF
+[containers]
+default_ulimits = []
+[engine]
+tmp_dir = "$tmp/libpod-tmp"
+volume_path = "$tmp/volumes"
+[network]
+network_config_dir = "$tmp/net"
+EOF
 export CONTAINERS_CONF=$tmp/containers.conf
 podman="podman --root $tmp/storage --runroot $tmp/run --storage-driver vfs --cgroup-manager cgroupfs --runtime runc"
 export PODMAN=$podman
@@ -81,7 +95,11 @@ if ! perr=$($podman import "$tmp/probe.tar" "localhost/dsq-e2e-probe:$$" 2>&1 >/
 fi
 
 # 1. the image
-if blog=$("$DSQ_SOURCE_ROOT/deploy/container/build" --dsqd "$DSQD" --suite "$suite" --tag "$tag" 2>&1); then
+# a dsqd built with CUDA (nvcc present) makes the CUDA image (its runtime
+# libraries from NVIDIA's wheels); without a GPU dsqd serves on the CPU there
+kind=
+readelf -d "$DSQD" | grep -q 'NEEDED.*libcudart' && kind=--cuda
+if blog=$("$DSQ_SOURCE_ROOT/deploy/container/build" $kind --dsqd "$DSQD" --suite "$suite" --tag "$tag" 2>&1); then
   ok "deploy/container/build: $(printf '%s\n' "$blog" | grep '^build: localhost' | tail -n 1)"
 else
   not_ok "deploy/container/build" "$(printf '%s\n' "$blog" | tail -n 20)"
