@@ -18,7 +18,9 @@
 #                     against the newest, e.g. 0.3.36, built in a folder of
 #                     its own: build-llama-bench-0.3.36)
 #   LLAMA_CPP_SDIST   a local llama_cpp_python-VERSION.tar.gz to use instead
-#                     of `pip download` (the only network access)
+#                     of the download (scripts/pypi-sdist, pinned by sha256
+#                     for 0.3.16 and 0.3.36, else LLAMA_CPP_SDIST_SHA256;
+#                     the only network access)
 #   JOBS              parallel compile jobs (default 2)
 #   LLAMA_PORTABLE=1  a portable build instead (-DGGML_NATIVE=OFF, baseline
 #                     x86-64 / AArch64, -ffp-contract=off, default folder
@@ -55,8 +57,14 @@ build() {
         if [ -n "${LLAMA_CPP_SDIST:-}" ]; then
             cp "$LLAMA_CPP_SDIST" "$SDIST"
         else
-            python3 -m pip download --no-deps --no-binary :all: \
-                "llama-cpp-python==$VERSION" -d "$DIR" >&2
+            # the pinned sdist as a plain archive (pip download would
+            # install and run its build backend first)
+            case "$VERSION" in
+                0.3.16) SHA=34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6 ;;
+                0.3.36) SHA=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e ;;
+                *) SHA=${LLAMA_CPP_SDIST_SHA256:?"no pinned sha256 for llama-cpp-python $VERSION: set LLAMA_CPP_SDIST_SHA256"} ;;
+            esac
+            "$ROOT/scripts/pypi-sdist" "llama-cpp-python==$VERSION" "$SHA" "$DIR" >/dev/null
         fi
     fi
     if [ ! -d "$DIR/llama_cpp_python-$VERSION" ]; then
