@@ -19,19 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() {
-  n=$((n + 1)); echo "not ok $n - $1"; fail=1
-  shift
-  for l in "$@"; do printf '%s\n' "$l" | sed 's/^/# /'; done
-}
-check() {
-  name=$1; st=$2; shift 2
-  if [ "$st" -eq 0 ]; then ok "$name"; else not_ok "$name" "$@"; fi
-}
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+. "$(dirname "$0")/tap.sh"
 
 gguf=$DSQ_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
 for f in "$gguf" "$DSQ_BENCH" "$DSQD"; do

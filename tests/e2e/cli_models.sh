@@ -11,17 +11,7 @@ n=0; fail=0
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsq-e2e.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() {
-  n=$((n + 1)); echo "not ok $n - $1"; fail=1
-  shift
-  for l in "$@"; do printf '%s\n' "$l" | sed 's/^/# /'; done
-}
-# check NAME COND_STATUS [DIAG...]: record ok/not ok from a status code
-check() {
-  name=$1; st=$2; shift 2
-  if [ "$st" -eq 0 ]; then ok "$name"; else not_ok "$name" "$@"; fi
-}
+. "$(dirname "$0")/tap.sh"
 
 gguf=$DSQ_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
 s260=$DSQ_TEST_DATA/models/stories260K

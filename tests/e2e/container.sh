@@ -32,19 +32,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() {
-  n=$((n + 1)); echo "not ok $n - $1"; fail=1
-  shift
-  for l in "$@"; do printf '%s\n' "$l" | sed 's/^/# /'; done
-}
-check() {
-  local what=$1 st=$2; shift 2
-  if [ "$st" -eq 0 ]; then ok "$what"; else not_ok "$what" "$@"; fi
-}
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+. "$(dirname "$0")/tap.sh"
 wait_health() { # url, seconds: 0 once /health answers 200
   local i
   for i in $(seq 1 "$2"); do
