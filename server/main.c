@@ -111,6 +111,10 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->memory_limit_bytes = o->memory_limit;
     eo->kv_cache_memory_bytes = o->kv_cache_memory;
     eo->enable_prefix_caching = o->enable_prefix_caching;
+    eo->spec_k = o->speculative_ngram;
+    eo->spec_ngram_min = o->speculative_ngram_min;
+    eo->spec_ngram_max = o->speculative_ngram_max;
+    eo->spec_max_batch = o->speculative_max_batch;
     eo->kv_prefault = o->kv_cache_prefault;
     eo->n_threads = o->threads;
     eo->quantize = !strcmp(o->quantize, "none") ? NULL : o->quantize;

@@ -279,6 +279,24 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
           lbl, (double)st->generation_tokens_total);
     gauge(&b, "counter", "vllm:num_preemptions_total",
           "Sequences preempted (vLLM name).", lbl, (double)st->preemptions_total);
+    /* speculative decoding: vLLM V1's spec_decode counters (when on) */
+    if (st->spec_k > 0) {
+        gauge(&b, "counter", "vllm:spec_decode_num_drafts_total",
+              "Speculative verifications: a sequence's draft tokens scored in one step.", lbl,
+              (double)st->spec_drafts_total);
+        gauge(&b, "counter", "vllm:spec_decode_num_draft_tokens_total",
+              "Draft tokens scored (--speculative-ngram).", lbl,
+              (double)st->spec_draft_tokens_total);
+        gauge(&b, "counter", "vllm:spec_decode_num_accepted_tokens_total",
+              "Draft tokens accepted (equal to the token sampled at their position).", lbl,
+              (double)st->spec_accepted_tokens_total);
+        bprintf(&b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Draft tokens "
+                    "accepted at each draft position (0-based).\n"
+                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int i = 0; i < st->spec_k && i < DSQ_SPEC_MAX_K; i++)
+            bprintf(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} "
+                        "%lld\n", lbl, i, (long long)st->spec_accepted_per_pos[i]);
+    }
     {
         /* admission (engine/serve/admission.h): the policy's limit and why */
         const dsq_admission_stats_t *a = &st->admission;

@@ -1253,6 +1253,13 @@ seed:
         goto fail;
     if ((rc = get_bool(root, "ignore_eos", &r->sp.ignore_eos, err)))
         goto fail;
+    {
+        /* speculative decoding opt-out (dsqd --speculative-ngram) */
+        bool spec = true;
+        if ((rc = get_bool(root, "speculative", &spec, err)))
+            goto fail;
+        r->sp.no_speculation = !spec;
+    }
     if ((rc = get_bool(root, "stream", &r->stream, err)))
         goto fail;
     if (r->stream && r->best_of > r->sp.n) {

@@ -32,6 +32,9 @@ typedef struct dsq_options {
     char *kv_cache_dtype;        /* auto | fp16 | int8                     */
     int block_size;
     bool enable_prefix_caching;
+    int speculative_ngram;         /* draft tokens per step, 0 = off         */
+    int speculative_ngram_min, speculative_ngram_max;
+    int speculative_max_batch;
     bool kv_cache_prefault;        /* hardening: see --kv-cache-prefault     */
     int64_t max_request_bytes;
     int max_waiting_requests;

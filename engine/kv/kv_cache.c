@@ -585,6 +585,15 @@ void dsq_kv_seq_free(dsq_kv_cache_t *kv, dsq_block_table_t *bt)
     bt->n_hashed = 0;
 }
 
+void dsq_kv_seq_truncate(dsq_kv_cache_t *kv, dsq_block_table_t *bt, int64_t n_tokens)
+{
+    int keep = dsq_kv_blocks_for(kv, n_tokens);
+    while (bt->n > keep)
+        unref(kv, bt->ids[--bt->n]);
+    if (bt->n_hashed > bt->n)
+        bt->n_hashed = bt->n;
+}
+
 int dsq_kv_prefix_lookup(const dsq_kv_cache_t *kv, const int32_t *tokens,
                          int64_t n_tokens, int max_blocks, int32_t *ids,
                          dsq_block_hash_t *hashes, int *n_evictable)

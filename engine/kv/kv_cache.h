@@ -184,6 +184,12 @@ int dsq_kv_seq_fork(dsq_kv_cache_t *kv, dsq_block_table_t *dst,
  * likely to be shared) are evicted before its head (vLLM's order). */
 void dsq_kv_seq_free(dsq_kv_cache_t *kv, dsq_block_table_t *bt);
 
+/* Shrink bt to the blocks n_tokens tokens need, dropping the references
+ * to the blocks past them (last first, as dsq_kv_seq_free) and their
+ * digests: for KV written past a sequence's end that will not be kept
+ * (rejected speculative rows). No-op when bt needs them all. */
+void dsq_kv_seq_truncate(dsq_kv_cache_t *kv, dsq_block_table_t *bt, int64_t n_tokens);
+
 /* Cache slot (block * block_size + offset) of token position pos. */
 int32_t dsq_kv_slot(const dsq_kv_cache_t *kv, const dsq_block_table_t *bt,
                     int64_t pos);

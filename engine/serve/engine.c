@@ -317,6 +317,8 @@ static bool engine_step(dsq_engine_t *e)
     e->n_held = hold_unread(e);
     reap_cancelled(e);
     set_prefill_cap(e);
+    if (e->o.spec_k > 0)
+        dsq__spec_propose(e);
     int rc = dsq_sched_step(e->sched, &out);
     /* the submit cap's view of the run slots: the requests this step
      * schedules leave n_waiting below, so the slots they took go now */
@@ -384,12 +386,21 @@ static bool engine_step(dsq_engine_t *e)
             for (int j = 0; j < n_x; j++)
                 dsq__plp_store(e, e->xseq[j], e->xpos[j],
                           e->logits + (size_t)(out.n_logits + j) * (size_t)e->n_vocab);
-            for (int i = 0; i < out.n_logits; i++) {
+            for (int i = 0, n_rows = 1; i < out.n_logits; i += n_rows) {
                 eseq_t *s = (eseq_t *)out.logit_seqs[i]->owner;
                 const float *row = e->logits + (size_t)i * (size_t)e->n_vocab;
                 dsq_req_t *r = s->req;
+                /* a choice with drafts has a row for each (speculate.c) */
+                for (n_rows = 1; i + n_rows < out.n_logits &&
+                                 out.logit_seqs[i + n_rows] == out.logit_seqs[i]; n_rows++)
+                    ;
                 if (s->finished)
                     continue;
+                if (n_rows > 1) {
+                    if ((rc = dsq__spec_verify(e, s, row, n_rows)) != DSQ_OK)
+                        break;
+                    continue;
+                }
                 if (r->sp.max_tokens == 0) {
                     r->scored = true;
                     dsq__finish_seq(e, s, DSQ_FINISH_LENGTH, false);

@@ -145,7 +145,25 @@ typedef struct dsq_engine_opts {
                                         first allocation, free), as vLLM;
                                         default 0.9; a budget <= 0 fails
                                         dsq_engine_create (DSQ_ENOMEM)   */
+    /* Speculative decoding (spec.h), off by default. spec_k > 0: each
+     * step, while at most spec_max_batch sequences decode, n-gram prompt
+     * lookup proposes up to spec_k draft tokens for each of them (matching
+     * their last spec_ngram_max down to spec_ngram_min tokens against the
+     * prompt and output so far); one forward pass scores the pending token
+     * and the drafts, and drafts are kept while they equal what sampling
+     * gives at their position, so the output is the one without
+     * speculation (greedy or seeded sampling alike, up to the last bits of
+     * a multi-row forward pass; dsq_sampling_t.no_speculation opts a
+     * request out). spec_k <= DSQ_SPEC_MAX_K; 0 defaults: spec_ngram_min 2,
+     * spec_ngram_max 4, spec_max_batch 8. dsq_engine_create fails on
+     * values out of range (spec_ngram_min > spec_ngram_max, negative). */
+    int spec_k;
+    int spec_ngram_min, spec_ngram_max;
+    int spec_max_batch;
 } dsq_engine_opts_t;
+
+/* The most draft tokens per sequence and step (dsq_engine_opts_t.spec_k). */
+#define DSQ_SPEC_MAX_K 16
 
 /* Load the model and start the engine thread. On failure returns NULL with a
  * one-line reason in err. On a device (opts->device) the weights are copied
@@ -228,6 +246,14 @@ typedef struct dsq_engine_stats {
      * are in n_waiting too) */
     dsq_admission_stats_t admission;
     int n_admission_held;
+    /* Speculative decoding since start-up (vLLM's spec_decode counters):
+     * verifications (a sequence's drafts scored in one step), draft tokens
+     * scored, drafts accepted, and accepted at each draft position
+     * (0-based; position i counts verifications that kept > i drafts);
+     * spec_k: the engine's spec_k (0: off). */
+    int spec_k;
+    int64_t spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total;
+    int64_t spec_accepted_per_pos[DSQ_SPEC_MAX_K];
 } dsq_engine_stats_t;
 void dsq_engine_stats(dsq_engine_t *e, dsq_engine_stats_t *out);
 
@@ -293,6 +319,9 @@ typedef struct dsq_sampling {
     const int32_t *think_end;
     bool has_think_budget;
     int think_budget;
+    /* Decode this request without speculation (dsq_engine_opts_t.spec_k)
+     * even where the engine speculates. */
+    bool no_speculation;
 } dsq_sampling_t;
 
 /* Why a choice ended. */

@@ -11,6 +11,8 @@
  *   choice.c           one choice: sampling, fork, text and stop hold-back
  *   mask_worker.c      the thread that makes grammar masks during a step
  *   prompt_logprobs.c  prompt-token logprobs
+ *   speculate.c        speculative decoding: drafts proposed before a
+ *                      step, verified after it
  *
  * Threads: what dsq_req_create and dsq_engine_create set is read-only
  * afterwards, for any thread; what dsq_engine_submit sets before it
@@ -44,6 +46,9 @@
 #include "step_cost.h"
 
 #define MAX_TOP_LOGPROBS 20
+
+/* dsq_engine_opts_t.spec_max_batch's default */
+#define DSQ__SPEC_MAX_BATCH 8
 
 /* Engine-side state of one choice. Engine thread only. */
 typedef struct eseq {
@@ -281,6 +286,19 @@ int dsq__plp_collect(dsq_engine_t *e, const dsq_sched_out_t *out, int *n_x);
 /* Score prompt token pos + 1 of s's request from the logits row at pos
  * ([n_vocab] fp32). */
 void dsq__plp_store(dsq_engine_t *e, eseq_t *s, int pos, const float *row);
+
+/* ------------------------------------------------------------ speculate.c */
+
+/* Before the step is planned (speculative decoding on): give each running
+ * decoding choice its drafts (dsq_seq_t.n_draft), unless more than
+ * spec_max_batch choices decode. */
+void dsq__spec_propose(dsq_engine_t *e);
+/* After dsq_sched_commit, for choice s scheduled with n_rows - 1 drafts:
+ * sample row i ([n_rows][n_vocab] fp32) and go on to row i + 1 while the
+ * token sampled equals draft i; then give the scheduler back what was not
+ * kept (dsq_sched_accept_drafts) and count it. 0 or a DSQ_E* (fails the
+ * step, as dsq__sample_seq). */
+int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows);
 
 /* ------------------------------------------------------------ submit.c */
 

@@ -149,6 +149,33 @@ static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
     po->kv_cache_bytes = opts->kv_cache_memory_bytes;
     po->quantize = opts->quantize;
     po->group_size = opts->quant_group_size;
+    if (opts->spec_k > 0)
+        po->spec_rows = opts->spec_k * (opts->spec_max_batch > 0 ? opts->spec_max_batch
+                                                                 : DSQ__SPEC_MAX_BATCH);
+}
+
+/* Speculative decoding options: defaults applied into o, or a reason. */
+static int spec_opts(dsq_engine_opts_t *o, char *err, size_t err_len)
+{
+    if (o->spec_k < 0 || o->spec_k > DSQ_SPEC_MAX_K || o->spec_ngram_min < 0 ||
+        o->spec_ngram_max < 0 || o->spec_max_batch < 0) {
+        snprintf(err, err_len, "speculative decoding: draft tokens must be 0..%d and the "
+                 "n-gram sizes and batch limit >= 0", DSQ_SPEC_MAX_K);
+        return DSQ_EINVAL;
+    }
+    if (o->spec_ngram_min == 0)
+        o->spec_ngram_min = o->spec_ngram_max > 0 && o->spec_ngram_max < 2 ? o->spec_ngram_max
+                                                                           : 2;
+    if (o->spec_ngram_max == 0)
+        o->spec_ngram_max = o->spec_ngram_min > 4 ? o->spec_ngram_min : 4;
+    if (o->spec_ngram_min > o->spec_ngram_max) {
+        snprintf(err, err_len, "speculative decoding: n-gram min %d > max %d",
+                 o->spec_ngram_min, o->spec_ngram_max);
+        return DSQ_EINVAL;
+    }
+    if (o->spec_max_batch == 0)
+        o->spec_max_batch = DSQ__SPEC_MAX_BATCH;
+    return DSQ_OK;
 }
 
 /* Step 1 of dsq_engine_create: the model file, the backend it runs on and
@@ -353,6 +380,10 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
         return NULL;
     }
     e->o = *opts;
+    if (spec_opts(&e->o, err, err_len)) {
+        free(e);
+        return NULL;
+    }
     pthread_mutex_init(&e->mu, NULL);
     atomic_init(&e->n_waiting, 0);
     if (opts->n_threads > 0)
@@ -372,6 +403,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     int64_t n_blocks = plan.num_blocks;
     size_t per_tok = (size_t)plan.kv_bytes_per_token;
     e->stats.kv_block_bytes = (int64_t)per_tok * block_size;
+    e->stats.spec_k = e->o.spec_k;
     dsq__update_stats(e);
     dsq_log(DSQ_LOG_INFO, "event=engine_ready arch=%s n_layer=%lld n_vocab=%d "
             "weights_bytes=%zu kv_blocks=%lld block_size=%d kv_bytes_per_token=%zu "

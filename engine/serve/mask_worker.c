@@ -60,6 +60,10 @@ bool dsq__mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
     int n = 0;
     for (int i = 0; i < out->n_logits; i++) {
         eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
+        /* one mask per choice: a choice with drafts has several rows in a
+         * row, its first one's mask is made here (speculate.c) */
+        if (i > 0 && out->logit_seqs[i] == out->logit_seqs[i - 1])
+            continue;
         n += s->gm && !s->finished && s->req->sp.max_tokens != 0;
     }
     if (n == 0)
@@ -87,7 +91,8 @@ bool dsq__mask_worker_post(dsq_engine_t *e, const dsq_sched_out_t *out)
     e->mw.n_jobs = 0;
     for (int i = 0; i < out->n_logits; i++) {
         eseq_t *s = (eseq_t *)out->logit_seqs[i]->owner;
-        if (!s->gm || s->finished || s->req->sp.max_tokens == 0)
+        if ((i > 0 && out->logit_seqs[i] == out->logit_seqs[i - 1]) || !s->gm ||
+            s->finished || s->req->sp.max_tokens == 0)
             continue;
         s->gmask_ready = false;
         if (!s->gmask && !(s->gmask = malloc(words * sizeof(uint32_t))))

@@ -277,7 +277,9 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     int64_t S = o->max_num_seqs > 0 ? o->max_num_seqs : 256;
     int64_t d = c->n_embd, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
     int64_t ff = c->n_ff > c->moe_intermediate_size ? c->n_ff : c->moe_intermediate_size;
-    int64_t rows = S < T ? S : T;
+    int64_t rows = (S < T ? S : T) + (o->spec_rows > 0 ? o->spec_rows : 0);
+    if (rows > T)
+        rows = T;
     out->workspace_bytes = 4 * T * (d + (d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff + d) +
                            4 * rows * c->n_vocab + 17 * c->n_vocab;
     out->overhead_bytes = 0;   /* CPU backend: no runtime pools */

@@ -13,7 +13,8 @@
  *    qk_rope_head_dim) x bytes_per_elem. INT8 KV adds one fp16 scale and one
  *    fp16 zero per 64 values;
  *  - activation workspace of the largest step (max_num_batched_tokens rows
- *    of every intermediate buffer plus logits for max_num_seqs rows);
+ *    of every intermediate buffer plus logits for max_num_seqs rows, and
+ *    for the draft rows speculative decoding may add);
  *  - the coarse rule 1.25 x params / 2 bytes for INT4 weights, printed
  *    beside the exact figure so users see how far off it is.
  */
@@ -51,6 +52,9 @@ typedef struct dsq_plan_opts {
                                      (Q2_K .. Q6_K, Q5_0, Q5_1 in their
                                      file's bits, not 4 or 8)               */
     int group_size;               /* INT4 group with quantize (default 32)    */
+    int spec_rows;                /* speculative decoding: logits rows a step
+                                     may add for drafts (engine.h: spec_k x
+                                     spec_max_batch); 0 without it          */
     /* A device backend (CUDA): budget_bytes is then the caller's
      * min(total x gpu_memory_utilization - in use, free) of the device_* figures;
      * KV takes all the budget leaves (no CPU 4 GiB cap, still at most

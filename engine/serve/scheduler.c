@@ -218,8 +218,15 @@ void dsq_sched_remove(dsq_sched_t *s, dsq_seq_t *seq)
     seq->state = DSQ_SEQ_DETACHED;
 }
 
+void dsq_sched_drop_drafts(dsq_seq_t *seq)
+{
+    seq->n_tokens -= seq->n_draft;
+    seq->n_draft = 0;
+}
+
 static int preempt(dsq_sched_t *s, dsq_seq_t *seq)
 {
+    dsq_sched_drop_drafts(seq);
     int i = vec_find(&s->running, seq);
     if (i >= 0)
         vec_erase(&s->running, i);
@@ -521,10 +528,10 @@ static int reclaim_slots(dsq_sched_t *s)
     return n_freed;
 }
 
-/* A running sequence whose next step is one decode row. */
+/* A running sequence whose next step is one decode row (and its drafts). */
 static bool is_decode(const dsq_seq_t *q)
 {
-    return q->n_computed >= q->n_prompt && q->n_tokens - q->n_computed == 1;
+    return q->n_computed >= q->n_prompt && q->n_tokens - q->n_computed == 1 + q->n_draft;
 }
 
 /* Whether a's request should give up a sequence before b's: it runs more
@@ -782,20 +789,31 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         double cost = s->cost.token_ms + s->cost.pair_ms * (double)(q->n_computed + 1);
         if (timed && picked.n > 0 && decode_cost + cost > decode_ms)
             break;
+        /* drafts ride along where the step's tokens and time allow */
+        int want = 1;
+        for (int d = 0; d < q->n_draft && want < budget; d++) {
+            double c = s->cost.token_ms + s->cost.pair_ms * (double)(q->n_computed + want + 1);
+            if (timed && decode_cost + cost + c > decode_ms)
+                break;
+            cost += c;
+            want++;
+        }
+        q->n_tokens -= q->n_draft - (want - 1);
+        q->n_draft = want - 1;
         if (s->dec[i].waiting) {
             if (n_pre > 0 || !admitting)
                 continue;
-            rc = admit(s, q, 1, &ok);
+            rc = admit(s, q, want, &ok);
             admitting = ok;
         } else {
-            rc = run_reserve(s, q, 1, &n_pre, &ok);
+            rc = run_reserve(s, q, want, &n_pre, &ok);
         }
         if (!rc && ok)
-            rc = pick(s, &picked, q, 1);
+            rc = pick(s, &picked, q, want);
         if (rc)
             goto done;
         if (ok) {
-            budget--;
+            budget -= want;
             decode_cost += cost;
         }
     }
@@ -966,6 +984,14 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
         }
     }
 
+    /* drafts of sequences this step does not run are void (the engine
+     * proposes again next step) */
+    for (int i = 0; i < s->running.n; i++)
+        if (s->running.v[i]->sched_tokens == 0)
+            dsq_sched_drop_drafts(s->running.v[i]);
+    for (int i = 0; i < s->waiting.n; i++)
+        dsq_sched_drop_drafts(s->waiting.v[i]);
+
     /* Build the batch. */
     int n_tokens = 0, max_blocks = 1;
     for (int i = 0; i < picked.n; i++) {
@@ -999,8 +1025,12 @@ int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out)
             o->slot[row] = dsq_kv_slot(s->kv, &seq->bt, p);
         }
         if (seq->n_computed + seq->sched_tokens == seq->n_tokens) {
-            o->logit_rows[o->n_logits] = row - 1;
-            o->logit_seqs[o->n_logits++] = seq;
+            /* the last row, and with drafts the pending token's and each
+             * draft's: every one of them is verified */
+            for (int j = seq->n_draft; j >= 0; j--) {
+                o->logit_rows[o->n_logits] = row - 1 - j;
+                o->logit_seqs[o->n_logits++] = seq;
+            }
         }
     }
 done:
@@ -1014,11 +1044,18 @@ void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out)
 {
     for (int i = 0; i < out->n_seqs; i++) {
         dsq_seq_t *seq = out->seqs[i];
-        seq->n_computed += seq->sched_tokens;
+        seq->n_computed += seq->sched_tokens - seq->n_draft;
         seq->sched_tokens = 0;
         /* blocks that just filled become reusable */
         dsq_kv_seq_cache_blocks(s->kv, &seq->bt, seq->tokens, seq->n_computed);
     }
+}
+
+void dsq_sched_accept_drafts(dsq_sched_t *s, dsq_seq_t *seq, int n_accepted)
+{
+    seq->n_computed += n_accepted;
+    dsq_kv_seq_cache_blocks(s->kv, &seq->bt, seq->tokens, seq->n_computed);
+    dsq_kv_seq_truncate(s->kv, &seq->bt, seq->n_tokens);
 }
 
 void dsq_sched_set_prefill_cap(dsq_sched_t *s, int n_tokens)

@@ -45,6 +45,13 @@
  * while every running sequence is a decode within admission_defer_steps
  * of its end.
  *
+ * Speculative decoding: a decoding sequence may carry drafts (n_draft
+ * proposed tokens after its pending one). Its decode rows are then the
+ * pending token and the drafts, each with logits, within the same limits
+ * as other rows: drafts that do not fit the step's tokens or the decode
+ * rows' time are dropped from the tail, and a sequence not scheduled or
+ * preempted in the step loses them all (the engine proposes again).
+ *
  * Prefix caching (when the KV cache has it on, see kv_cache.h): a waiting
  * sequence that holds no blocks (new, or preempted) is admitted with the
  * longest chain of cached full blocks matching its tokens, at most
@@ -106,6 +113,13 @@ typedef struct dsq_seq {
                                  count of sequences scheduled (round-robin
                                  turns: ties in one step keep their pick
                                  order); 0 = never                          */
+    int n_draft;              /* speculative decoding: the last n_draft tokens
+                                 are proposed, not sampled (the engine's
+                                 proposer appends them before a step);
+                                 scheduled with the pending token as one
+                                 chunk whose every row gets logits, then
+                                 taken back by dsq_sched_accept_drafts.
+                                 0 outside that window                     */
     int sched_tokens;         /* tokens scheduled in the current step           */
     int sched_row;            /* first batch row of this sequence in the step   */
 } dsq_seq_t;
@@ -172,8 +186,24 @@ void dsq_sched_remove(dsq_sched_t *s, dsq_seq_t *seq);
 /* Plan the next step. Returns 0 (out->n_tokens may be 0 when nothing can
  * run) or DSQ_ENOMEM. */
 int dsq_sched_step(dsq_sched_t *s, dsq_sched_out_t *out);
-/* After the forward pass: mark the scheduled tokens as computed. */
+/* After the forward pass: mark the scheduled tokens as computed. A
+ * sequence with drafts (n_draft > 0) advances by its pending token only;
+ * its drafts wait for dsq_sched_accept_drafts. */
 void dsq_sched_commit(dsq_sched_t *s, const dsq_sched_out_t *out);
+
+/* Speculative decoding, after dsq_sched_commit, for a sequence scheduled
+ * with drafts: the caller has removed the drafts from seq->tokens (n_tokens
+ * -= n_draft, n_draft = 0) and appended what it sampled, of which the
+ * first n_accepted equal the first n_accepted drafts (0 <= n_accepted <=
+ * the drafts scheduled). Their KV, written by this step's draft rows, is
+ * kept (n_computed += n_accepted, full blocks cached); the rows past them
+ * are dropped by giving back the blocks beyond the ones n_tokens needs
+ * (they hold nothing cached: only computed, accepted tokens are hashed).
+ * seq must be running. */
+void dsq_sched_accept_drafts(dsq_sched_t *s, dsq_seq_t *seq, int n_accepted);
+
+/* Remove seq's drafts from its tokens (n_tokens -= n_draft). */
+void dsq_sched_drop_drafts(dsq_seq_t *seq);
 
 /* hardening: prefill tokens (prompt chunks and admissions together) per
  * step from now on, whether or not anything decodes; decode rows are not

@@ -16,7 +16,12 @@
  * and every step re-reads the slots of all computed positions: a block that
  * was shared, copied, cached or evicted wrongly shows up as a stale digest.
  * The test runs twice: prefix caching off, and on with prompts drawn from a
- * few shared prefixes (so blocks are reused, evicted and reused again). */
+ * few shared prefixes (so blocks are reused, evicted and reused again);
+ * then both again with speculative decoding: half the decoding sequences
+ * get 1-4 drafts before a step, and the "sample" keeps each while a coin
+ * (60 %) says the model agreed, as the engine's verification does. A
+ * rejected draft's KV counted as computed, or cached, shows up as a stale
+ * digest when its position is read again (the token there changed). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -197,13 +202,18 @@ static void free_seq(dsq_seq_t *s)
     free(s);
 }
 
-static void push_token(dsq_seq_t *s)
+static void push_tok(dsq_seq_t *s, int32_t t)
 {
     if (s->n_tokens == s->cap_tokens) {
         s->cap_tokens *= 2;
         s->tokens = realloc(s->tokens, (size_t)s->cap_tokens * sizeof(int32_t));
     }
-    s->tokens[s->n_tokens++] = (int32_t)rnd(1000);
+    s->tokens[s->n_tokens++] = t;
+}
+
+static void push_token(dsq_seq_t *s)
+{
+    push_tok(s, (int32_t)rnd(1000));
 }
 
 static void end_seq(dsq_sched_t *sch, sim_req_t *r, int i)
@@ -247,7 +257,7 @@ static void sim_forward(dsq_kv_cache_t *kv, const dsq_seq_t *seq, long *n_verifi
     }
 }
 
-static void run_property(bool prefix)
+static void run_property(bool prefix, bool spec)
 {
     char err[256];
     const int block_size = 4, n_blocks = 48;
@@ -270,7 +280,7 @@ static void run_property(bool prefix)
     int cap = 20000, n_req = 0;
     sim_req_t *reqs = calloc((size_t)cap, sizeof(*reqs));
     uint64_t order = 0;
-    long total_preempt = 0, max_wait = 0;
+    long total_preempt = 0, max_wait = 0, total_drafted = 0, total_accepted = 0;
     long step;
     for (step = 0; step < n_steps; step++) {
         /* arrivals: stop arriving for the last 10,000 steps so everything drains */
@@ -299,6 +309,27 @@ static void run_property(bool prefix)
                     end_seq(sch, r, j);
             }
         }
+        /* speculation: drafts for half the decoding sequences, never
+         * past max_tokens */
+        long n_drafted = 0;
+        for (int i = 0; spec && i < n_req; i++) {
+            sim_req_t *r = &reqs[i];
+            int nseq = r->forked ? r->n : 1;
+            for (int j = 0; !r->done && j < nseq; j++) {
+                dsq_seq_t *q = r->seqs[j];
+                int left = r->max_tokens - r->generated[j] - 1;
+                if (q->state != DSQ_SEQ_RUNNING || q->n_computed < q->n_prompt ||
+                    q->n_tokens - q->n_computed != 1 || left <= 0 || rnd(2))
+                    continue;
+                int nd = 1 + (int)rnd(4);
+                nd = nd < left ? nd : left;
+                for (int d = 0; d < nd; d++)
+                    push_token(q);
+                q->n_draft = nd;
+                n_drafted++;
+            }
+        }
+        total_drafted += n_drafted;
         /* remember who waits, to check FCFS admission */
         for (int i = 0; i < n_req; i++)
             reqs[i].was_waiting = !reqs[i].done && reqs[i].seqs[0]->state == DSQ_SEQ_WAITING;
@@ -314,6 +345,8 @@ static void run_property(bool prefix)
             dsq_seq_t *s = out.seqs[i];
             assert_int_equal(s->state, DSQ_SEQ_RUNNING);
             assert_true(s->sched_tokens > 0);
+            /* drafts are scheduled whole with their pending token */
+            assert_true(s->n_draft == 0 || s->sched_tokens == 1 + s->n_draft);
             assert_true(s->bt.n * block_size >= s->n_computed + s->sched_tokens);
             sum += s->sched_tokens;
             /* every running sequence is older than every waiting one that
@@ -347,12 +380,51 @@ static void run_property(bool prefix)
                 r->seqs[0]->n_preempted == 0 && r->seqs[0]->n_computed == 0)
                 assert_true(r->seqs[0]->order > youngest_admitted);
         }
+        /* drafts of sequences the step did not run are gone */
+        for (int i = 0; i < n_req; i++)
+            for (int j = 0; !reqs[i].done && j < (reqs[i].forked ? reqs[i].n : 1); j++)
+                assert_true(reqs[i].seqs[j]->n_draft == 0 ||
+                            reqs[i].seqs[j]->sched_tokens == 0 /* committed */);
         /* "sample" for fully computed sequences */
-        for (int i = 0; i < out.n_logits; i++) {
+        for (int i = 0, n_rows = 1; i < out.n_logits; i += n_rows) {
             dsq_seq_t *s = out.logit_seqs[i];
             sim_req_t *r = s->owner;
+            for (n_rows = 1; i + n_rows < out.n_logits && out.logit_seqs[i + n_rows] == s;
+                 n_rows++)
+                ;
+            assert_int_equal(n_rows, 1 + s->n_draft);
             if (s->state == DSQ_SEQ_DETACHED)
                 continue;
+            if (n_rows > 1) {
+                /* verification: row k's token is draft k while the model
+                 * agrees, then one of its own */
+                int nd = n_rows - 1, acc = 0;
+                int32_t d[8];
+                memcpy(d, s->tokens + s->n_tokens - nd, (size_t)nd * sizeof(*d));
+                dsq_sched_drop_drafts(s);
+                for (int k = 0; k <= nd; k++) {
+                    bool agree = k < nd && rnd(10) < 6;
+                    push_tok(s, agree ? d[k] : (int32_t)(1000 + rnd(1000)));
+                    r->generated[s->index]++;
+                    if (r->generated[s->index] >= r->max_tokens || rnd(40) == 0) {
+                        end_seq(sch, r, s->index);
+                        break;
+                    }
+                    if (!agree)
+                        break;
+                    acc++;
+                }
+                if (s->state != DSQ_SEQ_DETACHED) {
+                    dsq_sched_accept_drafts(sch, s, acc);
+                    assert_int_equal(s->n_tokens, s->n_computed + 1);
+                    /* the blocks of the kept rows, none past the
+                     * pending token's (the next step reserves that) */
+                    assert_true(s->bt.n >= dsq_kv_blocks_for(kv, s->n_computed) &&
+                                s->bt.n <= dsq_kv_blocks_for(kv, s->n_tokens));
+                }
+                total_accepted += acc;
+                continue;
+            }
             if (r->n > 1 && !r->forked) {
                 for (int c = 1; c < r->n; c++) {
                     dsq_seq_t *f = new_seq(s->order, c, 0, false);
@@ -394,10 +466,13 @@ static void run_property(bool prefix)
     }
     int64_t q_tokens, hit_tokens;
     dsq_sched_prefix_stats(sch, &q_tokens, &hit_tokens);
-    print_message("# prefix=%d requests=%d steps=%ld preemptions=%ld longest_wait_steps=%ld "
-                  "kv_positions_verified=%ld prefix_queries=%lld prefix_hits=%lld\n",
-                  prefix, n_req, step, total_preempt, max_wait, n_verified,
-                  (long long)q_tokens, (long long)hit_tokens);
+    print_message("# prefix=%d spec=%d requests=%d steps=%ld preemptions=%ld "
+                  "longest_wait_steps=%ld kv_positions_verified=%ld prefix_queries=%lld "
+                  "prefix_hits=%lld drafted=%ld accepted=%ld\n",
+                  prefix, spec, n_req, step, total_preempt, max_wait, n_verified,
+                  (long long)q_tokens, (long long)hit_tokens, total_drafted, total_accepted);
+    if (spec)
+        assert_true(total_accepted > 10000);   /* drafts really ran and were kept */
     assert_true(n_req > 1000);
     assert_true(n_verified > 100000);
     if (prefix)
@@ -422,13 +497,25 @@ static void run_property(bool prefix)
 static void test_property(void **state)
 {
     (void)state;
-    run_property(false);
+    run_property(false, false);
 }
 
 static void test_property_prefix(void **state)
 {
     (void)state;
-    run_property(true);
+    run_property(true, false);
+}
+
+static void test_property_spec(void **state)
+{
+    (void)state;
+    run_property(false, true);
+}
+
+static void test_property_prefix_spec(void **state)
+{
+    (void)state;
+    run_property(true, true);
 }
 
 int main(void)
@@ -438,6 +525,8 @@ int main(void)
         cmocka_unit_test(test_kv_prefault),
         cmocka_unit_test(test_property),
         cmocka_unit_test(test_property_prefix),
+        cmocka_unit_test(test_property_spec),
+        cmocka_unit_test(test_property_prefix_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

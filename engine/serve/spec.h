@@ -1,0 +1,35 @@
+/* Speculative decoding: proposers of draft tokens.
+ *
+ * Decoding one token reads every weight once; scoring k proposed tokens
+ * in the same forward pass reads them once too, so each proposal the model
+ * agrees with is a token for (almost) nothing (Leviathan et al., "Fast
+ * Inference from Transformers via Speculative Decoding", ICML 2023; Chen
+ * et al. 2023). The engine verifies the drafts (engine.c): each position
+ * is sampled as it would be without speculation and a draft is kept while
+ * it equals what was sampled, so the output is the one plain decoding
+ * gives, greedy or sampled (a deterministic proposal is a point mass q:
+ * rejection sampling's accept-with-p(d) / resample-from-p-without-d is
+ * then exactly "sample from p, keep the draft if it came out").
+ *
+ * Proposers here need no model: n-gram prompt lookup (Saxena, "Prompt
+ * Lookup Decoding", 2023; vLLM's "ngram" method, llama.cpp's lookup):
+ * where the text being written repeats text already in the context (code
+ * edits, quoting, extraction), the tokens that followed the last
+ * occurrence of the current suffix are likely to follow again.
+ */
+#ifndef DSQ_SPEC_H
+#define DSQ_SPEC_H
+
+#include <stdint.h>
+
+/* N-gram lookup over tokens[0..n) (prompt and output so far): for each
+ * length g from n_max down to n_min, the most recent earlier occurrence of
+ * the last g tokens that k tokens follow (else the one the most follow);
+ * the first length that has one gives the tokens that followed it, at
+ * most k, into out[0..k). Returns how many (0: no match,
+ * or bad arguments: n_min < 1, n_max < n_min, k < 1). O(n * (n_max -
+ * n_min + 1)) token comparisons at worst. */
+int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, int k,
+                           int32_t *out);
+
+#endif

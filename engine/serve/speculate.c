@@ -1,0 +1,93 @@
+/* Speculative decoding in the engine (engine.h spec_k; the proposers are
+ * spec.h's): before a step, each running decoding choice gets draft
+ * tokens appended after its pending one (dsq_seq_t.n_draft), which the
+ * scheduler runs as one chunk with logits on every row; after the step,
+ * each row is sampled exactly as plain decoding would sample it, in order,
+ * and the drafts are kept while they equal the tokens sampled. The first
+ * row that differs gives the correction (or, when every draft was kept,
+ * the last row gives one more token), so a step yields 1 + accepted
+ * tokens, and the tokens, their logprobs and the RNG draws are those of
+ * decoding without speculation: the sampler sees the same history, mask
+ * and seed state at each position. Grammar masks past the first row are
+ * made inline (the mask worker makes the first during the forward pass).
+ */
+#include "engine_internal.h"
+
+#include <string.h>
+
+#include "engine/common/error.h"
+#include "spec.h"
+#include "scheduler.h"
+
+void dsq__spec_propose(dsq_engine_t *e)
+{
+    const dsq_engine_opts_t *o = &e->o;
+    int n = 0;
+    for (dsq_req_t *r = e->active; r; r = r->next_active)
+        for (int c = 0; c < r->n_seqs; c++) {
+            const eseq_t *s = r->seqs[c];
+            n += s && !s->finished && s->seq.state == DSQ_SEQ_RUNNING && !s->seq.paused &&
+                 s->seq.n_computed >= s->seq.n_prompt;
+        }
+    if (n == 0 || n > o->spec_max_batch)
+        return;
+    int32_t d[DSQ_SPEC_MAX_K];
+    for (dsq_req_t *r = e->active; r; r = r->next_active) {
+        if (r->sp.no_speculation)
+            continue;
+        for (int c = 0; c < r->n_seqs; c++) {
+            eseq_t *s = r->seqs[c];
+            dsq_seq_t *q = s ? &s->seq : NULL;
+            if (!q || s->finished || q->state != DSQ_SEQ_RUNNING || q->paused ||
+                q->n_computed < q->n_prompt || q->n_tokens - q->n_computed != 1 ||
+                q->n_draft != 0)
+                continue;
+            /* drafts never run past max_tokens (the pending token's sample
+             * and the drafts' are each one output token) or the context */
+            int k = o->spec_k;
+            int left = r->sp.max_tokens - s->n_generated - 1;
+            if (k > left)
+                k = left;
+            if (k > e->max_model_len - q->n_tokens)
+                k = e->max_model_len - q->n_tokens;
+            if (k <= 0)
+                continue;
+            int m = dsq_spec_ngram_propose(q->tokens, q->n_tokens, o->spec_ngram_min,
+                                           o->spec_ngram_max, k, d);
+            for (int i = 0; i < m; i++) {
+                if (dsq__seq_append(q, d[i]) != DSQ_OK) {
+                    m = i;      /* no memory: fewer drafts, not a failure */
+                    break;
+                }
+            }
+            q->n_draft = m;
+        }
+    }
+}
+
+int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows)
+{
+    dsq_seq_t *q = &s->seq;
+    const int nd = n_rows - 1;
+    int32_t d[DSQ_SPEC_MAX_K];
+    memcpy(d, q->tokens + q->n_tokens - nd, (size_t)nd * sizeof(*d));
+    dsq_sched_drop_drafts(q);
+    int acc = 0, rc = DSQ_OK;
+    for (int i = 0; i <= nd; i++) {
+        rc = dsq__sample_seq(e, s, rows + (size_t)i * (size_t)e->n_vocab);
+        if (rc || s->finished || i == nd || q->tokens[q->n_tokens - 1] != d[i])
+            break;
+        acc++;
+    }
+    /* a finished choice has left the scheduler with its blocks */
+    if (!rc && q->state == DSQ_SEQ_RUNNING)
+        dsq_sched_accept_drafts(e->sched, q, acc);
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_drafts_total++;
+    e->stats.spec_draft_tokens_total += nd;
+    e->stats.spec_accepted_tokens_total += acc;
+    for (int i = 0; i < acc; i++)
+        e->stats.spec_accepted_per_pos[i]++;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}

@@ -1,0 +1,125 @@
+"""Speculative decoding end to end (--speculative-ngram).
+
+A server that speculates answers what one that does not answers: the same
+greedy text and the same seeded samples, streamed or not, under grammars
+too, with logprobs equal to the last bits a different summation order may
+move; the vLLM spec_decode counters appear on /metrics only when it is on
+and show drafts accepted on a prompt whose answer copies it (under a
+grammar as well); a request may opt out
+with "speculative": false, and a non-boolean there is a 400 in the API's
+error shape. Concurrent clients get the same answers as sequential ones."""
+import concurrent.futures
+import re
+
+import requests
+
+from conftest import MODEL_NAME, complete, post, sse_events
+
+CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+        "def mul(a, b):\n    return a * b\n\n\ndef add(a, b):\n")
+
+PROMPTS = [
+    CODE,
+    "The capital of France is",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5,",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+def metrics(server):
+    return requests.get(server.url("/metrics"), timeout=30).text
+
+
+def counter(text, name):
+    m = re.search(r"^" + re.escape(name) + r"\{[^}]*\} (\S+)$", text, re.M)
+    assert m, f"{name} missing from /metrics"
+    return float(m.group(1))
+
+
+def answers(d, **extra):
+    out = []
+    for p in PROMPTS:
+        r = complete(d, prompt=p, max_tokens=40, temperature=0, logprobs=1, **extra)
+        c = r["choices"][0]
+        out.append((c["text"], c["logprobs"]["token_logprobs"], c["finish_reason"]))
+    return out
+
+
+def sampled(d, **extra):
+    return [complete(d, prompt=p, max_tokens=30, temperature=0.9, top_p=0.95, seed=7,
+                     **extra)["choices"][0]["text"] for p in PROMPTS]
+
+
+def constrained(d):
+    """Greedy answers under a regex and a JSON schema: from the second row
+    on, the engine makes each verified position's mask itself."""
+    r1 = complete(d, prompt=CODE, max_tokens=40, temperature=0,
+                  guided_regex=r"(    return a [-+*] b\n\n\ndef [a-z]+\(a, b\):\n)+")
+    r2 = complete(d, prompt="A JSON object with a name and two numbers: ", max_tokens=40,
+                  temperature=0, guided_json={
+                      "type": "object", "required": ["name", "a", "b"],
+                      "properties": {"name": {"type": "string"}, "a": {"type": "integer"},
+                                     "b": {"type": "integer"}}})
+    return [r1["choices"][0]["text"], r2["choices"][0]["text"]]
+
+
+def same(a, b):
+    for (ta, la, fa), (tb, lb, fb) in zip(a, b):
+        assert ta == tb and fa == fb
+        assert len(la) == len(lb)
+        assert all(abs(x - y) <= 1e-3 for x, y in zip(la, lb)), (la, lb)
+
+
+def test_speculative_same_answers(daemon_factory):
+    plain = daemon_factory()
+    base = answers(plain)
+    base_sampled = sampled(plain)
+    base_constrained = constrained(plain)
+    assert "spec_decode" not in metrics(plain)
+    plain.stop()
+
+    d = daemon_factory("--speculative-ngram", "4")
+    m0 = metrics(d)
+    assert counter(m0, "vllm:spec_decode_num_drafts_total") == 0
+    same(answers(d), base)
+    assert sampled(d) == base_sampled
+    m = counter(metrics(d), "vllm:spec_decode_num_accepted_tokens_total")
+    assert constrained(d) == base_constrained
+    assert counter(metrics(d), "vllm:spec_decode_num_accepted_tokens_total") > m
+    m1 = metrics(d)
+    drafted = counter(m1, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = counter(m1, "vllm:spec_decode_num_accepted_tokens_total")
+    assert counter(m1, "vllm:spec_decode_num_drafts_total") > 0
+    assert 0 < accepted <= drafted
+    pos = [float(x) for x in re.findall(
+        r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="\d+"\} (\S+)$',
+        m1, re.M)]
+    assert len(pos) == 4 and sum(pos) == accepted
+    assert all(pos[i + 1] <= pos[i] for i in range(3))
+
+    # streamed: the same text
+    r = post(d, "/v1/completions", {"model": MODEL_NAME, "prompt": CODE, "max_tokens": 40,
+                                    "temperature": 0, "stream": True}, stream=True)
+    assert r.status_code == 200
+    text = "".join(e["choices"][0]["text"] for e in sse_events(r)
+                   if isinstance(e, dict) and e.get("choices"))
+    assert text == base[0][0]
+
+    # opt-out: same answer, no new drafts
+    before = counter(metrics(d), "vllm:spec_decode_num_draft_tokens_total")
+    r = complete(d, prompt=CODE, max_tokens=40, temperature=0, speculative=False)
+    assert r["choices"][0]["text"] == base[0][0]
+    assert counter(metrics(d), "vllm:spec_decode_num_draft_tokens_total") == before
+
+    # a bad type is the API's 400
+    r = post(d, "/v1/completions", {"model": MODEL_NAME, "prompt": CODE, "max_tokens": 4,
+                                    "speculative": "no"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "speculative" and "boolean" in err["message"]
+
+    # concurrent clients: speculating and plain rows in the same steps
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda p: complete(d, prompt=p, max_tokens=40, temperature=0)
+                          ["choices"][0]["text"], PROMPTS * 2))
+    assert got == [t for t, _, _ in base] * 2

@@ -1,0 +1,357 @@
+/* tests for speculative decoding (engine/serve/spec.c, speculate.c and the
+ * scheduler's draft rows), on the real SmolLM2-135M-Instruct Q4_1 model.
+ *
+ *  - the n-gram proposer against cases worked by hand from its definition
+ *    (spec.h): longest suffix first, latest occurrence with k tokens after
+ *    it, else the one with the most;
+ *  - the output with speculation is the output without it, token for
+ *    token, for every kind of request the engine serves side by side in
+ *    one batch: greedy, seeded sampling (temperature, top-k, top-p,
+ *    penalties), n = 2, logprobs with alternatives, a stop string, a
+ *    request that opts out; and the logprobs are the same numbers (the
+ *    draft rows go through the multi-row forward path, whose products and
+ *    attention are the same per row as the one-row path's: the engine's
+ *    batch invariance, test_engine.c; the tolerance below only absorbs
+ *    what a different summation order would give);
+ *  - speculation did happen and pay: drafts were accepted on prompts whose
+ *    continuation copies them;
+ *  - 1,000 speculative requests, a third cancelled mid-stream, leave every
+ *    KV block free and the counters consistent (accepted <= drafted; the
+ *    per-position counts never grow with the position). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/serve/engine.h"
+#include "engine/serve/spec.h"
+#include "engine/common/error.h"
+#include "engine/text/tokenizer.h"
+#include "engine_test.h"
+
+static waiter_t W = WAITER_INIT;
+
+/* ------------------------------------------------------------ proposer */
+
+static void expect_propose(const int32_t *t, int n, int n_min, int n_max, int k,
+                           const int32_t *want, int n_want)
+{
+    int32_t out[16] = {0};
+    int got = dsq_spec_ngram_propose(t, n, n_min, n_max, k, out);
+    assert_int_equal(got, n_want);
+    for (int i = 0; i < n_want; i++)
+        assert_int_equal(out[i], want[i]);
+}
+
+static void test_ngram_propose(void **state)
+{
+    (void)state;
+    /* suffix "2 3" occurs at 1: "4 5 6" follows */
+    const int32_t a[] = {1, 2, 3, 4, 5, 6, 7, 2, 3};
+    expect_propose(a, 9, 2, 2, 3, (const int32_t[]){4, 5, 6}, 3);
+    /* k caps it; the text's end caps it (the match at 1 has 5 after it) */
+    expect_propose(a, 9, 2, 2, 2, (const int32_t[]){4, 5}, 2);
+    expect_propose(a, 9, 1, 1, 8, (const int32_t[]){4, 5, 6, 7, 2, 3}, 6);
+    /* no earlier "7 2 3": the 3-gram fails, the 2-gram answers */
+    expect_propose(a, 9, 2, 3, 3, (const int32_t[]){4, 5, 6}, 3);
+    /* no match at all */
+    const int32_t b[] = {1, 2, 3, 4};
+    expect_propose(b, 4, 1, 3, 4, NULL, 0);
+    /* longest first: "8 9" matches at 0 and (later) at 4; "7 8 9" only
+     * at 3, so the 3-gram's continuation wins */
+    const int32_t c[] = {8, 9, 1, 7, 8, 9, 2, 7, 8, 9};
+    expect_propose(c, 10, 2, 3, 1, (const int32_t[]){2}, 1);
+    expect_propose(c, 10, 2, 2, 1, (const int32_t[]){2}, 1);  /* latest "8 9": 4 */
+    /* a repeated run: the latest "5 5" (just behind the suffix) has one
+     * token after it, an earlier one k: that one is taken */
+    const int32_t d[] = {5, 5, 5, 5, 5, 5};
+    expect_propose(d, 6, 2, 2, 3, (const int32_t[]){5, 5, 5}, 3);
+    /* when no occurrence has k after it, the one with the most */
+    const int32_t e[] = {4, 6, 1, 4, 6, 2, 3, 4, 6};
+    expect_propose(e, 9, 2, 2, 8, (const int32_t[]){1, 4, 6, 2, 3, 4, 6}, 7);
+    /* bad arguments propose nothing */
+    int32_t out[4];
+    assert_int_equal(dsq_spec_ngram_propose(a, 9, 0, 2, 3, out), 0);
+    assert_int_equal(dsq_spec_ngram_propose(a, 9, 3, 2, 3, out), 0);
+    assert_int_equal(dsq_spec_ngram_propose(a, 9, 2, 2, 0, out), 0);
+    assert_int_equal(dsq_spec_ngram_propose(a, 1, 1, 2, 3, out), 0);
+}
+
+/* ------------------------------------------------------------ engine */
+
+#define MAX_NEW 48
+#define N_REQ 10
+
+/* prompts whose continuation repeats them (where n-gram lookup pays) and
+ * ordinary ones */
+static const char *const prompts[N_REQ] = {
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    "def add(a, b):\n",
+    "<|im_start|>user\nRepeat this sentence exactly: The quick brown fox jumps over the "
+    "lazy dog near the river bank.<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4,",
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "import numpy as np\nx = np.zeros(3)\ny = np.ones(3)\nimport numpy as np\nx =",
+    "Paris, London, Berlin, Paris, London,",
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    "A haiku about autumn:",
+    "Q: What is 2 + 2?\nA:",
+};
+
+typedef struct out {
+    int32_t tok[2][MAX_NEW];
+    float lp[2][MAX_NEW];
+    dsq_top_logprob_t top[MAX_NEW][2];
+    int n[2];
+    char text[2048];
+    size_t text_len;
+    dsq_finish_t finish[2];
+} out_t;
+
+static const char *const STOPS[] = {"return"};
+
+/* The sampling of request i: a mix of what the engine serves. */
+static dsq_sampling_t sampling_of(int i)
+{
+    dsq_sampling_t sp = {.max_tokens = MAX_NEW, .temperature = 0, .top_p = 1, .n = 1,
+                         .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
+    switch (i) {
+    case 1:  /* logprobs with two alternatives */
+        sp.logprobs = 2;
+        break;
+    case 2:  /* seeded sampling */
+        sp.temperature = 0.8f;
+        sp.has_seed = true;
+        sp.seed = 1234;
+        sp.logprobs = 0;
+        break;
+    case 3:  /* n = 2, seeded, top-k / top-p */
+        sp.temperature = 1.0f;
+        sp.top_k = 40;
+        sp.top_p = 0.9f;
+        sp.has_seed = true;
+        sp.seed = 99;
+        sp.n = 2;
+        break;
+    case 4:  /* penalties */
+        sp.repetition_penalty = 1.3f;
+        sp.presence_penalty = 0.5f;
+        sp.frequency_penalty = 0.5f;
+        break;
+    case 0:  /* a stop string (the copied code has "return" in it) */
+        sp.n_stop = 1;
+        sp.stop = STOPS;
+        break;
+    case 6:  /* opts out */
+        sp.no_speculation = true;
+        break;
+    case 7:  /* short: max_tokens ends it inside a verification */
+        sp.max_tokens = 5;
+        break;
+    default:
+        break;
+    }
+    return sp;
+}
+
+static void collect(dsq_req_t *r, out_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    dsq_output_t ev;
+    while (wait_next(&W, r, &ev) > 0) {
+        int c = ev.index;
+        assert_true(c >= 0 && c < 2);
+        for (int i = 0; i < ev.n_tokens && o->n[c] < MAX_NEW; i++) {
+            o->tok[c][o->n[c]] = ev.tokens[i];
+            o->lp[c][o->n[c]] = ev.logprobs ? ev.logprobs[i] : 0;
+            if (c == 0 && ev.top && ev.n_top == 2)
+                memcpy(o->top[o->n[c]], ev.top + (size_t)i * 2, sizeof(o->top[0]));
+            o->n[c]++;
+        }
+        if (c == 0 && o->text_len + ev.text_len < sizeof(o->text)) {
+            memcpy(o->text + o->text_len, ev.text, ev.text_len);
+            o->text_len += ev.text_len;
+        }
+        if (ev.finish != DSQ_FINISH_NONE)
+            o->finish[c] = ev.finish;
+        dsq_output_free(&ev);
+    }
+}
+
+static dsq_engine_t *open_engine(int spec_k)
+{
+    dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
+                           .block_size = 16, .spec_k = spec_k, .spec_max_batch = 16,
+                           .step_budget_ms = -1};
+    return smollm2_engine(&o);
+}
+
+/* Every request at once (one batch: speculating, plain and prefill rows
+ * mixed in the same steps). */
+static void run_all(dsq_engine_t *e, out_t *res)
+{
+    dsq_req_t *rs[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        dsq_sampling_t sp = sampling_of(i);
+        rs[i] = req_submit_text(e, &W, prompts[i], &sp);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        collect(rs[i], &res[i]);
+        dsq_req_unref(rs[i]);
+    }
+}
+
+static void wait_idle(dsq_engine_t *e)
+{
+    dsq_engine_stats_t st;
+    for (int i = 0; i < 4000; i++) {
+        dsq_engine_stats(e, &st);
+        if (st.n_running == 0 && st.n_waiting == 0 && st.kv_blocks_used == 0)
+            return;
+        usleep(1000);
+    }
+    fail_msg("engine did not become idle: running=%d waiting=%d blocks_used=%lld", st.n_running,
+             st.n_waiting, (long long)st.kv_blocks_used);
+}
+
+static out_t plain[N_REQ], spec[N_REQ];
+
+static void test_same_output(void **state)
+{
+    (void)state;
+    dsq_engine_t *e = open_engine(0);
+    run_all(e, plain);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    assert_int_equal(st.spec_drafts_total, 0);
+    dsq_engine_destroy(e);
+
+    e = open_engine(4);
+    run_all(e, spec);
+    wait_idle(e);
+    dsq_engine_stats(e, &st);
+    dsq_engine_destroy(e);
+
+    for (int i = 0; i < N_REQ; i++) {
+        int nc = sampling_of(i).n;
+        for (int c = 0; c < nc; c++) {
+            if (plain[i].n[c] != spec[i].n[c] ||
+                memcmp(plain[i].tok[c], spec[i].tok[c], sizeof(int32_t) * (size_t)plain[i].n[c]))
+                fail_msg("request %d choice %d: %d tokens without speculation, %d with, or "
+                         "different ids", i, c, plain[i].n[c], spec[i].n[c]);
+            assert_int_equal(plain[i].finish[c], spec[i].finish[c]);
+            /* raw logprobs of the same tokens: equal up to fp32 summation
+             * order (1e-3 nats is far below what a different token or
+             * context would move) */
+            for (int t = 0; t < plain[i].n[c]; t++)
+                if (fabsf(plain[i].lp[c][t] - spec[i].lp[c][t]) > 1e-3f)
+                    fail_msg("request %d token %d: logprob %g vs %g", i, t,
+                             (double)plain[i].lp[c][t], (double)spec[i].lp[c][t]);
+        }
+        for (int t = 0; i == 1 && t < plain[i].n[0]; t++)
+            for (int a = 0; a < 2; a++)
+                assert_int_equal(plain[i].top[t][a].token, spec[i].top[t][a].token);
+        assert_int_equal(plain[i].text_len, spec[i].text_len);
+        assert_memory_equal(plain[i].text, spec[i].text, plain[i].text_len);
+    }
+    assert_int_equal(spec[7].n[0], 5);
+    assert_int_equal(spec[0].finish[0], DSQ_FINISH_STOP);
+    print_message("# drafts=%lld draft_tokens=%lld accepted=%lld per_pos=%lld,%lld,%lld,%lld\n",
+                  (long long)st.spec_drafts_total, (long long)st.spec_draft_tokens_total,
+                  (long long)st.spec_accepted_tokens_total,
+                  (long long)st.spec_accepted_per_pos[0], (long long)st.spec_accepted_per_pos[1],
+                  (long long)st.spec_accepted_per_pos[2], (long long)st.spec_accepted_per_pos[3]);
+    /* speculation ran and kept drafts: the copying prompts make most of
+     * them right */
+    assert_int_equal(st.spec_k, 4);
+    assert_true(st.spec_drafts_total > 0);
+    assert_true(st.spec_accepted_tokens_total > st.spec_draft_tokens_total / 4);
+    assert_true(st.spec_accepted_tokens_total <= st.spec_draft_tokens_total);
+}
+
+/* 1,000 speculative requests, 8 at a time, every third cancelled after
+ * its first event: the KV blocks all come back and the counters agree. */
+static void test_kv_after_many(void **state)
+{
+    (void)state;
+    dsq_engine_t *e = open_engine(4);
+    enum { TOTAL = 1000, AT_ONCE = 8 };
+    int done = 0, next = 0;
+    dsq_req_t *live[AT_ONCE] = {0};
+    int id[AT_ONCE];
+    while (done < TOTAL) {
+        for (int s = 0; s < AT_ONCE && next < TOTAL; s++) {
+            if (live[s])
+                continue;
+            dsq_sampling_t sp = sampling_of(next % N_REQ);
+            sp.max_tokens = 4 + next % 13;
+            sp.n = 1;
+            live[s] = req_submit_text(e, &W, prompts[next % N_REQ], &sp);
+            id[s] = next++;
+        }
+        for (int s = 0; s < AT_ONCE; s++) {
+            if (!live[s])
+                continue;
+            dsq_output_t ev;
+            int got = wait_next(&W, live[s], &ev);
+            if (got > 0) {
+                if (id[s] % 3 == 0)
+                    dsq_engine_cancel(e, live[s]);
+                dsq_output_free(&ev);
+                continue;
+            }
+            dsq_req_unref(live[s]);
+            live[s] = NULL;
+            done++;
+        }
+    }
+    wait_idle(e);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_true(st.spec_drafts_total > 100);
+    assert_true(st.spec_accepted_tokens_total <= st.spec_draft_tokens_total);
+    int64_t sum = 0;
+    for (int i = 0; i < DSQ_SPEC_MAX_K; i++) {
+        sum += st.spec_accepted_per_pos[i];
+        if (i > 0)
+            assert_true(st.spec_accepted_per_pos[i] <= st.spec_accepted_per_pos[i - 1]);
+    }
+    assert_int_equal(sum, st.spec_accepted_tokens_total);
+    dsq_engine_destroy(e);
+}
+
+/* Options out of range are refused with a reason, not clamped. */
+static void test_bad_options(void **state)
+{
+    (void)state;
+    const struct { int k, lo, hi, batch; } bad[] = {
+        {DSQ_SPEC_MAX_K + 1, 0, 0, 0}, {-1, 0, 0, 0}, {4, 5, 3, 0}, {4, 0, 0, -2}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dsq_engine_opts_t o = {.model_path = "unused.gguf", .spec_k = bad[i].k,
+                               .spec_ngram_min = bad[i].lo, .spec_ngram_max = bad[i].hi,
+                               .spec_max_batch = bad[i].batch};
+        char err[256] = "";
+        assert_null(dsq_engine_create(&o, err, sizeof(err)));
+        assert_non_null(strstr(err, "speculative decoding"));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_propose),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_same_output),
+        cmocka_unit_test(test_kv_after_many),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
