@@ -75,6 +75,10 @@ typedef struct {
                                    "json_schema": schema                     */
     double open_rate;           /* --open-loop RATE: Poisson arrivals, req/s;
                                    0 = closed loop (--clients in flight)    */
+    char **prompts;             /* --prompt-file: text prompts, used round
+                                   robin instead of id arrays (their length
+                                   is the server's usage.prompt_tokens)    */
+    int n_prompts;
 } load_t;
 
 #define OPEN_LOOP_SLOTS 1024    /* requests in flight at most, open loop   */
@@ -95,6 +99,8 @@ typedef struct {
     double *chunk_t;            /* arrival time of each chunk with text     */
     int n_chunks, chunk_cap;
     int usage_tokens;           /* -1: no usage seen                         */
+    int usage_prompt;           /* usage.prompt_tokens, -1: none            */
+    long long draft_n, draft_acc; /* llama-server's timings.draft_n(_accepted) */
     long status;                /* HTTP status, once done                   */
     bool refused_event;         /* a queue_full error event in the stream   */
     bool done, finished, oom;
@@ -121,6 +127,9 @@ typedef struct {
     int n_refused;              /* open loop: answered 503 (refused)      */
     double refuse[3];           /* their time to the 503; ms              */
     double offered_rate;        /* open loop: arrivals per second sent    */
+    long long draft_n, draft_acc; /* speculative decoding: draft tokens scored
+                                   and accepted (dsqd's /metrics counters, or
+                                   llama-server's per-request timings)     */
     char first_err[300];
 } stats_t;
 
@@ -224,8 +233,19 @@ static void on_event(req_t *r, double t)
     }
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
     const cJSON *ct = u ? cJSON_GetObjectItemCaseSensitive(u, "completion_tokens") : NULL;
+    const cJSON *pt = u ? cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens") : NULL;
     if (cJSON_IsNumber(ct))
         r->usage_tokens = ct->valueint;
+    if (cJSON_IsNumber(pt))
+        r->usage_prompt = pt->valueint;
+    /* llama-server: draft statistics of the request on its last chunk */
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "timings");
+    const cJSON *dn = tm ? cJSON_GetObjectItemCaseSensitive(tm, "draft_n") : NULL;
+    const cJSON *da = tm ? cJSON_GetObjectItemCaseSensitive(tm, "draft_n_accepted") : NULL;
+    if (cJSON_IsNumber(dn) && cJSON_IsNumber(da)) {
+        r->draft_n = (long long)dn->valuedouble;
+        r->draft_acc = (long long)da->valuedouble;
+    }
     cJSON_Delete(o);
 }
 
@@ -308,8 +328,13 @@ static char *make_body(const load_t *ld, const char *model, int idx, int prompt_
         return NULL;
     if (model && !cJSON_AddStringToObject(o, "model", model))
         goto out;
-    if (!(ids = cJSON_AddArrayToObject(o, "prompt")))
+    if (ld->n_prompts > 0) {
+        if (!cJSON_AddStringToObject(o, "prompt", ld->prompts[idx % ld->n_prompts]))
+            goto out;
+        prompt_len = 0;
+    } else if (!(ids = cJSON_AddArrayToObject(o, "prompt"))) {
         goto out;
+    }
     for (int i = 0; i < prompt_len; i++) {
         cJSON *n = cJSON_CreateNumber((double)(100 + dsq__bench_splitmix(&s) % (uint64_t)(ld->vocab - 100)));
         if (!n || !cJSON_AddItemToArray(ids, n)) {
@@ -344,6 +369,7 @@ static int req_start(req_t *r, CURLM *m, const load_t *ld, const char *url,
     r->prompt_len = prompt_len;
     r->max_tokens = max_tokens;
     r->usage_tokens = -1;
+    r->usage_prompt = -1;
     char full[256];
     snprintf(full, sizeof(full), "%s/v1/completions", url);
     r->body = make_body(ld, model, idx, prompt_len, max_tokens);
@@ -489,7 +515,9 @@ static int run_load(const load_t *ld, const char *url, const char *model, int fi
                     st->n_refused++;
                 if (ok) {
                     st->n_ok++;
-                    st->in_tokens += r->prompt_len;
+                    st->in_tokens += r->usage_prompt >= 0 ? r->usage_prompt : r->prompt_len;
+                    st->draft_n += r->draft_n;
+                    st->draft_acc += r->draft_acc;
                     st->out_tokens += r->usage_tokens >= 0 ? r->usage_tokens : r->n_chunks;
                     st->n_chunks += r->n_chunks;
                 } else if (!st->first_err[0] && !(refused && ld->open_rate > 0)) {
@@ -661,6 +689,28 @@ static pid_t start_server(const spawn_t *sp, const char *model, int threads, int
     return pid;
 }
 
+/* dsqd's speculative decoding counters (vLLM's names) from url's /metrics:
+ * false when the server has none (not dsqd, or speculation off). */
+static bool spec_counters(const char *url, long long *draft, long long *acc)
+{
+    char full[256];
+    long status = 0;
+    snprintf(full, sizeof(full), "%s/metrics", url);
+    char *m = dsq__bench_http_get(full, &status, 10);
+    bool ok = false;
+    if (m && status == 200) {
+        const char *d = strstr(m, "\nvllm:spec_decode_num_draft_tokens_total{");
+        const char *a = strstr(m, "\nvllm:spec_decode_num_accepted_tokens_total{");
+        if (d && a && (d = strchr(d, '}')) && (a = strchr(a, '}'))) {
+            *draft = strtoll(d + 1, NULL, 10);
+            *acc = strtoll(a + 1, NULL, 10);
+            ok = true;
+        }
+    }
+    free(m);
+    return ok;
+}
+
 /* ------------------------------------------------------------- report */
 
 static void print_table(const load_t *ld, stats_t *s, int n)
@@ -681,6 +731,14 @@ static void print_table(const load_t *ld, stats_t *s, int n)
     for (int i = 0; i < n; i++)
         printf("# %s = %s%s%s\n", s[i].label, s[i].url, s[i].first_err[0] ? "; first failure: " : "",
                s[i].first_err);
+    if (ld->n_prompts > 0)
+        printf("# prompts: %d texts of --prompt-file, round robin (prompt lengths are the "
+               "servers' usage.prompt_tokens)\n", ld->n_prompts);
+    for (int i = 0; i < n; i++)
+        if (s[i].draft_n > 0)
+            printf("# %s: speculative decoding scored %lld draft tokens, accepted %lld "
+                   "(%.1f %%)\n", s[i].label, s[i].draft_n, s[i].draft_acc,
+                   100.0 * (double)s[i].draft_acc / (double)s[i].draft_n);
     printf("| target | ok/sent | wall s | req/s | out tok/s | TTFT p50 ms | TTFT p99 ms |"
            " ITL p50 ms | ITL p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p50 ms | E2E p99 ms |"
            " tok/chunk |\n");
@@ -766,6 +824,8 @@ static void print_json(const load_t *ld, stats_t *s, int n)
         add_pct(x, "tpot_ms", t->tpot);
         add_pct(x, "e2e_ms", t->e2e);
         cJSON_AddNumberToObject(x, "refused", t->n_refused);
+        cJSON_AddNumberToObject(x, "draft_tokens", (double)t->draft_n);
+        cJSON_AddNumberToObject(x, "draft_accepted", (double)t->draft_acc);
         add_pct(x, "refuse_ms", t->refuse);
         if (ld->open_rate > 0)
             cJSON_AddNumberToObject(x, "offered_rate", t->offered_rate);
@@ -784,6 +844,47 @@ static void print_json(const load_t *ld, stats_t *s, int n)
 }
 
 /* ------------------------------------------------------------- options */
+
+/* --prompt-file: one JSON string per line (JSON Lines), blank lines
+ * skipped. Returns 0, or -1 with the reason on stderr. */
+static int read_prompts(const char *path, load_t *ld)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "dsq-bench serve: --prompt-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int lineno = 0, rc = 0;
+    while (rc == 0 && (n = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        cJSON *j = cJSON_Parse(line);
+        char **p = realloc(ld->prompts, (size_t)(ld->n_prompts + 1) * sizeof(*p));
+        if (p)
+            ld->prompts = p;
+        if (!cJSON_IsString(j) || !p || !(p[ld->n_prompts] = strdup(j->valuestring))) {
+            fprintf(stderr, "dsq-bench serve: --prompt-file %s:%d: not a JSON string\n", path,
+                    lineno);
+            rc = -1;
+        } else {
+            ld->n_prompts++;
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && ld->n_prompts == 0) {
+        fprintf(stderr, "dsq-bench serve: --prompt-file %s: no prompts\n", path);
+        rc = -1;
+    }
+    return rc;
+}
 
 static int parse_int(const char *s, const char *name, int lo, int hi, int *out)
 {
@@ -832,6 +933,7 @@ static void usage(FILE *f)
         "         [--vocab 10000] [--warmup 1] [--timeout 600] [--model-name NAME]\n"
         "         [--dsqd-arg ARG]... [--llama-arg ARG]... [--log-dir DIR] [--json]\n"
         "         [--grammar GBNF_FILE | --json-schema SCHEMA_FILE] [--open-loop RATE]\n"
+        "         [--prompt-file JSONL]\n"
         "Streams /v1/completions from N concurrent clients (prompts are token-id\n"
         "arrays, ignore_eos, greedy) and reports request throughput, output tok/s,\n"
         "TTFT, inter-token latency, time per output token and end-to-end latency.\n"
@@ -854,7 +956,12 @@ static void usage(FILE *f)
         "--clients is then only the servers' --max-num-seqs); requests answered 503\n"
         "(or, streamed, an error event with code queue_full) are counted as refused\n"
         "with their time to the answer, the latency columns\n"
-        "are those of the requests served.\n");
+        "are those of the requests served.\n"
+        "--prompt-file: text prompts (one JSON string per line) sent round robin\n"
+        "instead of id arrays (--prompt-len and the mix's P are then unused; T still\n"
+        "applies). Where a target speculates (dsqd --speculative-ngram, read from its\n"
+        "/metrics; llama-server --spec-type, from each answer's timings), the draft\n"
+        "tokens scored and accepted are reported.\n");
 }
 
 int dsq__bench_serve(int argc, char **argv)
@@ -910,6 +1017,9 @@ int dsq__bench_serve(int argc, char **argv)
             s->extra[s->n_extra++] = v;
         } else if (strcmp(a, "--model") == 0) {
             model = v;
+        } else if (strcmp(a, "--prompt-file") == 0) {
+            if (read_prompts(v, &ld) != 0)
+                return 2;
         } else if (strcmp(a, "--grammar") == 0) {
             FILE *f = fopen(v, "rb");
             long n = -1;
@@ -1108,10 +1218,19 @@ int dsq__bench_serve(int argc, char **argv)
                 if (ld.warmup > 0 &&
                     run_load(&ld, url, name, ld.n_requests, ld.warmup, 4, NULL))
                     rc = 1;
-                else if (run_load(&ld, url, name, 0, ld.n_requests, 0, t) != 0)
-                    rc = 1;
-                else
-                    n_st++;
+                else {
+                    long long d0 = 0, a0 = 0, d1 = 0, a1 = 0;
+                    bool spec = spec_counters(url, &d0, &a0);
+                    if (run_load(&ld, url, name, 0, ld.n_requests, 0, t) != 0) {
+                        rc = 1;
+                    } else {
+                        if (spec && spec_counters(url, &d1, &a1)) {
+                            t->draft_n += d1 - d0;
+                            t->draft_acc += a1 - a0;
+                        }
+                        n_st++;
+                    }
+                }
             }
             ld.constrained = false;
         }
@@ -1135,5 +1254,8 @@ int dsq__bench_serve(int argc, char **argv)
     curl_global_cleanup();
     free(ld.grammar);
     cJSON_Delete(ld.schema);
+    for (int i = 0; i < ld.n_prompts; i++)
+        free(ld.prompts[i]);
+    free(ld.prompts);
     return rc;
 }

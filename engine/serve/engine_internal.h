@@ -71,6 +71,8 @@ typedef struct eseq {
     int think_state;               /* THINK_* (choice.c)                      */
     int think_n;                   /* tokens written inside the section       */
     int think_force;               /* next think_end index to force, -1: none */
+    double spec_acc, spec_seen;    /* speculation: drafts accepted / checked,
+                                      decayed (speculate.c's draft length)   */
     int step_prefill;              /* timeline: prompt tokens of this step   */
     int step_pos;                  /* timeline: their first position          */
     bool step_decode;              /* timeline: a decode row in this step     */

@@ -34,3 +34,12 @@ int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, i
     }
     return 0;
 }
+
+int dsq_spec_draft_len(double accepted, double checked, double row_cost, int k_max)
+{
+    const double alpha = (accepted + 0.6 * 2.0) / (checked + 2.0);
+    int k = 0;
+    for (double p = alpha; k < k_max && p > row_cost; p *= alpha)
+        k++;
+    return k;
+}

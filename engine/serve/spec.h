@@ -32,4 +32,18 @@
 int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, int k,
                            int32_t *out);
 
+/* How many drafts pay, at most k_max. A draft row costs row_cost of a
+ * one-row step (the step cost model's token_ms / (fixed_ms + token_ms):
+ * little on a GPU, a large share on a CPU, where rows are compute). Draft
+ * i is kept only if the i - 1 before it are, with probability alpha^i,
+ * alpha = the rate of drafts kept when checked (accepted / checked, decayed
+ * counts the caller keeps, with a prior of 0.6 worth two drafts), and is
+ * then worth a whole step. So drafts are proposed while alpha^i >
+ * row_cost: text that copies its context gets long drafts, free text a
+ * short one or none, and a model whose rows are cheap more than one whose
+ * rows are not (an acceptance-adaptive length, as llama.cpp's p_min or
+ * dynamic speculation lengths; the cost side is the engine's own fit).
+ * Returns 0..k_max (0 for row_cost >= 1 or k_max < 1). */
+int dsq_spec_draft_len(double accepted, double checked, double row_cost, int k_max);
+
 #endif

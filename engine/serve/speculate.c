@@ -24,19 +24,24 @@ void dsq__spec_propose(dsq_engine_t *e)
     const dsq_engine_opts_t *o = &e->o;
     int n = 0;
     for (dsq_req_t *r = e->active; r; r = r->next_active)
-        for (int c = 0; c < r->n_seqs; c++) {
-            const eseq_t *s = r->seqs[c];
+        for (int i = 0; i < r->n_seqs; i++) {
+            const eseq_t *s = r->seqs[i];
             n += s && !s->finished && s->seq.state == DSQ_SEQ_RUNNING && !s->seq.paused &&
                  s->seq.n_computed >= s->seq.n_prompt;
         }
     if (n == 0 || n > o->spec_max_batch)
         return;
+    dsq_step_cost_t cost;
+    double row_cost = 0.25;        /* until the step cost model has a fit */
+    if (dsq_step_cost_model(&e->step_fit, &cost) && cost.token_ms > 0)
+        row_cost = cost.token_ms / (cost.fixed_ms + cost.token_ms);
+    row_cost = row_cost < 0.02 ? 0.02 : row_cost > 0.9 ? 0.9 : row_cost;
     int32_t d[DSQ_SPEC_MAX_K];
     for (dsq_req_t *r = e->active; r; r = r->next_active) {
         if (r->sp.no_speculation)
             continue;
-        for (int c = 0; c < r->n_seqs; c++) {
-            eseq_t *s = r->seqs[c];
+        for (int i = 0; i < r->n_seqs; i++) {
+            eseq_t *s = r->seqs[i];
             dsq_seq_t *q = s ? &s->seq : NULL;
             if (!q || s->finished || q->state != DSQ_SEQ_RUNNING || q->paused ||
                 q->n_computed < q->n_prompt || q->n_tokens - q->n_computed != 1 ||
@@ -44,7 +49,14 @@ void dsq__spec_propose(dsq_engine_t *e)
                 continue;
             /* drafts never run past max_tokens (the pending token's sample
              * and the drafts' are each one output token) or the context */
-            int k = o->spec_k;
+            int k = dsq_spec_draft_len(s->spec_acc, s->spec_seen, row_cost, o->spec_k);
+            if (k == 0) {
+                /* backed off: the record fades, so a choice whose text
+                 * starts copying later is tried again (a few steps on) */
+                s->spec_acc *= 0.9;
+                s->spec_seen *= 0.9;
+                continue;
+            }
             int left = r->sp.max_tokens - s->n_generated - 1;
             if (k > left)
                 k = left;
@@ -82,6 +94,10 @@ int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows)
     /* a finished choice has left the scheduler with its blocks */
     if (!rc && q->state == DSQ_SEQ_RUNNING)
         dsq_sched_accept_drafts(e->sched, q, acc);
+    /* the draft length's statistics: drafts checked are the kept ones and
+     * the first refused (those after it were never compared) */
+    s->spec_acc = 0.8 * s->spec_acc + acc;
+    s->spec_seen = 0.8 * s->spec_seen + (acc < nd ? acc + 1 : acc);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_drafts_total++;
     e->stats.spec_draft_tokens_total += nd;

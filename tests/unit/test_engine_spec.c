@@ -3,7 +3,7 @@
  *
  *  - the n-gram proposer against cases worked by hand from its definition
  *    (spec.h): longest suffix first, latest occurrence with k tokens after
- *    it, else the one with the most;
+ *    it, else the one with the most; the draft length rule likewise;
  *  - the output with speculation is the output without it, token for
  *    token, for every kind of request the engine serves side by side in
  *    one batch: greedy, seeded sampling (temperature, top-k, top-p,
@@ -82,6 +82,26 @@ static void test_ngram_propose(void **state)
     assert_int_equal(dsq_spec_ngram_propose(a, 9, 3, 2, 3, out), 0);
     assert_int_equal(dsq_spec_ngram_propose(a, 9, 2, 2, 0, out), 0);
     assert_int_equal(dsq_spec_ngram_propose(a, 1, 1, 2, 3, out), 0);
+}
+
+/* The draft length: the largest i <= k_max with alpha^i > row_cost,
+ * alpha = (accepted + 1.2) / (checked + 2), worked by hand. */
+static void test_draft_len(void **state)
+{
+    (void)state;
+    /* no record: alpha 0.6; 0.6, 0.36, 0.216, 0.1296 > 0.1, 0.0778 not */
+    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 16), 4);
+    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 3), 3);
+    assert_int_equal(dsq_spec_draft_len(0, 0, 0.6, 16), 0);
+    /* 18.6 of 20 kept: alpha 0.9; 0.9^15 = 0.206 > 0.2 > 0.9^16 = 0.185 */
+    assert_int_equal(dsq_spec_draft_len(18.6, 20, 0.2, 16), 15);
+    assert_int_equal(dsq_spec_draft_len(18.6, 20, 0.02, 16), 16);
+    /* nothing kept of 5: alpha 0.1714; 0.1714 < 0.25 */
+    assert_int_equal(dsq_spec_draft_len(0, 5, 0.25, 16), 0);
+    assert_int_equal(dsq_spec_draft_len(0, 5, 0.1, 16), 1);
+    /* dear rows: nothing pays; k_max 0 */
+    assert_int_equal(dsq_spec_draft_len(100, 100, 1.0, 16), 0);
+    assert_int_equal(dsq_spec_draft_len(100, 100, 0.1, 0), 0);
 }
 
 /* ------------------------------------------------------------ engine */
@@ -349,6 +369,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_propose),
+        cmocka_unit_test(test_draft_len),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_same_output),
         cmocka_unit_test(test_kv_after_many),
