@@ -206,6 +206,10 @@ void dsq__trace_request(conn_t *c, struct MHD_Connection *mc, int st, double t_e
             dsq_span_attr_int(s, "dsq.decode.tokens", tl.n_generated);
             dsq_span_attr_int(s, "dsq.decode.steps", tl.n_decode_steps);
             dsq_span_attr_int(s, "dsq.preemptions", tl.n_preemptions);
+            if (tl.n_draft_tokens > 0) {
+                dsq_span_attr_int(s, "dsq.spec.draft_tokens", tl.n_draft_tokens);
+                dsq_span_attr_int(s, "dsq.spec.accepted_tokens", tl.n_draft_accepted);
+            }
             if (s)
                 dsq_otlp_submit(x, s);
         }

@@ -35,6 +35,7 @@ typedef struct dsq_options {
     int speculative_ngram;         /* draft tokens per step, 0 = off         */
     int speculative_ngram_min, speculative_ngram_max;
     int speculative_max_batch;
+    bool speculative_fixed_len;
     bool kv_cache_prefault;        /* hardening: see --kv-cache-prefault     */
     int64_t max_request_bytes;
     int max_waiting_requests;

@@ -155,11 +155,15 @@ typedef struct dsq_engine_opts {
      * speculation (greedy or seeded sampling alike, up to the last bits of
      * a multi-row forward pass; dsq_sampling_t.no_speculation opts a
      * request out). spec_k <= DSQ_SPEC_MAX_K; 0 defaults: spec_ngram_min 2,
-     * spec_ngram_max 4, spec_max_batch 8. dsq_engine_create fails on
+     * spec_ngram_max 4, spec_max_batch 4. dsq_engine_create fails on
      * values out of range (spec_ngram_min > spec_ngram_max, negative). */
     int spec_k;
     int spec_ngram_min, spec_ngram_max;
     int spec_max_batch;
+    /* false (default): each sequence's draft length adapts to its
+     * acceptance and the cost of a row (spec.h dsq_spec_draft_len); true:
+     * spec_k drafts whenever the lookup has them */
+    bool spec_fixed_len;
 } dsq_engine_opts_t;
 
 /* The most draft tokens per sequence and step (dsq_engine_opts_t.spec_k). */
@@ -452,6 +456,8 @@ typedef struct dsq_req_timeline {
     int n_generated;                 /* tokens of every choice (best_of: all
                                         candidates), counted as choices end  */
     int n_preemptions;               /* of every choice, counted as they end  */
+    int n_draft_tokens;              /* speculative decoding: drafts scored   */
+    int n_draft_accepted;            /* and kept, every choice               */
 } dsq_req_timeline_t;
 
 /* Copy r's timeline into *out (under the request's lock: any thread,

@@ -48,7 +48,7 @@
 #define MAX_TOP_LOGPROBS 20
 
 /* dsq_engine_opts_t.spec_max_batch's default */
-#define DSQ__SPEC_MAX_BATCH 8
+#define DSQ__SPEC_MAX_BATCH 4
 
 /* Engine-side state of one choice. Engine thread only. */
 typedef struct eseq {

@@ -32,9 +32,10 @@
 int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, int k,
                            int32_t *out);
 
-/* How many drafts pay, at most k_max. A draft row costs row_cost of a
- * one-row step (the step cost model's token_ms / (fixed_ms + token_ms):
- * little on a GPU, a large share on a CPU, where rows are compute). Draft
+/* How many drafts pay, at most k_max. A draft row costs row_cost of what
+ * a token costs in the step (the step cost model's n token_ms / (fixed_ms
+ * + n token_ms) with n decoding rows: little on a GPU at batch 1, a large
+ * share on a CPU, where rows are compute, and more in a batch). Draft
  * i is kept only if the i - 1 before it are, with probability alpha^i,
  * alpha = the rate of drafts kept when checked (accepted / checked, decayed
  * counts the caller keeps, with a prior of 0.6 worth two drafts), and is

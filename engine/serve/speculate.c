@@ -31,10 +31,13 @@ void dsq__spec_propose(dsq_engine_t *e)
         }
     if (n == 0 || n > o->spec_max_batch)
         return;
+    /* a draft row's cost against what a token costs in a step of n
+     * decoding rows ((fixed + n token) / n): in a batch, a token gained
+     * is worth 1/n of the step's fixed cost, so drafts must be surer */
     dsq_step_cost_t cost;
-    double row_cost = 0.25;        /* until the step cost model has a fit */
+    double row_cost = 0.25 * n / (0.75 + 0.25 * n);   /* no fit yet: rows a quarter */
     if (dsq_step_cost_model(&e->step_fit, &cost) && cost.token_ms > 0)
-        row_cost = cost.token_ms / (cost.fixed_ms + cost.token_ms);
+        row_cost = n * cost.token_ms / (cost.fixed_ms + n * cost.token_ms);
     row_cost = row_cost < 0.02 ? 0.02 : row_cost > 0.9 ? 0.9 : row_cost;
     int32_t d[DSQ_SPEC_MAX_K];
     for (dsq_req_t *r = e->active; r; r = r->next_active) {
@@ -49,7 +52,9 @@ void dsq__spec_propose(dsq_engine_t *e)
                 continue;
             /* drafts never run past max_tokens (the pending token's sample
              * and the drafts' are each one output token) or the context */
-            int k = dsq_spec_draft_len(s->spec_acc, s->spec_seen, row_cost, o->spec_k);
+            int k = o->spec_fixed_len ? o->spec_k
+                                      : dsq_spec_draft_len(s->spec_acc, s->spec_seen, row_cost,
+                                                           o->spec_k);
             if (k == 0) {
                 /* backed off: the record fades, so a choice whose text
                  * starts copying later is tried again (a few steps on) */
@@ -98,6 +103,10 @@ int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows)
      * the first refused (those after it were never compared) */
     s->spec_acc = 0.8 * s->spec_acc + acc;
     s->spec_seen = 0.8 * s->spec_seen + (acc < nd ? acc + 1 : acc);
+    pthread_mutex_lock(&s->req->mu);
+    s->req->tl.n_draft_tokens += nd;
+    s->req->tl.n_draft_accepted += acc;
+    pthread_mutex_unlock(&s->req->mu);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_drafts_total++;
     e->stats.spec_draft_tokens_total += nd;

@@ -336,6 +336,29 @@ def test_export_prompt_flag(daemon_factory, collector):
     assert msgs[0]["content"] == "periwinkle"
 
 
+def test_speculation_attributes(daemon_factory, collector):
+    # a reply that copies its prompt: the decode span says how many drafts
+    # were scored and kept; a request that opts out has neither attribute
+    d = daemon_factory("--otlp-endpoint", collector.url, "--speculative-ngram", "8",
+                       env=FAST_EXPORT)
+    text = "alpha beta gamma delta epsilon zeta eta theta " * 4
+    r = chat(d, headers={"traceparent": f"00-{'55' * 16}-{PARENT_ID}-01"},
+             messages=[{"role": "user", "content": "Repeat exactly: " + text}],
+             max_tokens=40, temperature=0)
+    assert r.status_code == 200
+    spans = collector.trace("55" * 16, 4)
+    da = attrs([s for s in spans if s.name == "decode"][0])
+    assert 0 < da["dsq.spec.accepted_tokens"] <= da["dsq.spec.draft_tokens"]
+    assert da["dsq.decode.steps"] < da["dsq.decode.tokens"]
+    r = chat(d, headers={"traceparent": f"00-{'66' * 16}-{PARENT_ID}-01"},
+             messages=[{"role": "user", "content": "Repeat exactly: " + text}],
+             max_tokens=40, temperature=0, speculative=False)
+    assert r.status_code == 200
+    spans = collector.trace("66" * 16, 4)
+    da = attrs([s for s in spans if s.name == "decode"][0])
+    assert "dsq.spec.draft_tokens" not in da
+
+
 def test_spans_flushed_at_shutdown(daemon_factory, collector):
     # a batch delay far beyond the test: only the shutdown flush sends it
     d = daemon_factory("--otlp-endpoint", collector.url,

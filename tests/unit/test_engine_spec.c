@@ -15,9 +15,14 @@
  *    what a different summation order would give);
  *  - speculation did happen and pay: drafts were accepted on prompts whose
  *    continuation copies them;
+ *  - over independent seeds, sampled speculative decoding draws from plain
+ *    sampling's distribution (chi-square on stories260K, vocabulary 512);
  *  - 1,000 speculative requests, a third cancelled mid-stream, leave every
  *    KV block free and the counters consistent (accepted <= drafted; the
- *    per-position counts never grow with the position). */
+ *    per-position counts never grow with the position).
+ * The engines here propose all K drafts wherever the lookup has them
+ * (spec_fixed_len): these are checks of correctness in any batch, not of
+ * the draft length policy (test_draft_len is). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -35,6 +40,7 @@
 #include "engine/common/error.h"
 #include "engine/text/tokenizer.h"
 #include "engine_test.h"
+#include "test_common.h"
 
 static waiter_t W = WAITER_INIT;
 
@@ -210,7 +216,7 @@ static dsq_engine_t *open_engine(int spec_k)
 {
     dsq_engine_opts_t o = {.kv_cache_memory_bytes = 64 << 20, .max_model_len = 512,
                            .block_size = 16, .spec_k = spec_k, .spec_max_batch = 16,
-                           .step_budget_ms = -1};
+                           .spec_fixed_len = true, .step_budget_ms = -1};
     return smollm2_engine(&o);
 }
 
@@ -349,6 +355,173 @@ static void test_kv_after_many(void **state)
     dsq_engine_destroy(e);
 }
 
+/* ------------------------------------------------------ distribution */
+
+/* Upper quantile of chi-square with df degrees of freedom at z standard
+ * deviations (Wilson & Hilferty 1931): df (1 - 2/(9df) + z sqrt(2/(9df)))^3;
+ * z = 3.09 is p = 0.001. */
+static double chi2_crit(int df, double z)
+{
+    double a = 2.0 / (9.0 * df), b = 1.0 - a + z * sqrt(a);
+    return df * b * b * b;
+}
+
+#define DRAWS 1500
+#define OUT 24                  /* output tokens of each draw */
+/* a story the model tends to continue by repeating it (n-gram drafts) */
+#define PROMPT "Lily had a red ball. Lily had a red ball. Lily had a red ball. Lily had a"
+
+/* DRAWS seeded samples (temperature 0.8) of OUT tokens of stories260K
+ * continuing PROMPT, seeds seed0 + i, into out[i][0..OUT); the prompt's
+ * ids into prompt[0..*n_prompt). */
+static void draws(int spec_k, uint64_t seed0, int32_t (*out)[OUT], int32_t *prompt,
+                  int *n_prompt, int64_t *accepted)
+{
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
+    dsq_engine_opts_t o = {.model_path = model, .tokenizer_path = tok,
+                           .kv_cache_memory_bytes = 8 << 20, .max_model_len = 64,
+                           .block_size = 16, .spec_k = spec_k, .spec_max_batch = 16,
+                           .spec_fixed_len = true, .step_budget_ms = -1};
+    char err[256];
+    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
+    if (!e)
+        fail_msg("engine: %s", err);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    assert_int_equal(dsq_tokenizer_encode(dsq_engine_tokenizer(e), PROMPT, strlen(PROMPT),
+                                          DSQ_TOK_PARSE_SPECIAL, &ids, &n_ids), 0);
+    assert_true(n_ids > 0 && n_ids <= 40);
+    memcpy(prompt, ids, n_ids * sizeof(*ids));
+    *n_prompt = (int)n_ids;
+    enum { AT_ONCE = 16 };
+    dsq_req_t *live[AT_ONCE] = {0};
+    int id[AT_ONCE], n_out[AT_ONCE], next = 0, done = 0;
+    while (done < DRAWS) {
+        for (int s = 0; s < AT_ONCE && next < DRAWS; s++) {
+            if (live[s])
+                continue;
+            dsq_sampling_t sp = {.max_tokens = OUT, .temperature = 0.8f, .top_p = 1,
+                                 .n = 1, .repetition_penalty = 1, .logprobs = -1,
+                                 .ignore_eos = true, .has_seed = true,
+                                 .seed = seed0 + (uint64_t)next};
+            live[s] = req_submit_ids(e, &W, ids, (int)n_ids, &sp);
+            id[s] = next++;
+            n_out[s] = 0;
+        }
+        for (int s = 0; s < AT_ONCE; s++) {
+            if (!live[s])
+                continue;
+            dsq_output_t ev;
+            if (wait_next(&W, live[s], &ev) > 0) {
+                for (int i = 0; i < ev.n_tokens && n_out[s] < OUT; i++)
+                    out[id[s]][n_out[s]++] = ev.tokens[i];
+                dsq_output_free(&ev);
+                continue;
+            }
+            assert_int_equal(n_out[s], OUT);
+            dsq_req_unref(live[s]);
+            live[s] = NULL;
+            done++;
+        }
+    }
+    free(ids);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    *accepted = st.spec_accepted_tokens_total;
+    dsq_engine_destroy(e);
+    free(model);
+    free(tok);
+}
+
+/* Chi-square statistic of homogeneity of two equal-sized samples given as
+ * counts ca[i], cb[i] over n classes; classes with fewer than 10 draws in
+ * both pooled into one. *df receives the degrees of freedom. */
+static double chi2_two(const int *ca, const int *cb, int n, int *df)
+{
+    double x2 = 0;
+    int k = 0, oa = 0, ob = 0;
+    for (int t = 0; t <= n; t++) {
+        if (t < n && ca[t] + cb[t] < 10) {
+            oa += ca[t];
+            ob += cb[t];
+            continue;
+        }
+        int na = t < n ? ca[t] : oa, nb = t < n ? cb[t] : ob;
+        if (na + nb == 0)
+            continue;
+        double ex = (na + nb) / 2.0;
+        x2 += (na - ex) * (na - ex) / ex + (nb - ex) * (nb - ex) / ex;
+        k++;
+    }
+    *df = k - 1;
+    return x2;
+}
+
+/* Copy events of one draw: output positions whose token is the one the
+ * n-gram lookup (defaults: suffixes of 4 down to 2 tokens) would have
+ * drafted first there, the events speculation could bias. */
+static int copies(const int32_t *prompt, int n_prompt, const int32_t *out)
+{
+    int32_t t[64], d[1];
+    memcpy(t, prompt, (size_t)n_prompt * sizeof(*t));
+    int c = 0;
+    for (int j = 0; j < OUT; j++) {
+        c += dsq_spec_ngram_propose(t, n_prompt + j, 2, 4, 1, d) == 1 && d[0] == out[j];
+        t[n_prompt + j] = out[j];
+    }
+    return c;
+}
+
+/* Sampled speculative decoding draws from the distribution plain sampling
+ * draws from, over independent seeds, in chi-square tests of homogeneity
+ * at p = 0.001 each: the last token's distribution (drafts were kept
+ * before it), and the distribution of copy events per draw (how often the
+ * output took the token the lookup drafts, which a verification biased
+ * towards drafts raises). The seeds are fixed, so the outcome is too (no
+ * flaky test). Watched fail: a verification that added 1 to the drafted
+ * token's logit (copy events 814 vs 1,175 of 36,000 positions, chi2 37.1
+ * against 22.7). */
+static void test_sampled_distribution(void **state)
+{
+    (void)state;
+    static int32_t a[DRAWS][OUT], b[DRAWS][OUT];
+    int32_t prompt[64];
+    int n_prompt;
+    int64_t acc_a, acc_b;
+    draws(0, 1, a, prompt, &n_prompt, &acc_a);
+    draws(4, 1000001, b, prompt, &n_prompt, &acc_b);
+    assert_int_equal(acc_a, 0);
+    enum { V = 512 };                /* stories260K's vocabulary */
+    static int ca[V], cb[V], ka[OUT + 1], kb[OUT + 1];
+    memset(ca, 0, sizeof(ca));
+    memset(cb, 0, sizeof(cb));
+    memset(ka, 0, sizeof(ka));
+    memset(kb, 0, sizeof(kb));
+    long sum_a = 0, sum_b = 0;
+    for (int i = 0; i < DRAWS; i++) {
+        assert_true(a[i][OUT - 1] >= 0 && a[i][OUT - 1] < V);
+        assert_true(b[i][OUT - 1] >= 0 && b[i][OUT - 1] < V);
+        ca[a[i][OUT - 1]]++;
+        cb[b[i][OUT - 1]]++;
+        int na = copies(prompt, n_prompt, a[i]), nb = copies(prompt, n_prompt, b[i]);
+        ka[na]++;
+        kb[nb]++;
+        sum_a += na;
+        sum_b += nb;
+    }
+    int df1, df2;
+    double x1 = chi2_two(ca, cb, V, &df1), x2 = chi2_two(ka, kb, OUT + 1, &df2);
+    double c1 = chi2_crit(df1, 3.09), c2 = chi2_crit(df2, 3.09);
+    print_message("# last token: chi2=%.1f df=%d crit=%.1f; copy events: %ld vs %ld, chi2=%.1f "
+                  "df=%d crit=%.1f; drafts kept %lld\n", x1, df1, c1, sum_a, sum_b, x2, df2,
+                  c2, (long long)acc_b);
+    assert_true(acc_b > DRAWS / 4);  /* drafts were kept, many times */
+    assert_true(df1 >= 4 && df2 >= 4);
+    assert_true(x1 < c1);
+    assert_true(x2 < c2);
+}
+
 /* Options out of range are refused with a reason, not clamped. */
 static void test_bad_options(void **state)
 {
@@ -373,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_same_output),
         cmocka_unit_test(test_kv_after_many),
+        cmocka_unit_test(test_sampled_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
