@@ -1,7 +1,8 @@
-/* Shared by the engine tests (test_engine.c, test_engine_prefix.c): the
+/* Shared by the engine tests (test_engine.c, _prefix.c, _spec.c): the
  * SmolLM2 engine they open, a condition-variable waiter that a request's
- * notify callback signals, and a blocking "next event" on top of
- * dsq_req_next (engine/serve/engine.h), which itself never blocks. Header-only
+ * notify callback signals, a blocking "next event" on top of
+ * dsq_req_next (engine/serve/engine.h), which itself never blocks, and a wait
+ * for an idle engine. Header-only
  * (static inline); include after <cmocka.h>. */
 #ifndef DSQ_TEST_ENGINE_TEST_H
 #define DSQ_TEST_ENGINE_TEST_H
@@ -79,6 +80,21 @@ static inline dsq_req_t *req_submit_text(dsq_engine_t *e, waiter_t *w, const cha
     dsq_req_t *r = req_submit_ids(e, w, ids, (int)n, sp);
     free(ids);
     return r;
+}
+
+/* Wait (up to 4 s) until e runs and queues nothing and holds no KV
+ * block; fails the test saying what is left otherwise. */
+static inline void wait_engine_idle(dsq_engine_t *e)
+{
+    dsq_engine_stats_t st;
+    for (int i = 0; i < 4000; i++) {
+        dsq_engine_stats(e, &st);
+        if (st.n_running == 0 && st.n_waiting == 0 && st.kv_blocks_used == 0)
+            return;
+        usleep(1000);
+    }
+    fail_msg("engine did not become idle: running=%d waiting=%d blocks_used=%lld", st.n_running,
+             st.n_waiting, (long long)st.kv_blocks_used);
 }
 
 /* Engine on $DSQ_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf with the other

@@ -140,19 +140,6 @@ static void collect(dsq_req_t *r, result_t *res)
     }
 }
 
-static void wait_idle(dsq_engine_t *e)
-{
-    dsq_engine_stats_t st;
-    for (int i = 0; i < 2000; i++) {
-        dsq_engine_stats(e, &st);
-        if (st.n_running == 0 && st.n_waiting == 0 && st.kv_blocks_used == 0)
-            return;
-        usleep(1000);
-    }
-    fail_msg("engine did not become idle: running=%d waiting=%d blocks_used=%lld", st.n_running,
-             st.n_waiting, (long long)st.kv_blocks_used);
-}
-
 static result_t alone[N_PROMPTS];
 
 static void test_batch_invariance(void **state)
@@ -180,7 +167,7 @@ static void test_batch_invariance(void **state)
         assert_string_equal(together.text, alone[i].text);
         dsq_req_unref(rs[i]);
     }
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 
     /* a KV budget of 8 blocks (128 tokens): the 16 sequences cannot all
@@ -197,7 +184,7 @@ static void test_batch_invariance(void **state)
         assert_memory_equal(together.tokens, alone[i].tokens, sizeof(int32_t) * MAX_NEW);
         dsq_req_unref(rs[i]);
     }
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
     print_message("# tiny KV budget: %lld blocks, %lld preemptions\n",
@@ -282,7 +269,7 @@ static void test_n_seed_stop_cancel(void **state)
     collect(r, &res);
     assert_int_equal(res.finish[0], DSQ_FINISH_ABORT);
     dsq_req_unref(r);
-    wait_idle(e);
+    wait_engine_idle(e);
 
     /* context too long */
     int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -376,7 +363,7 @@ static void test_prompt_logprobs_and_best_of(void **state)
     assert_int_equal(b.n_choices, 2);
     assert_true(b.cum[0] >= b.cum[1]);
     assert_int_equal(b.n_events_with_plp, 0);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 
     /* chunks of 8 tokens, 16 other requests, 8 KV blocks: preemption */
@@ -399,7 +386,7 @@ static void test_prompt_logprobs_and_best_of(void **state)
         collect(rs[i], &res);
         dsq_req_unref(rs[i]);
     }
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
     print_message("# prompt logprobs under load: %lld preemptions\n",
@@ -436,7 +423,7 @@ static void test_failed_step_ends_all_choices(void **state)
     assert_int_equal(res.n_choices_done, 3);
     for (int c = 0; c < 3; c++)
         assert_int_equal(res.finish[c], DSQ_FINISH_ABORT);
-    wait_idle(e);
+    wait_engine_idle(e);
     /* the hook fires once: the same request now completes */
     r = submit(e, prompts[0], &sp);
     collect(r, &res);
@@ -446,7 +433,7 @@ static void test_failed_step_ends_all_choices(void **state)
         assert_int_equal(res.finish[c], DSQ_FINISH_LENGTH);
         assert_int_equal(res.choice_n[c], MAX_NEW);
     }
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 #endif
 }
@@ -484,7 +471,7 @@ static void test_waiting_cap_and_slots(void **state)
         collect(rs[i], &res);
         dsq_req_unref(rs[i]);
     }
-    wait_idle(e);
+    wait_engine_idle(e);
 
     sp = greedy(24);
     sp.n = 6;
@@ -514,7 +501,7 @@ static void test_waiting_cap_and_slots(void **state)
     assert_int_equal(choices, 6);
     for (int c = 0; c < 6; c++)
         assert_int_equal(tokens[c], 24);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 }
 
@@ -579,7 +566,7 @@ static void test_new_request_beside_n_request(void **state)
     dsq_engine_cancel(e, big);
     collect(big, &res);
     dsq_req_unref(big);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 }
 
@@ -615,7 +602,7 @@ static void test_fair_share_is_per_request(void **state)
     dsq_engine_cancel(e, a);
     collect(a, &res);
     dsq_req_unref(a);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 }
 
@@ -678,7 +665,7 @@ static void test_think_budget(void **state)
     }
     free(end);
     free(start);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_destroy(e);
 }
 

@@ -235,19 +235,6 @@ static void run_all(dsq_engine_t *e, out_t *res)
     }
 }
 
-static void wait_idle(dsq_engine_t *e)
-{
-    dsq_engine_stats_t st;
-    for (int i = 0; i < 4000; i++) {
-        dsq_engine_stats(e, &st);
-        if (st.n_running == 0 && st.n_waiting == 0 && st.kv_blocks_used == 0)
-            return;
-        usleep(1000);
-    }
-    fail_msg("engine did not become idle: running=%d waiting=%d blocks_used=%lld", st.n_running,
-             st.n_waiting, (long long)st.kv_blocks_used);
-}
-
 static out_t plain[N_REQ], spec[N_REQ];
 
 static void test_same_output(void **state)
@@ -262,7 +249,7 @@ static void test_same_output(void **state)
 
     e = open_engine(4);
     run_all(e, spec);
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_stats(e, &st);
     dsq_engine_destroy(e);
 
@@ -339,7 +326,7 @@ static void test_kv_after_many(void **state)
             done++;
         }
     }
-    wait_idle(e);
+    wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);
