@@ -15,6 +15,8 @@
  *    what a different summation order would give);
  *  - speculation did happen and pay: drafts were accepted on prompts whose
  *    continuation copies them;
+ *  - the same on the tiny llama (GGUF), GPTQ, qwen2 and deepseek2 (V2-Lite,
+ *    V3, group routing) models;
  *  - over independent seeds, sampled speculative decoding draws from plain
  *    sampling's distribution (chi-square on stories260K, vocabulary 512);
  *  - 1,000 speculative requests, a third cancelled mid-stream, leave every
@@ -342,6 +344,98 @@ static void test_kv_after_many(void **state)
     dsq_engine_destroy(e);
 }
 
+/* ------------------------------------------------------ tiny models */
+
+/* Greedy ids of each prompt of ids (every request at once) on model (a
+ * path under $DSQ_MODELS_DIR) with the stories260K tokenizer when the
+ * file has none; drafts kept into *accepted. */
+#define TINY_OUT 32
+static void tiny_run(const char *rel, bool own_tok, int spec_k, const int32_t (*p)[12], int n_p,
+                     int32_t (*out)[TINY_OUT], int64_t *accepted, int64_t *drafted)
+{
+    char *model = path_join("DSQ_MODELS_DIR", "models", rel), *mp, *tok = NULL;
+    require_file_hint(model, "made by tests/ref (scripts/test runs it)");
+    if (!own_tok) {
+        stories260k_paths(&mp, &tok);
+        free(mp);
+    }
+    dsq_engine_opts_t o = {.model_path = model, .tokenizer_path = tok,
+                           .kv_cache_memory_bytes = 4 << 20, .max_model_len = 64,
+                           .block_size = 16, .spec_k = spec_k, .spec_max_batch = 16,
+                           .spec_ngram_min = 1, .spec_fixed_len = true,
+                           .step_budget_ms = -1};
+    char err[256];
+    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
+    if (!e)
+        fail_msg("%s: %s", rel, err);
+    dsq_req_t *rs[8];
+    dsq_sampling_t sp = {.max_tokens = TINY_OUT, .temperature = 0, .top_p = 1, .n = 1,
+                         .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
+    for (int i = 0; i < n_p; i++)
+        rs[i] = req_submit_ids(e, &W, p[i], 12, &sp);
+    for (int i = 0; i < n_p; i++) {
+        dsq_output_t ev;
+        int n = 0;
+        while (wait_next(&W, rs[i], &ev) > 0) {
+            for (int t = 0; t < ev.n_tokens && n < TINY_OUT; t++)
+                out[i][n++] = ev.tokens[t];
+            dsq_output_free(&ev);
+        }
+        assert_int_equal(n, TINY_OUT);
+        dsq_req_unref(rs[i]);
+    }
+    wait_engine_idle(e);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    *accepted = st.spec_accepted_tokens_total;
+    *drafted = st.spec_draft_tokens_total;
+    dsq_engine_destroy(e);
+    free(model);
+    free(tok);
+}
+
+/* Greedy output with speculation equals greedy output without it on the
+ * tiny models tests/ref makes, one per weight source and architecture the
+ * engine loads: llama GGUF Q4_0 (vocabulary 256), GPTQ, qwen2 (HF), and
+ * deepseek2 (MLA + MoE) V2-Lite, V3 and group-limited routing (GGUF Q8_0).
+ * Their random weights seldom copy the context, so drafts are looked up
+ * from single repeated tokens (n-gram min 1): every model scores drafts
+ * (rejected ones are rolled back), and some are kept. */
+static void test_tiny_models(void **state)
+{
+    (void)state;
+    static const struct { const char *rel; bool own_tok; } models[] = {
+        {"llama-tiny-gguf/llama-tiny.q4_0.gguf", false},
+        {"gptq-tiny", false},
+        {"qwen2-tiny", false},
+        {"deepseek2-tiny-gguf/v2_lite.q8_0.gguf", true},
+        {"deepseek2-tiny-gguf/v3.q8_0.gguf", true},
+        {"deepseek2-tiny-gguf/v2_group.q8_0.gguf", true},
+    };
+    static const int32_t prompts[4][12] = {
+        {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8},
+        {40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41, 42},
+        {9, 200, 13, 77, 120, 3, 250, 18, 64, 99, 31, 7},
+        {100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100},
+    };
+    int64_t kept = 0;
+    for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
+        int32_t a[4][TINY_OUT], b[4][TINY_OUT];
+        int64_t acc_a, acc_b, dr_a, dr_b;
+        tiny_run(models[m].rel, models[m].own_tok, 0, prompts, 4, a, &acc_a, &dr_a);
+        tiny_run(models[m].rel, models[m].own_tok, 4, prompts, 4, b, &acc_b, &dr_b);
+        print_message("# %s: drafts scored %lld, kept %lld\n", models[m].rel, (long long)dr_b,
+                      (long long)acc_b);
+        for (int i = 0; i < 4; i++)
+            if (memcmp(a[i], b[i], sizeof(a[i])))
+                fail_msg("%s prompt %d: greedy ids differ with speculation", models[m].rel, i);
+        assert_int_equal(acc_a + dr_a, 0);
+        assert_true(dr_b > 0);
+        kept += acc_b;
+    }
+    assert_true(kept > 0);
+}
+
 /* ------------------------------------------------------ distribution */
 
 /* Upper quantile of chi-square with df degrees of freedom at z standard
@@ -534,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_same_output),
         cmocka_unit_test(test_kv_after_many),
         cmocka_unit_test(test_sampled_distribution),
+        cmocka_unit_test(test_tiny_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
