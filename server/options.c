@@ -530,6 +530,14 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
     }
     if (rc == DSQ_OK && o->allowed_origins)
         rc = check_origins(o->allowed_origins, err, err_len);
+    if (rc == DSQ_OK && o->speculative_ngram_min > o->speculative_ngram_max) {
+        char a[16], b[16];
+        snprintf(a, sizeof(a), "%d", o->speculative_ngram_min);
+        snprintf(b, sizeof(b), "%d", o->speculative_ngram_max);
+        fail(err, err_len, "--speculative-ngram-min %s is above --speculative-ngram-max %s", a,
+             b);
+        rc = DSQ_EINVAL;
+    }
     return rc;
 }
 

@@ -168,7 +168,7 @@ static int spec_opts(dsq_engine_opts_t *o, char *err, size_t err_len)
                                                                            : 2;
     if (o->spec_ngram_max == 0)
         o->spec_ngram_max = o->spec_ngram_min > 4 ? o->spec_ngram_min : 4;
-    if (o->spec_ngram_min > o->spec_ngram_max) {
+    if (o->spec_k > 0 && o->spec_ngram_min > o->spec_ngram_max) {
         snprintf(err, err_len, "speculative decoding: n-gram min %d > max %d",
                  o->spec_ngram_min, o->spec_ngram_max);
         return DSQ_EINVAL;

@@ -154,6 +154,13 @@ static void test_errors(void **state)
         expect_fail(a, 3, NULL, "[0, 65535]");   /* the range itself */
     }
     {
+        /* contradictory n-gram sizes are refused at parse time */
+        char *a[] = {"dsqd", "--speculative-ngram-min", "5", "--speculative-ngram-max", "3"};
+        expect_fail(a, 5, NULL, "--speculative-ngram-min 5 is above --speculative-ngram-max 3");
+        char *b[] = {"dsqd", "--speculative-ngram-min", "5"};   /* max 4 by default */
+        expect_fail(b, 3, NULL, "above --speculative-ngram-max 4");
+    }
+    {
         /* an origin as a browser sends it: no path, no trailing slash */
         char *a[] = {"dsqd", "--allowed-origins", "http://a.example, http://b.example/"};
         expect_fail(a, 3, NULL, "'http://b.example/' is not an origin");
