@@ -228,5 +228,30 @@ check "--open-loop 2: every request served" $? "rc=$rc" "$(cat "$tmp/chk" "$tmp/
 check "--open-loop 0: exit 2 with a message" $? "rc=$rc" "$(cat "$tmp/e")"
 kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; pid=
 
+# ---- serve --prompt-file: text prompts; a speculating dsqd's drafts are
+# read from its /metrics and reported (scored >= kept > 0 on prompts whose
+# answer copies them); a bad file is exit 2 naming the line ----
+"$DSQ_BENCH" serve --dsqd "$DSQD" --model "$gguf" --threads 1 --clients 1 --requests 2 \
+  --max-tokens 24 --warmup 0 --prompt-file "$src/tools/prompts/rewrite.jsonl" \
+  --dsqd-arg --speculative-ngram --dsqd-arg 8 --json --log-dir "$tmp" \
+  >"$tmp/pf.json" 2>"$tmp/pf.err"
+rc=$?
+python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+(t,) = j["targets"]
+assert (t["succeeded"], t["failed"]) == (2, 0), t
+assert t["output_tokens"] == 48, t
+assert t["prompt_tokens"] > 200, t          # the servers usage, not --prompt-len
+assert 0 < t["draft_accepted"] <= t["draft_tokens"], t
+' "$tmp/pf.json" >"$tmp/chk" 2>&1
+check "serve --prompt-file with a speculating dsqd: 2/2, drafts reported" $? "rc=$rc" \
+  "$(cat "$tmp/chk" "$tmp/pf.err")"
+printf '"fine"\n{"not": "a string"}\n' >"$tmp/bad.jsonl"
+"$DSQ_BENCH" serve --url http://127.0.0.1:1 --prompt-file "$tmp/bad.jsonl" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+[ $rc -eq 2 ] && grep -q "bad.jsonl:2: not a JSON string" "$tmp/e"
+check "serve --prompt-file with a non-string line: exit 2 naming it" $? "rc=$rc" "$(cat "$tmp/e")"
+
 echo "1..$n"
 exit $fail
