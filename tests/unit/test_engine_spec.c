@@ -19,7 +19,8 @@
  *    V3, group routing) models;
  *  - over independent seeds, sampled speculative decoding draws from plain
  *    sampling's distribution (chi-square on stories260K, vocabulary 512);
- *  - 1,000 speculative requests, a third cancelled mid-stream, leave every
+ *  - 1,000 speculative requests (stories260K), a third cancelled
+ *    mid-stream, in a KV cache small enough to preempt them, leave every
  *    KV block free and the counters consistent (accepted <= drafted; the
  *    per-position counts never grow with the position).
  * The engines here propose all K drafts wherever the lookup has them
@@ -293,11 +294,25 @@ static void test_same_output(void **state)
 }
 
 /* 1,000 speculative requests, 8 at a time, every third cancelled after
- * its first event: the KV blocks all come back and the counters agree. */
+ * its first event, in a KV cache small enough that they preempt each
+ * other: the KV blocks all come back and the counters agree. */
 static void test_kv_after_many(void **state)
 {
     (void)state;
-    dsq_engine_t *e = open_engine(4);
+    /* stories260K: the accounting does not depend on the model's size,
+     * and a tiny one keeps 1,000 requests cheap (also under ASan) */
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
+    dsq_engine_opts_t o = {.model_path = model, .tokenizer_path = tok,
+                           .kv_cache_memory_bytes = 120 << 10, .max_model_len = 128,
+                           .block_size = 16, .spec_k = 4, .spec_max_batch = 16,
+                           .spec_fixed_len = true, .step_budget_ms = -1};
+    char err[256];
+    dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
+    if (!e)
+        fail_msg("engine: %s", err);
+    free(model);
+    free(tok);
     enum { TOTAL = 1000, AT_ONCE = 8 };
     int done = 0, next = 0;
     dsq_req_t *live[AT_ONCE] = {0};
@@ -331,7 +346,11 @@ static void test_kv_after_many(void **state)
     wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
+    print_message("# 1,000 requests: drafts %lld, kept %lld, preemptions %lld, kv blocks %lld\n",
+                  (long long)st.spec_drafts_total, (long long)st.spec_accepted_tokens_total,
+                  (long long)st.preemptions_total, (long long)st.kv_blocks_total);
     assert_int_equal(st.kv_blocks_used, 0);
+    assert_true(st.preemptions_total > 0);
     assert_true(st.spec_drafts_total > 100);
     assert_true(st.spec_accepted_tokens_total <= st.spec_draft_tokens_total);
     int64_t sum = 0;
