@@ -50,8 +50,6 @@ void dsq__spec_propose(dsq_engine_t *e)
                 q->n_computed < q->n_prompt || q->n_tokens - q->n_computed != 1 ||
                 q->n_draft != 0)
                 continue;
-            /* drafts never run past max_tokens (the pending token's sample
-             * and the drafts' are each one output token) or the context */
             int k = o->spec_fixed_len ? o->spec_k
                                       : dsq_spec_draft_len(s->spec_acc, s->spec_seen, row_cost,
                                                            o->spec_k);
@@ -62,6 +60,8 @@ void dsq__spec_propose(dsq_engine_t *e)
                 s->spec_seen *= 0.9;
                 continue;
             }
+            /* drafts never run past max_tokens (the pending token's sample
+             * and the drafts' are each one output token) or the context */
             int left = r->sp.max_tokens - s->n_generated - 1;
             if (k > left)
                 k = left;
@@ -71,9 +71,9 @@ void dsq__spec_propose(dsq_engine_t *e)
                 continue;
             int m = dsq_spec_ngram_propose(q->tokens, q->n_tokens, o->spec_ngram_min,
                                            o->spec_ngram_max, k, d);
-            for (int i = 0; i < m; i++) {
-                if (dsq__seq_append(q, d[i]) != DSQ_OK) {
-                    m = i;      /* no memory: fewer drafts, not a failure */
+            for (int j = 0; j < m; j++) {
+                if (dsq__seq_append(q, d[j]) != DSQ_OK) {
+                    m = j;      /* no memory: fewer drafts, not a failure */
                     break;
                 }
             }
