@@ -285,7 +285,7 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
               "Speculative verifications: a sequence's draft tokens scored in one step.", lbl,
               (double)st->spec_drafts_total);
         gauge(&b, "counter", "vllm:spec_decode_num_draft_tokens_total",
-              "Draft tokens scored (--speculative-ngram).", lbl,
+              "Draft tokens scored (--speculative-ngram or --draft-model).", lbl,
               (double)st->spec_draft_tokens_total);
         gauge(&b, "counter", "vllm:spec_decode_num_accepted_tokens_total",
               "Draft tokens accepted (equal to the token sampled at their position).", lbl,
@@ -296,6 +296,20 @@ char *dsq_metrics_render(dsq_metrics_t *m, const dsq_engine_stats_t *st,
         for (int i = 0; i < st->spec_k && i < DSQ_SPEC_MAX_K; i++)
             bprintf(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} "
                         "%lld\n", lbl, i, (long long)st->spec_accepted_per_pos[i]);
+    }
+    if (st->draft_weight_bytes > 0) {
+        gauge(&b, "gauge", "dsq:draft_kv_blocks_total",
+              "KV blocks of the draft model's own cache (--draft-model).", lbl,
+              (double)st->draft_kv_blocks);
+        gauge(&b, "gauge", "dsq:draft_kv_blocks_used",
+              "Draft KV blocks holding a sequence's tokens now.", lbl,
+              (double)(st->draft_kv_blocks - st->draft_kv_free));
+        gauge(&b, "counter", "dsq:draft_tokens_total",
+              "Tokens the draft model computed (catch-up and drafts).", lbl,
+              (double)st->draft_tokens_total);
+        gauge(&b, "counter", "dsq:draft_evictions_total",
+              "Sequences whose draft state was dropped for room in the draft cache.", lbl,
+              (double)st->draft_evictions_total);
     }
     {
         /* admission (engine/serve/admission.h): the policy's limit and why */

@@ -36,6 +36,8 @@ typedef struct dsq_options {
     int speculative_ngram_min, speculative_ngram_max;
     int speculative_max_batch;
     bool speculative_fixed_len;
+    char *draft_model;             /* speculation's draft model, or NULL     */
+    int draft_max;                 /* its drafts per step                    */
     bool kv_cache_prefault;        /* hardening: see --kv-cache-prefault     */
     int64_t max_request_bytes;
     int max_waiting_requests;

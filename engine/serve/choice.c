@@ -35,6 +35,7 @@ eseq_t *dsq__eseq_create(dsq_engine_t *e, dsq_req_t *r, int index)
     if (!s)
         return NULL;
     s->req = r;
+    s->uid = ++e->next_uid;
     s->think_state = r->sp.think_open ? THINK_IN : THINK_BEFORE;
     s->think_force = -1;
     s->seq.owner = s;
@@ -226,6 +227,7 @@ void dsq__finish_seq(dsq_engine_t *e, eseq_t *s, dsq_finish_t why, bool drop_tai
     }
     s->finished = true;
     s->ev.finish = why;
+    dsq_draft_forget(e->draft, s->uid);
     if (s->seq.state != DSQ_SEQ_DETACHED)
         dsq_sched_remove(e->sched, &s->seq);
     s->req->n_live--;

@@ -155,6 +155,15 @@ void dsq__update_stats(dsq_engine_t *e)
     atomic_store(&e->n_free_slots, dsq_sched_n_free_slots(e->sched));
     dsq_sched_prefix_stats(e->sched, &e->stats.prefix_cache_queries_total,
                            &e->stats.prefix_cache_hits_total);
+    if (e->draft) {
+        dsq_draft_info_t di;
+        dsq_draft_info(e->draft, &di);
+        e->stats.draft_weight_bytes = (int64_t)di.weight_bytes;
+        e->stats.draft_kv_blocks = di.kv_blocks;
+        e->stats.draft_kv_free = di.kv_free;
+        e->stats.draft_tokens_total = di.tokens_computed;
+        e->stats.draft_evictions_total = di.evictions;
+    }
     if (e->stats.device_planned_bytes > 0) {
         e->stats.device_allocated_bytes = (int64_t)dsq_backend_allocated_bytes(e->be);
         e->stats.device_peak_bytes = (int64_t)dsq_backend_peak_bytes(e->be);

@@ -164,6 +164,16 @@ typedef struct dsq_engine_opts {
      * acceptance and the cost of a row (spec.h dsq_spec_draft_len); true:
      * spec_k drafts whenever the lookup has them */
     bool spec_fixed_len;
+    /* With spec_k > 0: the drafts come from this draft model (draft.h)
+     * instead of the n-gram lookup: any file dsq loads whose vocabulary
+     * is the model's token for token (checked at create: a one-line
+     * refusal otherwise), run on the same backend with its own KV cache,
+     * a line of the memory plan (dsq_plan_t.draft_bytes). NULL: n-gram. */
+    const char *draft_model_path;
+    /* the draft KV cache's capacity in tokens; 0: spec_max_batch x
+     * (max_model_len + DSQ_SPEC_MAX_K), every speculating sequence at full
+     * length */
+    int64_t draft_kv_tokens;
 } dsq_engine_opts_t;
 
 /* The most draft tokens per sequence and step (dsq_engine_opts_t.spec_k). */
@@ -254,8 +264,12 @@ typedef struct dsq_engine_stats {
      * verifications (a sequence's drafts scored in one step), draft tokens
      * scored, drafts accepted, and accepted at each draft position
      * (0-based; position i counts verifications that kept > i drafts);
-     * spec_k: the engine's spec_k (0: off). */
+     * spec_k: the engine's spec_k (0: off). With a draft model: its
+     * resident weight bytes, its KV blocks (total, free), the tokens it
+     * computed and the states it evicted for room (draft.h). */
     int spec_k;
+    int64_t draft_weight_bytes, draft_kv_blocks, draft_kv_free;
+    int64_t draft_tokens_total, draft_evictions_total;
     int64_t spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total;
     int64_t spec_accepted_per_pos[DSQ_SPEC_MAX_K];
 } dsq_engine_stats_t;

@@ -39,6 +39,7 @@
 #include "engine/text/grammar.h"
 #include "engine/text/tokenizer.h"
 #include "admission.h"
+#include "draft.h"
 #include "engine.h"
 #include "padding.h"
 #include "sampler.h"
@@ -71,6 +72,7 @@ typedef struct eseq {
     int think_state;               /* THINK_* (choice.c)                      */
     int think_n;                   /* tokens written inside the section       */
     int think_force;               /* next think_end index to force, -1: none */
+    uint64_t uid;                  /* unique in the engine's life (draft.h key) */
     double spec_acc, spec_seen;    /* speculation: drafts accepted / checked,
                                       decayed (speculate.c's draft length)   */
     int step_prefill;              /* timeline: prompt tokens of this step   */
@@ -151,6 +153,8 @@ struct dsq_engine {
     dsq_model_file_t *file;
     dsq_model_t *model;
     dsq_kv_cache_t *kv;
+    dsq_draft_t *draft;            /* speculation's draft model, or NULL       */
+    uint64_t next_uid;             /* engine thread: eseq_t.uid                */
     dsq_sched_t *sched;
     dsq_sampler_t *sampler;
     const dsq_tokenizer_t *tok;

@@ -175,7 +175,84 @@ static int spec_opts(dsq_engine_opts_t *o, char *err, size_t err_len)
     }
     if (o->spec_max_batch == 0)
         o->spec_max_batch = DSQ__SPEC_MAX_BATCH;
+    if (o->draft_model_path && !*o->draft_model_path)
+        o->draft_model_path = NULL;
+    if (o->draft_model_path && o->spec_k == 0) {
+        snprintf(err, err_len, "speculative decoding: a draft model needs a draft length "
+                 "(1..%d)", DSQ_SPEC_MAX_K);
+        return DSQ_EINVAL;
+    }
+    if (o->draft_kv_tokens < 0) {
+        snprintf(err, err_len, "speculative decoding: the draft KV cache's tokens must be >= 0");
+        return DSQ_EINVAL;
+    }
     return DSQ_OK;
+}
+
+/* Tokens per catch-up pass of the draft model (draft.h max_chunk): its
+ * workspace is planned for this many rows. */
+#define DRAFT_CHUNK 256
+
+/* The draft model's KV capacity in tokens: opts' or every speculating
+ * sequence at full length (mml: the target's max_model_len). */
+static int64_t draft_kv_tokens(const dsq_engine_opts_t *o, int mml)
+{
+    if (o->draft_kv_tokens > 0)
+        return o->draft_kv_tokens;
+    return (int64_t)o->spec_max_batch * (mml + DSQ_SPEC_MAX_K);
+}
+
+/* The draft model's line of the plan: the bytes its weights, KV cache and
+ * workspace take, planned from its file's tensor table as the model's
+ * are (no weight loaded). 0 without a draft model. */
+static int draft_plan_bytes(const dsq_engine_opts_t *o, dsq_backend_t *be, int mml,
+                            int64_t *bytes, char *err, size_t err_len)
+{
+    *bytes = 0;
+    if (!o->draft_model_path)
+        return DSQ_OK;
+    char why[512];
+    dsq_model_file_t *f = dsq_model_file_open(o->draft_model_path, NULL, why, sizeof(why));
+    if (!f && o->tokenizer_path)
+        f = dsq_model_file_open(o->draft_model_path, o->tokenizer_path, why, sizeof(why));
+    if (!f) {
+        snprintf(err, err_len, "--draft-model: %s", why);
+        return DSQ_EIO;
+    }
+    int n_t = dsq_model_file_n_tensors(f), rc;
+    const dsq_tensor_t **tv = calloc((size_t)(n_t > 0 ? n_t : 1), sizeof(*tv));
+    if (!tv) {
+        dsq_model_file_close(f);
+        snprintf(err, err_len, "out of memory");
+        return DSQ_ENOMEM;
+    }
+    for (int i = 0; i < n_t; i++)
+        tv[i] = dsq_model_file_tensor(f, i);
+    const dsq_model_config_t *c = dsq_model_file_config(f);
+    dsq_plan_opts_t po = {
+        .block_size = o->block_size, .max_model_len = mml, .max_num_seqs = o->spec_max_batch,
+        .max_num_batched_tokens = DRAFT_CHUNK, .budget_bytes = INT64_MAX / 4,
+        .quantize = o->quantize, .group_size = o->quant_group_size,
+        .kv_dtype = kv_dtype_for(o, f, !dsq_backend_is_host(be)),
+        .host_x8 = host_interleaves(o, be), .device = !dsq_backend_is_host(be)};
+    po.kv_cache_bytes = draft_kv_tokens(o, mml) * dsq_plan_kv_bytes_per_token(c, po.kv_dtype);
+    dsq_plan_t p;
+    rc = dsq_plan_compute(c, tv, n_t, &po, &p, why, sizeof(why));
+    if (rc)
+        snprintf(err, err_len, "--draft-model %.300s: %s", o->draft_model_path, why);
+    else
+        *bytes = p.weight_bytes + p.workspace_bytes + p.overhead_bytes + p.kv_budget_bytes;
+    free(tv);
+    dsq_model_file_close(f);
+    return rc;
+}
+
+/* The target's max_model_len as the planner will choose it. */
+static int planned_max_model_len(const dsq_engine_opts_t *o, const dsq_model_config_t *c)
+{
+    if (o->max_model_len > 0)
+        return o->max_model_len;
+    return c->n_ctx_train > 0 ? (int)c->n_ctx_train : DSQ_MODEL_CTX_DEFAULT;
 }
 
 /* Step 1 of dsq_engine_create: the model file, the backend it runs on and
@@ -232,6 +309,9 @@ static int plan_memory(dsq_engine_t *e, const dsq_engine_opts_t *opts, dsq_plan_
     po.host_x8 = host_interleaves(opts, e->be);
     if (device && (rc = device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto free_tv;
+    if ((rc = draft_plan_bytes(&e->o, e->be, planned_max_model_len(opts, fc), &po.draft_bytes,
+                               err, err_len)))
+        goto free_tv;
     rc = dsq_plan_compute(fc, tv, n_t, &po, plan, err, err_len);
     if (rc)
         goto free_tv;        /* DSQ_ERANGE: err is the planner's, naming the flags */
@@ -278,6 +358,38 @@ static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_
             (long long)plan->coarse_estimate_bytes, (long long)plan->num_blocks,
             (long long)plan->max_tokens, (long long)plan->kv_bytes_per_token,
             (long long)plan->workspace_bytes);
+    return DSQ_OK;
+}
+
+/* Step 3b: speculation's draft model, on the model's backend, with its
+ * own KV cache (draft.h). */
+static int load_draft(dsq_engine_t *e, const dsq_plan_t *plan, char *err, size_t err_len)
+{
+    const dsq_engine_opts_t *o = &e->o;
+    if (!o->draft_model_path || o->spec_k == 0)
+        return DSQ_OK;
+    dsq_draft_opts_t dop = {
+        .path = o->draft_model_path, .tokenizer_path = o->tokenizer_path,
+        .target_tok = e->tok, .target_n_vocab = e->n_vocab,
+        .model = {.quantize = o->quantize, .group_size = o->quant_group_size,
+                  .activation_dtype = o->activation_dtype == DSQ_ENGINE_ACT_F32
+                                      ? DSQ_ACT_F32 : DSQ_ACT_INT8,
+                  .backend = e->be},
+        .block_size = plan->block_size, .kv_tokens = draft_kv_tokens(o, plan->max_model_len),
+        .n_states = 2 * o->spec_max_batch, .max_chunk = DRAFT_CHUNK};
+    /* the draft's own storage type (an F32 draft of an F16 model keeps F32) */
+    dsq_model_file_t *f = dsq_model_file_open(o->draft_model_path, o->tokenizer_path, err,
+                                              err_len);
+    dop.kv_dtype = kv_dtype_for(o, f, !dsq_backend_is_host(e->be));
+    dsq_model_file_close(f);
+    e->draft = dsq_draft_create(&dop, err, err_len);
+    if (!e->draft)
+        return DSQ_EINVAL;
+    dsq_draft_info_t di;
+    dsq_draft_info(e->draft, &di);
+    dsq_log(DSQ_LOG_INFO, "event=draft_ready path=\"%s\" weight_bytes=%zu kv_blocks=%lld "
+            "kv_tokens=%lld planned_bytes=%lld", o->draft_model_path, di.weight_bytes,
+            (long long)di.kv_blocks, (long long)dop.kv_tokens, (long long)plan->draft_bytes);
     return DSQ_OK;
 }
 
@@ -394,6 +506,7 @@ dsq_engine_t *dsq_engine_create(const dsq_engine_opts_t *opts, char *err,
     if (open_model(e, opts, err, err_len) ||
         plan_memory(e, opts, &plan, &kvt, err, err_len) ||
         load_model(e, opts, &plan, err, err_len) ||
+        load_draft(e, &plan, err, err_len) ||
         create_kv_cache(e, opts, &plan, kvt, err, err_len) ||
         create_scheduler(e, opts, err, err_len) ||
         dsq__engine_start_thread(e, opts, err, err_len))
@@ -420,6 +533,7 @@ fail:
     dsq_sampler_destroy(e->sampler);
     free(e->logits_fork);
     dsq_kv_destroy(e->kv);
+    dsq_draft_destroy(e->draft);
     dsq_model_destroy(e->model);
     if (e->be_owned)
         dsq_backend_destroy(e->be);
@@ -491,6 +605,13 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
     if (!dsq_backend_is_host(be) &&
         (rc = device_budget(be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto done;
+    {
+        dsq_engine_opts_t so = *opts;
+        if ((rc = spec_opts(&so, err, err_len)) ||
+            (rc = draft_plan_bytes(&so, be, planned_max_model_len(opts, c), &po.draft_bytes,
+                                   err, err_len)))
+            goto done;
+    }
     dsq_plan_t plan;
     rc = dsq_plan_compute(c, tv, n_t, &po, &plan, err, err_len);
     if (rc == DSQ_OK || rc == DSQ_ERANGE) {
@@ -537,6 +658,7 @@ void dsq_engine_destroy(dsq_engine_t *e)
     free(e->xpos);
     free(e->xseq);
     dsq_kv_destroy(e->kv);
+    dsq_draft_destroy(e->draft);
     dsq_model_destroy(e->model);
     if (e->be_owned)
         dsq_backend_destroy(e->be);

@@ -303,12 +303,13 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         out->gpu_memory_utilization = o->gpu_memory_utilization;
     }
     out->budget_bytes = o->budget_bytes > 0 ? o->budget_bytes : dsq_plan_default_budget();
+    out->draft_bytes = o->draft_bytes > 0 ? o->draft_bytes : 0;
     if (o->kv_cache_bytes > 0) {
         out->kv_budget_bytes = o->kv_cache_bytes;
         out->kv_budget_source = "--kv-cache-memory";
     } else {
         out->kv_budget_bytes = out->budget_bytes - out->weight_bytes - out->workspace_bytes -
-                               out->overhead_bytes;
+                               out->overhead_bytes - out->draft_bytes;
         out->kv_budget_source = o->device ? "what the device budget leaves"
                                           : "what the memory budget leaves";
     }
@@ -344,11 +345,13 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     out->max_tokens = out->num_blocks * out->block_size;
     out->max_concurrent_seqs = (double)out->max_tokens / out->max_model_len;
     const char *raise = o->device ? "--gpu-memory-utilization" : "--memory-limit";
-    const int64_t fixed = out->weight_bytes + out->workspace_bytes + out->overhead_bytes;
+    const int64_t fixed = out->weight_bytes + out->workspace_bytes + out->overhead_bytes +
+                          out->draft_bytes;
     if (o->kv_cache_bytes <= 0 && fixed > out->budget_bytes) {
-        snprintf(err, err_len, "plan: weights (%lld bytes) and workspace (%lld bytes) exceed "
+        snprintf(err, err_len, "plan: weights (%lld bytes)%s and workspace (%lld bytes) exceed "
                  "the %smemory budget (%lld bytes); raise %s, or use a smaller "
-                 "(more quantized) model", (long long)out->weight_bytes,
+                 "(more quantized) model", (long long)(out->weight_bytes + out->draft_bytes),
+                 out->draft_bytes ? ", the draft model's included," : "",
                  (long long)(out->workspace_bytes + out->overhead_bytes),
                  o->device ? "device " : "", (long long)out->budget_bytes, raise);
         return DSQ_ERANGE;
@@ -360,7 +363,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         snprintf(err, err_len, "plan: --kv-cache-memory %lld bytes with the weights (%lld "
                  "bytes) and workspace (%lld bytes) exceeds the %smemory budget (%lld "
                  "bytes); use --kv-cache-memory %lld or less, or raise %s",
-                 (long long)o->kv_cache_bytes, (long long)out->weight_bytes,
+                 (long long)o->kv_cache_bytes, (long long)(out->weight_bytes + out->draft_bytes),
                  (long long)(out->workspace_bytes + out->overhead_bytes),
                  o->device ? "device " : "", (long long)out->budget_bytes,
                  (long long)(left > 0 ? left : 0), raise);
@@ -435,6 +438,10 @@ char *dsq_plan_format_table(const dsq_plan_t *p, const dsq_model_config_t *c)
                   p->coarse_estimate_bytes ? (double)p->weight_bytes / (double)p->coarse_estimate_bytes : 0,
                   (long long)p->workspace_bytes, fmt_bytes(b3, sizeof(b3), p->workspace_bytes),
                   (long long)p->budget_bytes, fmt_bytes(b4, sizeof(b4), p->budget_bytes));
+    if (p->draft_bytes)
+        n += snprintf(s + n, cap - (size_t)n,
+                      "  draft model           %14lld bytes  %s (weights, KV cache, workspace)\n",
+                      (long long)p->draft_bytes, fmt_bytes(b1, sizeof(b1), p->draft_bytes));
     if (p->device)
         n += snprintf(s + n, cap - (size_t)n,
                       "  device buffers        %14lld bytes  (index arrays, act-order)\n"
@@ -481,6 +488,7 @@ char *dsq_plan_format_json(const dsq_plan_t *p, const dsq_model_config_t *c)
     cJSON_AddNumberToObject(o, "workspace_bytes", (double)p->workspace_bytes);
     cJSON_AddNumberToObject(o, "overhead_bytes", (double)p->overhead_bytes);
     cJSON_AddNumberToObject(o, "budget_bytes", (double)p->budget_bytes);
+    cJSON_AddNumberToObject(o, "draft_bytes", (double)p->draft_bytes);
     cJSON_AddNumberToObject(o, "kv_budget_bytes", (double)p->kv_budget_bytes);
     cJSON_AddStringToObject(o, "kv_budget_source",
                             p->kv_budget_source ? p->kv_budget_source : "");

@@ -55,6 +55,10 @@ typedef struct dsq_plan_opts {
     int spec_rows;                /* speculative decoding: logits rows a step
                                      may add for drafts (engine.h: spec_k x
                                      spec_max_batch); 0 without it          */
+    int64_t draft_bytes;          /* a speculative draft model's weights, KV
+                                     cache and workspace (its own plan, made
+                                     by the caller): taken from the budget
+                                     before the KV cache, like the weights  */
     /* A device backend (CUDA): budget_bytes is then the caller's
      * min(total x gpu_memory_utilization - in use, free) of the device_* figures;
      * KV takes all the budget leaves (no CPU 4 GiB cap, still at most
@@ -98,6 +102,7 @@ typedef struct dsq_plan {
                                                     act-order permutations
                                                     and gather buffer      */
     int64_t budget_bytes;
+    int64_t draft_bytes;                         /* dsq_plan_opts_t's       */
     int64_t kv_budget_bytes;
     const char *kv_budget_source;                /* users: why the KV budget
                                                     is what it is (static
@@ -145,7 +150,7 @@ int64_t dsq_plan_default_budget(void);
  * caller frees (NULL on out-of-memory). JSON keys: weight_bytes,
  * kv_bytes_per_token, block_bytes, num_blocks, max_tokens,
  * max_concurrent_seqs, coarse_estimate_bytes, workspace_bytes,
- * overhead_bytes, budget_bytes, kv_budget_bytes, kv_budget_source, max_model_len,
+ * overhead_bytes, budget_bytes, draft_bytes, kv_budget_bytes, kv_budget_source, max_model_len,
  * block_size, n_params, weights_by_class{...}, and "device": "cpu", or
  * for a device plan an object {backend, total_bytes, free_bytes,
  * gpu_memory_utilization}. */

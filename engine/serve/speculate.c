@@ -39,11 +39,25 @@ void dsq__spec_propose(dsq_engine_t *e)
     if (dsq_step_cost_model(&e->step_fit, &cost) && cost.token_ms > 0)
         row_cost = n * cost.token_ms / (cost.fixed_ms + n * cost.token_ms);
     row_cost = row_cost < 0.02 ? 0.02 : row_cost > 0.9 ? 0.9 : row_cost;
-    int32_t d[DSQ_SPEC_MAX_K];
-    for (dsq_req_t *r = e->active; r; r = r->next_active) {
+    if (e->draft) {
+        /* a draft pass per draft token: its cost beside the step's */
+        dsq_draft_info_t di;
+        dsq_draft_info(e->draft, &di);
+        double step_ms = 0;
+        if (di.round_ms > 0 && dsq_step_cost_model(&e->step_fit, &cost))
+            step_ms = cost.fixed_ms + n * cost.token_ms;
+        if (step_ms > 0)
+            row_cost += di.round_ms / step_ms;
+        row_cost = row_cost > 0.95 ? 0.95 : row_cost;
+    }
+    dsq_draft_job_t jobs[64];
+    int32_t drafts[64][DSQ_SPEC_MAX_K];
+    eseq_t *who[64];
+    int n_jobs = 0;
+    for (dsq_req_t *r = e->active; r && n_jobs < 64; r = r->next_active) {
         if (r->sp.no_speculation)
             continue;
-        for (int i = 0; i < r->n_seqs; i++) {
+        for (int i = 0; i < r->n_seqs && n_jobs < 64; i++) {
             eseq_t *s = r->seqs[i];
             dsq_seq_t *q = s ? &s->seq : NULL;
             if (!q || s->finished || q->state != DSQ_SEQ_RUNNING || q->paused ||
@@ -69,16 +83,28 @@ void dsq__spec_propose(dsq_engine_t *e)
                 k = e->max_model_len - q->n_tokens;
             if (k <= 0)
                 continue;
-            int m = dsq_spec_ngram_propose(q->tokens, q->n_tokens, o->spec_ngram_min,
-                                           o->spec_ngram_max, k, d);
-            for (int j = 0; j < m; j++) {
-                if (dsq__seq_append(q, d[j]) != DSQ_OK) {
-                    m = j;      /* no memory: fewer drafts, not a failure */
-                    break;
-                }
-            }
-            q->n_draft = m;
+            dsq_draft_job_t *j = &jobs[n_jobs];
+            *j = (dsq_draft_job_t){.key = s->uid, .tokens = q->tokens, .n_tokens = q->n_tokens,
+                                   .k = k, .out = drafts[n_jobs]};
+            if (!e->draft)
+                j->n_out = dsq_spec_ngram_propose(q->tokens, q->n_tokens, o->spec_ngram_min,
+                                                  o->spec_ngram_max, k, j->out);
+            who[n_jobs++] = s;
         }
+    }
+    /* a draft model that fails gives no drafts; the step goes on */
+    if (e->draft)
+        (void)dsq_draft_propose(e->draft, jobs, n_jobs);
+    for (int i = 0; i < n_jobs; i++) {
+        dsq_seq_t *q = &who[i]->seq;
+        int m = jobs[i].n_out;
+        for (int j = 0; j < m; j++) {
+            if (dsq__seq_append(q, jobs[i].out[j]) != DSQ_OK) {
+                m = j;      /* no memory: fewer drafts, not a failure */
+                break;
+            }
+        }
+        q->n_draft = m;
     }
 }
 

@@ -1,4 +1,4 @@
-"""Speculative decoding end to end (--speculative-ngram).
+"""Speculative decoding end to end (--speculative-ngram, --draft-model).
 
 A server that speculates answers what one that does not answers: the same
 greedy text and the same seeded samples, streamed or not, under grammars
@@ -9,11 +9,13 @@ grammar as well); a request may opt out
 with "speculative": false, and a non-boolean there is a 400 in the API's
 error shape. Concurrent clients get the same answers as sequential ones."""
 import concurrent.futures
+import os
 import re
+import subprocess
 
 import requests
 
-from conftest import MODEL_NAME, complete, post, sse_events
+from conftest import MODEL_NAME, complete, free_port, model_path, post, sse_events
 
 CODE = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
         "def mul(a, b):\n    return a * b\n\n\ndef add(a, b):\n")
@@ -123,3 +125,58 @@ def test_speculative_same_answers(daemon_factory):
         got = list(ex.map(lambda p: complete(d, prompt=p, max_tokens=40, temperature=0)
                           ["choices"][0]["text"], PROMPTS * 2))
     assert got == [t for t, _, _ in base] * 2
+
+
+def test_draft_model_same_answers(daemon_factory):
+    """--draft-model: the default model drafting for itself answers what
+    the plain server answers (greedy, seeded samples, under a grammar,
+    concurrent clients), and keeps every greedy draft, since a draft is the
+    draft model's greedy token and here that is the model's own."""
+    plain = daemon_factory()
+    base = answers(plain)
+    base_sampled = sampled(plain)
+    base_constrained = constrained(plain)
+    plain.stop()
+
+    d = daemon_factory("--draft-model", model_path(), "--draft-max", "4",
+                       "--speculative-fixed-len")
+    same(answers(d), base)
+    m = metrics(d)
+    drafted = counter(m, "vllm:spec_decode_num_draft_tokens_total")
+    assert drafted > 0
+    assert counter(m, "vllm:spec_decode_num_accepted_tokens_total") == drafted
+    assert counter(m, "dsq:draft_tokens_total") >= drafted
+    assert counter(m, "dsq:draft_kv_blocks_used") == 0
+    assert counter(m, "dsq:draft_kv_blocks_total") > 0
+    assert sampled(d) == base_sampled
+    assert constrained(d) == base_constrained
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda p: complete(d, prompt=p, max_tokens=40, temperature=0)
+                          ["choices"][0]["text"], PROMPTS * 2))
+    assert got == [t for t, _, _ in base] * 2
+
+
+def start_fails(*args):
+    p = subprocess.run([os.environ["DSQD"], "--model", model_path(), "--port", str(free_port()),
+                        "--log-level", "error", *args], capture_output=True, text=True,
+                       timeout=60)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode != 0 and len(lines) == 1, (p.returncode, p.stderr)
+    return p.returncode, lines[0]
+
+
+def test_draft_model_refusals(tmp_path):
+    """A draft model dsqd cannot use stops it at start-up with one line
+    naming the flag: a missing file, another vocabulary (the stories260K
+    checkpoint, 512 tokens), both proposers at once, a draft length out of
+    range."""
+    rc, line = start_fails("--draft-model", str(tmp_path / "none.gguf"))
+    assert rc == 1 and "--draft-model" in line and "none.gguf" in line
+    stories = os.path.join(os.environ.get("DSQ_TEST_DATA", "tests/data"),
+                           "models/stories260K/stories260K.bin")
+    rc, line = start_fails("--draft-model", stories)
+    assert rc == 1 and "vocabulary has 512 tokens" in line
+    rc, line = start_fails("--draft-model", model_path(), "--speculative-ngram", "3")
+    assert rc == 2 and "--speculative-ngram" in line
+    rc, line = start_fails("--draft-model", model_path(), "--draft-max", "17")
+    assert rc == 2 and "--draft-max" in line
