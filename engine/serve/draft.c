@@ -310,52 +310,66 @@ static int run_pass(dsq_draft_t *d, dstate_t **ss, int n_ss, int n_rows, int n_l
     return rc;
 }
 
-/* Catch every state up to its sequence, d->max_chunk rows a pass; a job
- * whose last token is computed gets its first draft. */
+/* Catch the states up to their sequences: one pass of at most
+ * d->max_chunk rows, the jobs that need the fewest rows first (a
+ * sequence drafted for in the last step needs one or two: its drafts go
+ * on while a new one's prompt is read); a job whose last token is
+ * computed gets its first draft. One pass a proposal, so a long prompt's
+ * catch-up is spread over steps (no drafts for it meanwhile) instead of
+ * stalling the step of every sequence in the batch. */
 static int catch_up(dsq_draft_t *d, dsq_draft_job_t *jobs, dstate_t **js, int n_jobs,
                     dstate_t **ss, int *jx)
 {
-    for (;;) {
-        int n_rows = 0, n_ss = 0, n_logits = 0;
-        for (int i = 0; i < n_jobs && n_rows < d->max_chunk; i++) {
-            dstate_t *s = js[i];
-            if (!s || s->n_kv >= jobs[i].n_tokens)
-                continue;
-            int take = jobs[i].n_tokens - s->n_kv;
-            if (take > d->max_chunk - n_rows)
-                take = d->max_chunk - n_rows;
-            int rc = grow_rows(d, n_rows + take, 0);
-            if (rc)
-                return rc;
-            for (int t = 0; t < take; t++) {
-                int p = s->n_kv + t;
-                d->tokens[n_rows + t] = jobs[i].tokens[p];
-                d->pos[n_rows + t] = p;
-                d->row_seq[n_rows + t] = n_ss;
-            }
-            if (s->n_kv + take == jobs[i].n_tokens) {
-                d->lrows[n_logits] = n_rows + take - 1;
-                jx[n_logits++] = i;
-            }
-            ss[n_ss++] = s;
-            n_rows += take;
+    int order[64], n_ord = 0;
+    for (int i = 0; i < n_jobs && n_ord < 64; i++) {
+        if (!js[i] || js[i]->n_kv >= jobs[i].n_tokens)
+            continue;
+        int need = jobs[i].n_tokens - js[i]->n_kv, at = n_ord++;
+        while (at > 0 && jobs[order[at - 1]].n_tokens - js[order[at - 1]]->n_kv > need) {
+            order[at] = order[at - 1];
+            at--;
         }
-        if (n_rows == 0)
-            return DSQ_OK;
-        int rc = run_pass(d, ss, n_ss, n_rows, n_logits);
+        order[at] = i;
+    }
+    int n_rows = 0, n_ss = 0, n_logits = 0;
+    for (int o = 0; o < n_ord && n_rows < d->max_chunk; o++) {
+        int i = order[o];
+        dstate_t *s = js[i];
+        int take = jobs[i].n_tokens - s->n_kv;
+        if (take > d->max_chunk - n_rows)
+            take = d->max_chunk - n_rows;
+        int rc = grow_rows(d, n_rows + take, 0);
         if (rc)
             return rc;
-        for (int r = 0; r < n_rows; r++) {
-            dstate_t *s = ss[d->row_seq[r]];
-            s->toks[d->pos[r]] = d->tokens[r];
-            s->n_kv = d->pos[r] + 1;
+        for (int t = 0; t < take; t++) {
+            int p = s->n_kv + t;
+            d->tokens[n_rows + t] = jobs[i].tokens[p];
+            d->pos[n_rows + t] = p;
+            d->row_seq[n_rows + t] = n_ss;
         }
-        for (int l = 0; l < n_logits; l++) {
-            dsq_draft_job_t *j = &jobs[jx[l]];
-            j->out[0] = argmax(d->logits + (size_t)l * (size_t)d->n_vocab, d->n_cmp);
-            j->n_out = 1;
+        if (s->n_kv + take == jobs[i].n_tokens) {
+            d->lrows[n_logits] = n_rows + take - 1;
+            jx[n_logits++] = i;
         }
+        ss[n_ss++] = s;
+        n_rows += take;
     }
+    if (n_rows == 0)
+        return DSQ_OK;
+    int rc = run_pass(d, ss, n_ss, n_rows, n_logits);
+    if (rc)
+        return rc;
+    for (int r = 0; r < n_rows; r++) {
+        dstate_t *s = ss[d->row_seq[r]];
+        s->toks[d->pos[r]] = d->tokens[r];
+        s->n_kv = d->pos[r] + 1;
+    }
+    for (int l = 0; l < n_logits; l++) {
+        dsq_draft_job_t *j = &jobs[jx[l]];
+        j->out[0] = argmax(d->logits + (size_t)l * (size_t)d->n_vocab, d->n_cmp);
+        j->n_out = 1;
+    }
+    return DSQ_OK;
 }
 
 int dsq_draft_propose(dsq_draft_t *d, dsq_draft_job_t *jobs, int n_jobs)

@@ -74,9 +74,11 @@ typedef struct dsq_draft_job {
     int n_out;                    /* drafts made (0..k)                       */
 } dsq_draft_job_t;
 
-/* Draft for every job at once: catch each state up to its sequence
- * (batched forward passes of at most max_chunk tokens), then k - 1 more
- * single-token passes over the jobs still wanting drafts. A job whose
+/* Draft for every job at once (at most 64 jobs take part): catch the
+ * states up to their sequences (one batched pass of at most max_chunk
+ * tokens, the jobs needing the fewest first: a job not caught up by it
+ * gets no drafts this time and goes on next time), then
+ * k - 1 more single-token passes over the jobs with a first draft. A job whose
  * state finds no KV room even after evicting the states not in this call
  * (or whose sequence would pass the draft's context) gets n_out 0.
  * Returns 0, or DSQ_ENOMEM / a forward error: every n_out is then 0 and
