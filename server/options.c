@@ -50,9 +50,10 @@ static const opt_t table[] = {
     {"speculative-ngram-min", T_INT, O(speculative_ngram_min), "2", 1, 64, NULL, "with --speculative-ngram: shortest suffix (tokens) matched", NULL},
     {"speculative-ngram-max", T_INT, O(speculative_ngram_max), "4", 1, 64, NULL, "with --speculative-ngram: longest suffix (tokens) matched, tried first", NULL},
     {"draft-model", T_STR, O(draft_model), NULL, 0, 0, NULL, "speculative decoding with a draft model: a smaller model of the same vocabulary (same tokens, same ids; checked at start-up) proposes up to --draft-max tokens per decoding sequence and step by greedy decoding, on the same device with its own KV cache, and the model scores them in one forward pass; the output is the one without it (llama-server's --model-draft)", NULL},
+    {"speculative-mtp", T_BOOL, O(speculative_mtp), "false", 0, 0, NULL, "speculative decoding with the model's own multi-token prediction module (DeepSeek-V3 Hugging Face checkpoints; GGUF conversions drop it): one draft token per decoding sequence and step, scored in the next forward pass; the output is the one without it (vLLM's method \"deepseek_mtp\")", NULL},
     {"draft-max", T_INT, O(draft_max), "5", 1, 16, NULL, "with --draft-model: most draft tokens per sequence and step", NULL},
-    {"speculative-max-batch", T_INT, O(speculative_max_batch), "4", 1, 65536, NULL, "with --speculative-ngram or --draft-model: speculate only while at most this many sequences decode (a batch is bound by compute, where scoring drafts costs about what it saves; measured on a 2-core CPU: +20 % at 1 stream, +-10 % at 8)", NULL},
-    {"speculative-fixed-len", T_BOOL, O(speculative_fixed_len), "false", 0, 0, NULL, "with --speculative-ngram or --draft-model: always propose K drafts where the proposer has them, instead of a length that follows each sequence's acceptance and the measured cost of a row", NULL},
+    {"speculative-max-batch", T_INT, O(speculative_max_batch), "4", 1, 65536, NULL, "with --speculative-ngram, --draft-model or --speculative-mtp: speculate only while at most this many sequences decode (a batch is bound by compute, where scoring drafts costs about what it saves; measured on a 2-core CPU: +20 % at 1 stream, +-10 % at 8)", NULL},
+    {"speculative-fixed-len", T_BOOL, O(speculative_fixed_len), "false", 0, 0, NULL, "with --speculative-ngram, --draft-model or --speculative-mtp: always propose K drafts where the proposer has them, instead of a length that follows each sequence's acceptance and the measured cost of a row", NULL},
     {"kv-cache-prefault", T_BOOL, O(kv_cache_prefault), "true", 0, 0, NULL, "cpu: commit the KV cache's memory at start (default on), so the resident memory of an idle server is what the memory plan reserved and no load grows it; --kv-cache-prefault false commits pages as blocks are first used (quicker start, RSS grows with use)", NULL},
     {"max-request-bytes", T_BYTES, O(max_request_bytes), "1MiB", 1, 1073741824.0, NULL, "largest request body accepted (413 above)", NULL},
     {"max-waiting-requests", T_INT, O(max_waiting_requests), "0", 0, 1 << 24, NULL, "waiting queue size, 503 with Retry-After when full (0 = engine default, 1024)", NULL},
@@ -538,6 +539,11 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
         snprintf(b, sizeof(b), "%d", o->speculative_ngram_max);
         fail(err, err_len, "--speculative-ngram-min %s is above --speculative-ngram-max %s", a,
              b);
+        rc = DSQ_EINVAL;
+    }
+    if (rc == DSQ_OK && o->speculative_mtp && (o->draft_model || o->speculative_ngram > 0)) {
+        fail(err, err_len, "--speculative-mtp and %s are two proposers: use one%s",
+             o->draft_model ? "--draft-model" : "--speculative-ngram", "");
         rc = DSQ_EINVAL;
     }
     if (rc == DSQ_OK && o->draft_model && o->speculative_ngram > 0) {

@@ -38,6 +38,7 @@ typedef struct dsq_options {
     bool speculative_fixed_len;
     char *draft_model;             /* speculation's draft model, or NULL     */
     int draft_max;                 /* its drafts per step                    */
+    bool speculative_mtp;          /* the model's MTP module drafts          */
     bool kv_cache_prefault;        /* hardening: see --kv-cache-prefault     */
     int64_t max_request_bytes;
     int max_waiting_requests;

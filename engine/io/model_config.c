@@ -540,6 +540,7 @@ int dsq_model_config_from_hf_json(const char *json_text, size_t len,
         c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
         c.rope_dim = c.qk_rope_head_dim;
         c.first_k_dense_replace = ji(&j, root, "first_k_dense_replace", 0);
+        c.n_nextn_layers = ji(&j, root, "num_nextn_predict_layers", 0);
         c.moe_layer_freq = ji(&j, root, "moe_layer_freq", 1);
         c.n_routed_experts = ji(&j, root, "n_routed_experts", 0);
         c.n_shared_experts = ji(&j, root, "n_shared_experts", 0);

@@ -88,6 +88,11 @@ typedef struct dsq_model_config {
     char topk_method[32];        /* "greedy", "group_limited_greedy", "noaux_tc" */
     char scoring_func[16];       /* "softmax" or "sigmoid"                      */
     int64_t n_group, topk_group;
+    /* DeepSeek-V3 multi-token prediction modules after the n_layer decoder
+     * layers (HF num_nextn_predict_layers; their tensors are
+     * blk.<n_layer + i>.*); 0 = none. GGUF conversions of DeepSeek models
+     * drop these layers, so a GGUF always reads 0. */
+    int64_t n_nextn_layers;
 
     /* Checkpoint quantization declared by the file */
     dsq_ckpt_quant_t ckpt_quant;

@@ -127,6 +127,14 @@ static const struct {
     {"mlp.shared_experts.gate_proj", "ffn_gate_shexp"},
     {"mlp.shared_experts.up_proj", "ffn_up_shexp"},
     {"mlp.shared_experts.down_proj", "ffn_down_shexp"},
+    /* DeepSeek-V3's multi-token prediction module (layer n_layer; llama.cpp
+     * names these blk.N.nextn.*) */
+    {"embed_tokens", "nextn.embed_tokens"},
+    {"enorm", "nextn.enorm"},
+    {"hnorm", "nextn.hnorm"},
+    {"eh_proj", "nextn.eh_proj"},
+    {"shared_head.norm", "nextn.shared_head_norm"},
+    {"shared_head.head", "nextn.shared_head_head"},
 };
 
 static const char *const suffixes[] = {"weight", "bias", "qweight", "qzeros",

@@ -108,6 +108,30 @@ int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     return m->arch->forward(m->graph, kv, b, logits);
 }
 
+int dsq_model_n_mtp(const dsq_model_t *m)
+{
+    return m->arch->n_mtp ? m->arch->n_mtp(m->graph) : 0;
+}
+
+int dsq_model_kv_layers(const dsq_model_t *m)
+{
+    return (int)m->cfg.n_layer + dsq_model_n_mtp(m);
+}
+
+const float *dsq_model_hidden(const dsq_model_t *m, int *n_rows)
+{
+    *n_rows = 0;
+    return m->arch->hidden ? m->arch->hidden(m->graph, n_rows) : NULL;
+}
+
+int dsq_model_mtp_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                          const float *hidden, float *logits)
+{
+    if (dsq_model_n_mtp(m) == 0)
+        return DSQ_EUNSUPPORTED;
+    return m->arch->mtp_forward(m->graph, kv, b, hidden, logits);
+}
+
 void dsq_model_kv_shape(const dsq_model_t *m, int *n_kv_heads, int *head_dim,
                         bool *has_v)
 {

@@ -50,6 +50,9 @@ typedef struct dsq_model_opts {
                                   layout (dsq_cpu_weight_prefers_x8): for
                                   measuring the layout, dsq-bench cpu
                                   --layout rows; results are bitwise equal   */
+    bool mtp;                  /* also load the multi-token prediction
+                                  modules a DeepSeek-V3 checkpoint carries
+                                  (dsq_model_n_mtp); off: they are not read */
 } dsq_model_opts_t;
 
 /* Build the model from an open model file (which must outlive the model:
@@ -138,6 +141,34 @@ typedef struct dsq_batch {
  * synchronisation failed; the CUDA reason is logged). */
 int dsq_model_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
                       float *logits);
+
+/* == multi-token prediction (DeepSeek-V3, arXiv:2412.19437 sec. 2.2; served
+ * as vLLM's deepseek_mtp.py runs it) ==
+ * A module after the decoder layers that, at position i, takes the main
+ * model's final hidden state h_i and the embedding of token i + 1 and
+ * predicts token i + 2: a speculative decoding proposer (engine.h
+ * spec_mtp). Its attention has its own KV: the cache's layer n_layer. */
+
+/* MTP modules loaded (dsq_model_opts_t.mtp and the checkpoint has them):
+ * 0 or 1 (the first of num_nextn_predict_layers; V3 ships one). */
+int dsq_model_n_mtp(const dsq_model_t *m);
+/* Layers a KV cache for m must have: n_layer + dsq_model_n_mtp. */
+int dsq_model_kv_layers(const dsq_model_t *m);
+/* The last dsq_model_forward's final hidden states, before the output
+ * norm: [*n_rows][n_embd] fp32 in batch row order, owned by the model,
+ * valid until its next forward or MTP forward. NULL (and *n_rows 0) for a
+ * graph that keeps none (llama) or before any forward. */
+const float *dsq_model_hidden(const dsq_model_t *m, int *n_rows);
+/* Run the MTP module over b, whose row r is the pair (h, token): tokens[r]
+ * = the token after position pos[r] (token pos + 1), hidden + r * n_embd =
+ * the main model's final hidden state at pos[r] (dsq_model_hidden's rows,
+ * before the output norm; may be that very buffer); slots and block tables
+ * as the main forward's for pos[r] (the module's KV is written to layer
+ * n_layer of the same slots). logits: [n_logits][n_vocab] fp32, the
+ * module's prediction of token pos + 2 at each logit row. Returns as
+ * dsq_model_forward; DSQ_EUNSUPPORTED when no module is loaded. */
+int dsq_model_mtp_forward(dsq_model_t *m, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                          const float *hidden, float *logits);
 
 /* == activation tap (owner: quant; used by tools/dsq-quantize for AWQ/GPTQ
  * calibration) ==

@@ -39,6 +39,17 @@
  * to the thread pool a few at a time (dsq_backend_matmul_many), not one by
  * one: moe_batched and attend_absorbed_batched.
  *
+ * MTP. With dsq_model_opts_t.mtp, DeepSeek-V3's multi-token prediction
+ * module (blk.<n_layer>.*: nextn.embed_tokens, nextn.enorm / hnorm,
+ * nextn.eh_proj, one MoE decoder layer, nextn.shared_head_norm / _head) is
+ * loaded and ds2_mtp_forward runs it as vLLM's deepseek_mtp.py does: x =
+ * eh_proj([enorm(E(t_{i+1})); hnorm(norm(h_i))]) with the main model's
+ * output norm applied to h_i first (vLLM hands the module the model's
+ * normed output) and E zero at position 0 (vLLM masks it), the decoder
+ * layer over its own KV (cache layer n_layer), then shared_head_norm and
+ * shared_head_head. Reference: tests/golden/deepseek2_tiny_v3_mtp_logits.txt
+ * (tests/ref/make_deepseek2_tiny.py mtp_golden).
+ *
  * The graph is the deepseek2 row of the architecture table (model_arch.c);
  * it moves activations with host loops between ops, so the row marks it
  * host-only and dsq_model_create refuses a device backend for it.
@@ -77,6 +88,13 @@ typedef enum ds2_prefill {
     DS2_PREFILL_EXPANDED,
 } ds2_prefill_t;
 
+/* DeepSeek-V3's multi-token prediction module; its decoder layer is
+ * layers[n_layer]. */
+typedef struct ds2_mtp {
+    dsq_weight_t embed, eh_proj, head;
+    const float *enorm, *hnorm, *head_norm;
+} ds2_mtp_t;
+
 typedef struct dsq_ds2 {
     dsq_model_t *m;
     dsq_backend_t *be;       /* the model's; a host backend (the row is host_only) */
@@ -85,7 +103,11 @@ typedef struct dsq_ds2 {
     dsq_model_config_t c;
     dsq_weight_t tok_embd, output;
     const float *output_norm;
-    ds2_layer_t *layers;
+    ds2_layer_t *layers;           /* [n_layer + n_mtp]                      */
+    int n_mtp;                     /* 0 or 1                                 */
+    ds2_mtp_t mtp;
+    int hidden_rows;               /* rows of x the last forward left, or 0  */
+    float *mcat;                   /* MTP input [ws_tokens][2 d]             */
     dsq_rope_t rope;
     float attn_scale;
     dsq_moe_route_t route;
@@ -332,6 +354,25 @@ static int load_layer(dsq_ds2_t *g, const dsq_model_file_t *f,
     return rc;
 }
 
+/* The MTP module's own weights (its decoder layer is load_layer's): the
+ * embedding and head as the main ones (never requantised), eh_proj as any
+ * linear weight. */
+static int load_mtp(dsq_ds2_t *g, const dsq_model_file_t *f, const dsq_model_opts_t *o,
+                    char *err, size_t err_len)
+{
+    const int64_t l = g->c.n_layer, d = g->d, V = g->c.n_vocab;
+    ds2_mtp_t *t = &g->mtp;
+    int rc = lin(g, f, o, l, "nextn.embed_tokens", V, d, false, &t->embed, err, err_len);
+    if (!rc) rc = lin(g, f, o, l, "nextn.eh_proj", d, 2 * d, true, &t->eh_proj, err, err_len);
+    if (!rc) rc = lin(g, f, o, l, "nextn.shared_head_head", V, d, false, &t->head, err,
+                      err_len);
+    if (!rc) rc = vec(g, f, l, "nextn.enorm.weight", d, true, &t->enorm, err, err_len);
+    if (!rc) rc = vec(g, f, l, "nextn.hnorm.weight", d, true, &t->hnorm, err, err_len);
+    if (!rc) rc = vec(g, f, l, "nextn.shared_head_norm.weight", d, true, &t->head_norm, err,
+                      err_len);
+    return rc;
+}
+
 static int setup_route(dsq_ds2_t *g, char *err, size_t err_len)
 {
     const dsq_model_config_t *c = &g->c;
@@ -455,7 +496,17 @@ static void *ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
         double ms = dsq_rope_yarn_mscale(c->rope_factor, c->yarn_mscale_all_dim);
         g->attn_scale = (float)(1.0 / sqrt((double)(g->dn + g->dr)) * ms * ms);
     }
-    g->layers = calloc((size_t)c->n_layer, sizeof(*g->layers));
+    /* the MTP module only when asked and the checkpoint has it */
+    if (opts && opts->mtp && c->n_nextn_layers > 0) {
+        char nm[96];
+        snprintf(nm, sizeof(nm), "blk.%lld.nextn.eh_proj.weight", (long long)c->n_layer);
+        if (dsq_model_file_find(f, nm))
+            g->n_mtp = 1;
+        else
+            dsq_log(DSQ_LOG_WARN, "model mtp=0 reason=\"num_nextn_predict_layers is %lld but "
+                    "the file has no %s\"", (long long)c->n_nextn_layers, nm);
+    }
+    g->layers = calloc((size_t)(c->n_layer + g->n_mtp), sizeof(*g->layers));
     if (!g->layers) {
         rc = DSQ_ENOMEM;
         snprintf(err, err_len, "model: out of memory");
@@ -474,8 +525,10 @@ static void *ds2_create(dsq_model_t *m, const dsq_model_file_t *f,
     if (!rc)
         rc = dsq__model_load_vec(m, f, "output_norm.weight", g->d, true, &g->output_norm,
                                  err, err_len);
-    for (int64_t l = 0; l < c->n_layer && !rc; l++)
+    for (int64_t l = 0; l < c->n_layer + g->n_mtp && !rc; l++)
         rc = load_layer(g, f, opts, l, err, err_len);
+    if (!rc && g->n_mtp)
+        rc = load_mtp(g, f, opts, err, err_len);
     if (rc)
         goto fail;
     return g;
@@ -491,7 +544,7 @@ static void ds2_destroy(void *graph)
     dsq_ds2_t *g = graph;
     if (!g)
         return;
-    for (int64_t l = 0; g->layers && l < g->c.n_layer; l++) {
+    for (int64_t l = 0; g->layers && l < g->c.n_layer + g->n_mtp; l++) {
         ds2_layer_t *L = &g->layers[l];
         free(L->wuk);
         free(L->wuv);
@@ -509,6 +562,7 @@ static void ds2_destroy(void *graph)
     free(g->ids);
     free(g->rows);
     free(g->offsets);
+    free(g->mcat);
     free(g);
 }
 
@@ -544,6 +598,7 @@ static int ensure_ws(dsq_ds2_t *g, int n_tokens)
         {&g->bu, tb * (kk * (size_t)g->mi + (size_t)g->ff_sh)},
         {&g->hin, tb * H * max3((size_t)g->dn, (size_t)g->kvl, 1)},
         {&g->hout, tb * H * max3((size_t)g->kvl, (size_t)g->dv, 1)},
+        {&g->mcat, g->n_mtp ? t * 2 * d : 1},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
@@ -944,13 +999,9 @@ static int moe(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
     return rc;
 }
 
-static int ds2_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
-                       float *logits)
+static int check_batch(const dsq_batch_t *b)
 {
-    dsq_ds2_t *g = graph;
-    const dsq_model_config_t *c = &g->c;
     const int T = b->n_tokens;
-    int rc;
     if (T <= 0 || b->n_logits < 0 || b->n_logits > T)
         return DSQ_EINVAL;
     for (int i = 0; i < b->n_logits; i++)
@@ -959,38 +1010,120 @@ static int ds2_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     for (int i = 0; i < T; i++)
         if (b->row_seq[i] < 0 || b->row_seq[i] >= b->n_seqs || b->pos[i] < 0)
             return DSQ_EINVAL;
-    rc = ensure_ws(g, T);
-    if (rc)
-        return rc;
-    const int64_t d = g->d;
-    const float eps = (float)c->rms_eps;
+    return DSQ_OK;
+}
 
-    rc = dsq_backend_embed(g->be, g->x, &g->tok_embd, b->tokens, T);
-    for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++) {
-        const ds2_layer_t *L = &g->layers[l];
-        const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
-        if (kl->n_kv_heads != 1 || kl->head_dim != g->D)
-            return DSQ_EINVAL;     /* cache not made with dsq_model_kv_shape */
-        rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->attn_norm, T, d, eps);
-        if (!rc) rc = attention(g, L, kl, b);
-        if (!rc) rc = dsq_backend_matmul(g->be, g->o, g->att, T, &L->wo);
-        if (!rc) rc = dsq_backend_add(g->be, g->x, g->o, T * d);
-        if (!rc) rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->ffn_norm, T, d, eps);
-        if (!rc && L->moe)
-            rc = moe(g, L, T);
-        else if (!rc)
-            rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
-        if (!rc) rc = dsq_backend_add(g->be, g->x, g->y, T * d);
-    }
-    if (rc || b->n_logits == 0)
-        return rc;
+/* Decoder layer l (n_layer: the MTP module's) over the residual stream x. */
+static int block(dsq_ds2_t *g, int64_t l, dsq_kv_cache_t *kv, const dsq_batch_t *b)
+{
+    const ds2_layer_t *L = &g->layers[l];
+    const int64_t T = b->n_tokens, d = g->d;
+    const float eps = (float)g->c.rms_eps;
+    const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
+    if (!kl || kl->n_kv_heads != 1 || kl->head_dim != g->D)
+        return DSQ_EINVAL;     /* cache not made with dsq_model_kv_shape / _kv_layers */
+    int rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->attn_norm, T, d, eps);
+    if (!rc) rc = attention(g, L, kl, b);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->o, g->att, T, &L->wo);
+    if (!rc) rc = dsq_backend_add(g->be, g->x, g->o, T * d);
+    if (!rc) rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->ffn_norm, T, d, eps);
+    if (!rc && L->moe)
+        rc = moe(g, L, T);
+    else if (!rc)
+        rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
+    if (!rc) rc = dsq_backend_add(g->be, g->x, g->y, T * d);
+    return rc;
+}
+
+/* logits of b's logit rows of x through norm and the head. */
+static int head(dsq_ds2_t *g, const dsq_batch_t *b, const float *norm,
+                const dsq_weight_t *w, float *logits)
+{
+    const int64_t d = g->d;
+    if (b->n_logits == 0)
+        return DSQ_OK;
     for (int i = 0; i < b->n_logits; i++)
         memcpy(g->lg + (size_t)i * d, g->x + (size_t)b->logit_rows[i] * d,
                (size_t)d * sizeof(float));
-    rc = dsq_backend_rmsnorm(g->be, g->lg, g->lg, g->output_norm, b->n_logits, d, eps);
+    int rc = dsq_backend_rmsnorm(g->be, g->lg, g->lg, norm, b->n_logits, d,
+                                 (float)g->c.rms_eps);
     if (!rc)
-        rc = dsq_backend_matmul(g->be, logits, g->lg, b->n_logits, &g->output);
+        rc = dsq_backend_matmul(g->be, logits, g->lg, b->n_logits, w);
     return rc;
+}
+
+static int ds2_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                       float *logits)
+{
+    dsq_ds2_t *g = graph;
+    const dsq_model_config_t *c = &g->c;
+    const int T = b->n_tokens;
+    int rc = check_batch(b);
+    if (!rc) rc = ensure_ws(g, T);
+    if (rc)
+        return rc;
+
+    g->hidden_rows = 0;
+    rc = dsq_backend_embed(g->be, g->x, &g->tok_embd, b->tokens, T);
+    for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++)
+        rc = block(g, l, kv, b);
+    if (rc)
+        return rc;
+    g->hidden_rows = T;
+    return head(g, b, g->output_norm, &g->output, logits);
+}
+
+/* ds2_mtp_forward's input: x = eh_proj([enorm(E(tokens)); hnorm(norm(hidden))]),
+ * E zero at position 0; hidden is read before x is written, so it may be x. */
+static int mtp_input(dsq_ds2_t *g, const dsq_batch_t *b, const float *hidden)
+{
+    const int64_t T = b->n_tokens, d = g->d;
+    const float eps = (float)g->c.rms_eps;
+    int rc = DSQ_OK;
+    for (int64_t t = 0; t < T && !rc; t++) {
+        float *right = g->mcat + t * 2 * d + d;
+        rc = dsq_backend_rmsnorm(g->be, right, hidden + t * d, g->output_norm, 1, d, eps);
+        if (!rc) rc = dsq_backend_rmsnorm(g->be, right, right, g->mtp.hnorm, 1, d, eps);
+    }
+    if (!rc) rc = dsq_backend_embed(g->be, g->h, &g->mtp.embed, b->tokens, (int)T);
+    for (int64_t t = 0; t < T && !rc; t++) {
+        float *left = g->mcat + t * 2 * d;
+        if (b->pos[t] == 0)
+            memset(left, 0, (size_t)d * sizeof(float));
+        else
+            rc = dsq_backend_rmsnorm(g->be, left, g->h + t * d, g->mtp.enorm, 1, d, eps);
+    }
+    if (!rc) rc = dsq_backend_matmul(g->be, g->x, g->mcat, T, &g->mtp.eh_proj);
+    return rc;
+}
+
+static int ds2_mtp_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                           const float *hidden, float *logits)
+{
+    dsq_ds2_t *g = graph;
+    int rc = check_batch(b);
+    if (!rc && g->n_mtp == 0)
+        rc = DSQ_EUNSUPPORTED;
+    if (!rc) rc = ensure_ws(g, b->n_tokens);
+    if (rc)
+        return rc;
+    g->hidden_rows = 0;            /* x is the module's from here */
+    rc = mtp_input(g, b, hidden);
+    if (!rc) rc = block(g, g->c.n_layer, kv, b);
+    if (!rc) rc = head(g, b, g->mtp.head_norm, &g->mtp.head, logits);
+    return rc;
+}
+
+static int ds2_n_mtp(const void *graph)
+{
+    return ((const dsq_ds2_t *)graph)->n_mtp;
+}
+
+static const float *ds2_hidden(const void *graph, int *n_rows)
+{
+    const dsq_ds2_t *g = graph;
+    *n_rows = g->hidden_rows;
+    return g->hidden_rows ? g->x : NULL;
 }
 
 /* MLA: one vector per token and layer, the latent and the rope key, and
@@ -1124,4 +1257,7 @@ const dsq_model_arch_t dsq__model_arch_deepseek2 = {
     .tensors = ds2_tensors,
     .built_weights = ds2_built_weights,
     .decode_bytes = ds2_decode_bytes,
+    .n_mtp = ds2_n_mtp,
+    .hidden = ds2_hidden,
+    .mtp_forward = ds2_mtp_forward,
 };

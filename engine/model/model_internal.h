@@ -46,6 +46,13 @@ typedef struct dsq_model_arch {
                              int64_t *k);
     /* dsq_model_decode_bytes of the loaded graph. */
     size_t (*decode_bytes)(const void *graph);
+    /* The multi-token prediction module, all NULL for a graph without one:
+     * modules loaded, the last forward's hidden states, the module's
+     * forward (dsq_model_n_mtp, dsq_model_hidden, dsq_model_mtp_forward). */
+    int (*n_mtp)(const void *graph);
+    const float *(*hidden)(const void *graph, int *n_rows);
+    int (*mtp_forward)(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
+                       const float *hidden, float *logits);
 } dsq_model_arch_t;
 
 /* The rows (model_llama.c, model_deepseek2.c). */

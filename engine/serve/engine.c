@@ -429,6 +429,10 @@ static bool engine_step(dsq_engine_t *e)
                 if (rc)
                     break;
             }
+            /* the MTP module follows the rows just computed (its KV) and
+             * drafts for the next step */
+            if (!rc && e->o.spec_mtp)
+                dsq__spec_mtp(e, &out);
         }
         if (!rc) {
             double t_done = dsq_clock_now_s();

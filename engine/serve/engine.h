@@ -170,6 +170,12 @@ typedef struct dsq_engine_opts {
      * refusal otherwise), run on the same backend with its own KV cache,
      * a line of the memory plan (dsq_plan_t.draft_bytes). NULL: n-gram. */
     const char *draft_model_path;
+    /* With spec_k > 0 (1 is all it uses): the draft is the model's own
+     * multi-token prediction module (DeepSeek-V3 checkpoints, model.h),
+     * loaded for it and run after every step over the step's computed
+     * rows; dsq_engine_create fails when the model has none. Exclusive
+     * with draft_model_path. */
+    bool spec_mtp;
     /* the draft KV cache's capacity in tokens; 0: spec_max_batch x
      * (max_model_len + DSQ_SPEC_MAX_K), every speculating sequence at full
      * length */

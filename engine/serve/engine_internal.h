@@ -73,6 +73,8 @@ typedef struct eseq {
     int think_n;                   /* tokens written inside the section       */
     int think_force;               /* next think_end index to force, -1: none */
     uint64_t uid;                  /* unique in the engine's life (draft.h key) */
+    int32_t mtp_tok;               /* the MTP module's draft, valid while the  */
+    int mtp_at;                    /* choice has mtp_at tokens (0: none)       */
     double spec_acc, spec_seen;    /* speculation: drafts accepted / checked,
                                       decayed (speculate.c's draft length)   */
     int step_prefill;              /* timeline: prompt tokens of this step   */
@@ -154,6 +156,12 @@ struct dsq_engine {
     dsq_model_t *model;
     dsq_kv_cache_t *kv;
     dsq_draft_t *draft;            /* speculation's draft model, or NULL       */
+    struct {                       /* spec_mtp: one MTP pass's batch           */
+        int32_t *tokens, *pos, *row_seq, *slot, *lrows;
+        eseq_t **lseq;             /* whose draft each logit row makes         */
+        float *h, *logits;
+        int cap, lcap;
+    } mtp;
     uint64_t next_uid;             /* engine thread: eseq_t.uid                */
     dsq_sched_t *sched;
     dsq_sampler_t *sampler;
@@ -305,6 +313,11 @@ void dsq__spec_propose(dsq_engine_t *e);
  * kept (dsq_sched_accept_drafts) and count it. 0 or a DSQ_E* (fails the
  * step, as dsq__sample_seq). */
 int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows);
+/* spec_mtp, after the step's sampling: run the MTP module over every row
+ * of out whose position its choice has now computed (so the module's KV
+ * follows the model's), and keep each decoding choice's next draft
+ * (eseq_t.mtp_tok). A failure costs drafts, not the step: logged. */
+void dsq__spec_mtp(dsq_engine_t *e, const dsq_sched_out_t *out);
 
 /* ------------------------------------------------------------ submit.c */
 

@@ -149,6 +149,7 @@ static void plan_opts_from(const dsq_engine_opts_t *opts, dsq_plan_opts_t *po)
     po->kv_cache_bytes = opts->kv_cache_memory_bytes;
     po->quantize = opts->quantize;
     po->group_size = opts->quant_group_size;
+    po->mtp = opts->spec_mtp;
     if (opts->spec_k > 0)
         po->spec_rows = opts->spec_k * (opts->spec_max_batch > 0 ? opts->spec_max_batch
                                                                  : DSQ__SPEC_MAX_BATCH);
@@ -177,6 +178,13 @@ static int spec_opts(dsq_engine_opts_t *o, char *err, size_t err_len)
         o->spec_max_batch = DSQ__SPEC_MAX_BATCH;
     if (o->draft_model_path && !*o->draft_model_path)
         o->draft_model_path = NULL;
+    if (o->spec_mtp && o->draft_model_path) {
+        snprintf(err, err_len, "speculative decoding: the MTP module and a draft model are "
+                 "two proposers: use one");
+        return DSQ_EINVAL;
+    }
+    if (o->spec_mtp && o->spec_k == 0)
+        o->spec_k = 1;     /* one module, one draft a step */
     if (o->draft_model_path && o->spec_k == 0) {
         snprintf(err, err_len, "speculative decoding: a draft model needs a draft length "
                  "(1..%d)", DSQ_SPEC_MAX_K);
@@ -340,10 +348,16 @@ static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
                            .activation_dtype = opts->activation_dtype == DSQ_ENGINE_ACT_F32
                                                ? DSQ_ACT_F32 : DSQ_ACT_INT8,
-                           .backend = e->be};
+                           .backend = e->be, .mtp = opts->spec_mtp};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
         return DSQ_EFORMAT;
+    if (opts->spec_mtp && dsq_model_n_mtp(e->model) == 0) {
+        snprintf(err, err_len, "--speculative-mtp: %s has no multi-token prediction module "
+                 "(DeepSeek-V3 Hugging Face checkpoints carry one after the last layer, "
+                 "num_nextn_predict_layers; GGUF conversions drop it)", opts->model_path);
+        return DSQ_EUNSUPPORTED;
+    }
     /* the CPU backend runs ragged batches, so the padding model is only
      * loaded and logged here; the CUDA-graph path will plan with it. */
     int rc = dsq_pad_model_open(opts->padding_model_path, "cpu", &e->pad_model, err, err_len);
@@ -401,13 +415,13 @@ static int create_kv_cache(dsq_engine_t *e, const dsq_engine_opts_t *opts,
                            size_t err_len)
 {
     const bool device = !dsq_backend_is_host(e->be);
-    const dsq_model_config_t *c = dsq_model_config(e->model);
     /* the model says what its cache holds (MLA: one latent + rope key
      * vector per token, no V), matching dsq_plan_kv_bytes_per_token. */
     int kv_heads, kv_dim;
     bool kv_has_v;
     dsq_model_kv_shape(e->model, &kv_heads, &kv_dim, &kv_has_v);
-    e->kv = dsq_kv_create_on(e->be, (int)c->n_layer, kv_heads, kv_dim, plan->block_size,
+    e->kv = dsq_kv_create_on(e->be, dsq_model_kv_layers(e->model), kv_heads, kv_dim,
+                             plan->block_size,
                              plan->num_blocks, kvt, kv_has_v, err, err_len);
     if (!e->kv)
         return DSQ_ENOMEM;
@@ -657,6 +671,14 @@ void dsq_engine_destroy(dsq_engine_t *e)
     free(e->lrows);
     free(e->xpos);
     free(e->xseq);
+    free(e->mtp.tokens);
+    free(e->mtp.pos);
+    free(e->mtp.row_seq);
+    free(e->mtp.slot);
+    free(e->mtp.lrows);
+    free(e->mtp.lseq);
+    free(e->mtp.h);
+    free(e->mtp.logits);
     dsq_kv_destroy(e->kv);
     dsq_draft_destroy(e->draft);
     dsq_model_destroy(e->model);

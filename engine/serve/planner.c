@@ -60,9 +60,9 @@ static bool is_expert_slice(const char *name)
 
 static int classify(const char *name)
 {
-    if (strstr(name, "token_embd"))
+    if (strstr(name, "token_embd") || strstr(name, ".nextn.embed_tokens."))
         return DSQ_PLAN_EMBED;
-    if (strncmp(name, "output.", 7) == 0)
+    if (strncmp(name, "output.", 7) == 0 || strstr(name, ".nextn.shared_head_head."))
         return DSQ_PLAN_OUTPUT;
     if (strstr(name, "norm") || strstr(name, ".bias"))
         return DSQ_PLAN_NORM;
@@ -255,8 +255,14 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     out->block_size = o->block_size > 0 ? o->block_size : 16;
     int64_t ctx = c->n_ctx_train > 0 ? c->n_ctx_train : DSQ_MODEL_CTX_DEFAULT;
     out->max_model_len = o->max_model_len > 0 ? o->max_model_len : (int)ctx;
+    /* DeepSeek-V3's MTP module (model.h): loaded only when asked, and
+     * then the first one (blk.<n_layer>.*) */
+    const int n_mtp = o->mtp && c->n_nextn_layers > 0 ? 1 : 0;
     if (n_tensors > 0) {
         for (int i = 0; i < n_tensors; i++) {
+            long blk;
+            if (sscanf(tensors[i]->name, "blk.%ld.", &blk) == 1 && blk >= c->n_layer + n_mtp)
+                continue;
             const char *dot = strrchr(tensors[i]->name, '.');
             int64_t gk = c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ && dot &&
                          !strcmp(dot, ".qweight") ? gptq_k(tensors, n_tensors, i) : 0;
@@ -271,6 +277,8 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         out->weight_bytes += out->class_bytes[i];
     out->coarse_estimate_bytes = (int64_t)(1.25 * (double)out->n_params / 2.0);
     out->kv_bytes_per_token = dsq_plan_kv_bytes_per_token(c, o->kv_dtype);
+    if (n_mtp && c->n_layer > 0)        /* the module's attention layer */
+        out->kv_bytes_per_token += out->kv_bytes_per_token / c->n_layer * n_mtp;
     out->block_bytes = out->kv_bytes_per_token * out->block_size;
 
     int64_t T = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : 2048;
@@ -282,6 +290,8 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         rows = T;
     out->workspace_bytes = 4 * T * (d + (d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff + d) +
                            4 * rows * c->n_vocab + 17 * c->n_vocab;
+    if (n_mtp)       /* the module's input [T][2 d] and the hidden rows kept */
+        out->workspace_bytes += 4 * T * 3 * d;
     out->overhead_bytes = 0;   /* CPU backend: no runtime pools */
     if (o->device) {
         /* device buffers besides the workspace (engine/model/model_llama.c): a

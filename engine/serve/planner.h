@@ -55,6 +55,11 @@ typedef struct dsq_plan_opts {
     int spec_rows;                /* speculative decoding: logits rows a step
                                      may add for drafts (engine.h: spec_k x
                                      spec_max_batch); 0 without it          */
+    bool mtp;                     /* the model loads its multi-token
+                                     prediction modules (model.h): their
+                                     tensors (blk.<n_layer + i>.*) count,
+                                     and their KV layers; without it those
+                                     tensors are not loaded, so not counted */
     int64_t draft_bytes;          /* a speculative draft model's weights, KV
                                      cache and workspace (its own plan, made
                                      by the caller): taken from the budget

@@ -10,12 +10,19 @@
  * decoding without speculation: the sampler sees the same history, mask
  * and seed state at each position. Grammar masks past the first row are
  * made inline (the mask worker makes the first during the forward pass).
+ *
+ * Proposers: n-gram lookup (spec.h), a draft model (draft.h), or the
+ * model's own multi-token prediction module (spec_mtp: dsq__spec_mtp runs
+ * it after each step over the rows the step computed and keeps each
+ * decoding choice's draft for the next step).
  */
 #include "engine_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/common/error.h"
+#include "engine/common/log.h"
 #include "spec.h"
 #include "scheduler.h"
 
@@ -86,9 +93,17 @@ void dsq__spec_propose(dsq_engine_t *e)
             dsq_draft_job_t *j = &jobs[n_jobs];
             *j = (dsq_draft_job_t){.key = s->uid, .tokens = q->tokens, .n_tokens = q->n_tokens,
                                    .k = k, .out = drafts[n_jobs]};
-            if (!e->draft)
+            if (o->spec_mtp) {
+                /* the module's draft made after the last step, if it is
+                 * still this choice's next position */
+                if (s->mtp_at != q->n_tokens)
+                    continue;
+                j->out[0] = s->mtp_tok;
+                j->n_out = 1;
+            } else if (!e->draft) {
                 j->n_out = dsq_spec_ngram_propose(q->tokens, q->n_tokens, o->spec_ngram_min,
                                                   o->spec_ngram_max, k, j->out);
+            }
             who[n_jobs++] = s;
         }
     }
@@ -141,4 +156,95 @@ int dsq__spec_verify(dsq_engine_t *e, eseq_t *s, const float *rows, int n_rows)
         e->stats.spec_accepted_per_pos[i]++;
     pthread_mutex_unlock(&e->mu);
     return rc;
+}
+
+/* Grow e->mtp's arrays to n rows and nl logit rows. */
+static int mtp_room(dsq_engine_t *e, int n, int nl, int64_t d)
+{
+    if (n > e->mtp.cap) {
+        int32_t **arr[] = {&e->mtp.tokens, &e->mtp.pos, &e->mtp.row_seq, &e->mtp.slot,
+                           &e->mtp.lrows};
+        for (size_t i = 0; i < sizeof(arr) / sizeof(arr[0]); i++) {
+            int32_t *p = realloc(*arr[i], (size_t)n * sizeof(int32_t));
+            if (!p)
+                return DSQ_ENOMEM;
+            *arr[i] = p;
+        }
+        eseq_t **ls = realloc(e->mtp.lseq, (size_t)n * sizeof(*ls));
+        if (!ls)
+            return DSQ_ENOMEM;
+        e->mtp.lseq = ls;
+        float *h = realloc(e->mtp.h, (size_t)n * (size_t)d * sizeof(float));
+        if (!h)
+            return DSQ_ENOMEM;
+        e->mtp.h = h;
+        e->mtp.cap = n;
+    }
+    if (nl > e->mtp.lcap) {
+        float *p = realloc(e->mtp.logits, (size_t)nl * (size_t)e->n_vocab * sizeof(float));
+        if (!p)
+            return DSQ_ENOMEM;
+        e->mtp.logits = p;
+        e->mtp.lcap = nl;
+    }
+    return DSQ_OK;
+}
+
+void dsq__spec_mtp(dsq_engine_t *e, const dsq_sched_out_t *out)
+{
+    int n_hid = 0;
+    const float *hid = dsq_model_hidden(e->model, &n_hid);
+    const int64_t d = dsq_model_config(e->model)->n_embd;
+    if (!hid || n_hid != out->n_tokens)
+        return;
+    /* the rows whose position their choice has computed: the step's
+     * prompt rows, the pending token and the drafts kept (not the
+     * rejected drafts, nor the rows of a choice that ended: its blocks
+     * are gone), each with the token after it */
+    int n = 0, nl = 0, rc = mtp_room(e, out->n_tokens, out->n_seqs, d);
+    for (int r = 0; r < out->n_tokens && !rc; r++) {
+        const dsq_seq_t *q = out->seqs[out->row_seq[r]];
+        const eseq_t *s = (const eseq_t *)q->owner;
+        const int p = out->pos[r];
+        if (s->finished || q->state != DSQ_SEQ_RUNNING || p >= q->n_computed ||
+            p + 1 >= q->n_tokens)
+            continue;
+        e->mtp.tokens[n] = q->tokens[p + 1];
+        e->mtp.pos[n] = p;
+        e->mtp.row_seq[n] = out->row_seq[r];
+        e->mtp.slot[n] = out->slot[r];
+        memcpy(e->mtp.h + (size_t)n * (size_t)d, hid + (size_t)r * (size_t)d,
+               (size_t)d * sizeof(float));
+        /* the last computed position of a decoding choice: its logits
+         * predict the token after the pending one, the next draft */
+        if (p == q->n_computed - 1 && q->n_computed >= q->n_prompt &&
+            !s->req->sp.no_speculation) {
+            e->mtp.lrows[nl] = n;
+            e->mtp.lseq[nl++] = (eseq_t *)s;
+        }
+        n++;
+    }
+    if (rc || n == 0) {
+        if (rc)
+            dsq_log(DSQ_LOG_WARN, "event=mtp_failed err=%s", dsq_strerror(rc));
+        return;
+    }
+    dsq_batch_t b = {.n_tokens = n, .tokens = e->mtp.tokens, .pos = e->mtp.pos,
+                     .row_seq = e->mtp.row_seq, .slot = e->mtp.slot, .n_seqs = out->n_seqs,
+                     .block_tables = out->block_tables, .max_blocks = out->max_blocks,
+                     .n_logits = nl, .logit_rows = e->mtp.lrows};
+    rc = dsq_model_mtp_forward(e->model, e->kv, &b, e->mtp.h, e->mtp.logits);
+    if (rc) {
+        dsq_log(DSQ_LOG_WARN, "event=mtp_failed err=%s", dsq_strerror(rc));
+        return;
+    }
+    for (int i = 0; i < nl; i++) {
+        const float *row = e->mtp.logits + (size_t)i * (size_t)e->n_vocab;
+        int32_t best = 0;
+        for (int32_t v = 1; v < e->n_vocab; v++)
+            if (row[v] > row[best])
+                best = v;
+        e->mtp.lseq[i]->mtp_tok = best;
+        e->mtp.lseq[i]->mtp_at = e->mtp.lseq[i]->seq.n_tokens;
+    }
 }

@@ -180,3 +180,36 @@ def test_draft_model_refusals(tmp_path):
     assert rc == 2 and "--speculative-ngram" in line
     rc, line = start_fails("--draft-model", model_path(), "--draft-max", "17")
     assert rc == 2 and "--draft-max" in line
+
+
+def tiny_v3_mtp():
+    d = os.environ.get("DSQ_MODELS_DIR", "models")
+    data = os.environ.get("DSQ_TEST_DATA", "tests/data")
+    return ["--model", os.path.join(d, "deepseek2-tiny", "v3_mtp"),
+            "--tokenizer", os.path.join(data, "models/stories260K/tok512.bin"),
+            "--served-model-name", MODEL_NAME]
+
+
+def test_mtp_same_answers(daemon_factory):
+    """--speculative-mtp on the tiny DeepSeek-V3 with an MTP module
+    (tests/ref/make_deepseek2_tiny.py v3_mtp): the same greedy and seeded
+    answers as without it, drafts scored every step (fixed length), and a
+    model without a module refused at start-up in one line."""
+    prompts = ["Once upon a time", "The cat sat", "Lily and Tom went to the park"]
+
+    def texts(d, **extra):
+        return [complete(d, prompt=p, max_tokens=24, **extra)["choices"][0]["text"]
+                for p in prompts]
+    plain = daemon_factory(*tiny_v3_mtp())
+    base = texts(plain, temperature=0)
+    base_s = texts(plain, temperature=0.8, seed=3)
+    plain.stop()
+    d = daemon_factory(*tiny_v3_mtp(), "--speculative-mtp", "--speculative-fixed-len")
+    assert texts(d, temperature=0) == base
+    assert texts(d, temperature=0.8, seed=3) == base_s
+    m = metrics(d)
+    assert counter(m, "vllm:spec_decode_num_draft_tokens_total") > 0
+    rc, line = start_fails("--speculative-mtp")
+    assert rc == 1 and "no multi-token prediction module" in line
+    rc, line = start_fails(*tiny_v3_mtp(), "--speculative-mtp", "--draft-model", model_path())
+    assert rc == 2 and "two proposers" in line
