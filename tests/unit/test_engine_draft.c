@@ -406,6 +406,66 @@ static void test_q8_with_q4_draft(void **state)
     free(draft);
 }
 
+/* 600 requests on stories260K drafting for itself, 8 at a time, every
+ * third cancelled after its first event, a KV cache that preempts and a
+ * draft cache of 6 blocks that evicts: every block of both caches comes
+ * back, and every draft is still kept. */
+static void test_many_with_cancels(void **state)
+{
+    (void)state;
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
+    dsq_engine_opts_t o = {.model_path = model, .tokenizer_path = tok,
+                           .draft_model_path = model, .spec_k = 4, .draft_kv_tokens = 96,
+                           .kv_cache_memory_bytes = 120 << 10, .max_model_len = 128};
+    dsq_engine_t *e = engine_of(&o);
+    enum { TOTAL = 600, AT_ONCE = 8 };
+    int done = 0, next = 0;
+    dsq_req_t *live[AT_ONCE] = {0};
+    int id[AT_ONCE];
+    while (done < TOTAL) {
+        for (int s = 0; s < AT_ONCE && next < TOTAL; s++) {
+            if (live[s])
+                continue;
+            dsq_sampling_t sp = {.max_tokens = 4 + next % 13, .temperature = 0, .top_p = 1,
+                                 .n = 1, .repetition_penalty = 1, .logprobs = -1,
+                                 .ignore_eos = true};
+            live[s] = req_submit_text(e, &W, prompts[next % N_REQ], &sp);
+            id[s] = next++;
+        }
+        for (int s = 0; s < AT_ONCE; s++) {
+            if (!live[s])
+                continue;
+            dsq_output_t ev;
+            if (wait_next(&W, live[s], &ev) > 0) {
+                if (id[s] % 3 == 0)
+                    dsq_engine_cancel(e, live[s]);
+                dsq_output_free(&ev);
+                continue;
+            }
+            dsq_req_unref(live[s]);
+            live[s] = NULL;
+            done++;
+        }
+    }
+    wait_engine_idle(e);
+    dsq_engine_stats_t st;
+    dsq_engine_stats(e, &st);
+    dsq_engine_destroy(e);
+    print_message("# 600 requests: drafts %lld kept %lld, preemptions %lld, draft evictions "
+                  "%lld\n", (long long)st.spec_draft_tokens_total,
+                  (long long)st.spec_accepted_tokens_total, (long long)st.preemptions_total,
+                  (long long)st.draft_evictions_total);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.draft_kv_free, st.draft_kv_blocks);
+    assert_true(st.preemptions_total > 0);
+    assert_true(st.draft_evictions_total > 0);
+    assert_true(st.spec_draft_tokens_total > 100);
+    assert_int_equal(st.spec_accepted_tokens_total, st.spec_draft_tokens_total);
+    free(model);
+    free(tok);
+}
+
 /* ------------------------------------------------------ refusals, plan */
 
 static void test_refused(void **state)
@@ -493,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_self_draft),
         cmocka_unit_test(test_long_prompt),
         cmocka_unit_test(test_q8_with_q4_draft),
+        cmocka_unit_test(test_many_with_cancels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
