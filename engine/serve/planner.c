@@ -360,10 +360,12 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     if (o->kv_cache_bytes <= 0 && fixed > out->budget_bytes) {
         snprintf(err, err_len, "plan: weights (%lld bytes)%s and workspace (%lld bytes) exceed "
                  "the %smemory budget (%lld bytes); raise %s, or use a smaller "
-                 "(more quantized) model", (long long)(out->weight_bytes + out->draft_bytes),
-                 out->draft_bytes ? ", the draft model's included," : "",
+                 "(more quantized) model%s", (long long)(out->weight_bytes + out->draft_bytes),
+                 out->draft_bytes ? ", the draft model's weights and KV cache included," : "",
                  (long long)(out->workspace_bytes + out->overhead_bytes),
-                 o->device ? "device " : "", (long long)out->budget_bytes, raise);
+                 o->device ? "device " : "", (long long)out->budget_bytes, raise,
+                 out->draft_bytes ? " (the draft's KV cache holds --speculative-max-batch x "
+                                    "(--max-model-len + 16) tokens: lower either)" : "");
         return DSQ_ERANGE;
     }
     if (o->kv_cache_bytes > 0 && fixed + o->kv_cache_bytes > out->budget_bytes) {
