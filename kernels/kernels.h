@@ -573,6 +573,21 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                       const dsq_kv_layer_t *kv, const int32_t *row_seq,
                       const int32_t *row_pos, const int32_t *block_tables,
                       int max_blocks, float scale);
+/* As dsq_cpu_attention, with seq_decode (NULL, or one flag per sequence
+ * index row_seq takes): the rows of a flagged sequence are attended as
+ * single decode rows even where they form a run (a decoding sequence's
+ * pending token and speculative drafts), not as a prefill tile. A decode
+ * row's bits depend on its position and the thread count only (a long
+ * context is split across threads at positions fixed by those two,
+ * kernels/cpu/attention.c row_parts), never on the rows beside it, so a
+ * verified draft row gets the bits plain decoding gives at its position.
+ * A tile walks each row's context whole; the two agree bitwise while a
+ * row is not split (short contexts, one thread) and within ~1e-7
+ * relative otherwise. */
+int dsq_cpu_attention_ex(float *out, const float *q, int64_t m, int n_heads,
+                         const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                         const int32_t *row_pos, const int32_t *block_tables,
+                         int max_blocks, float scale, const uint8_t *seq_decode);
 
 /* ------------------------------------------ DeepSeek-V2 MLA and MoE (ds2) */
 

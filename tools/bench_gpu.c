@@ -337,7 +337,7 @@ static int do_att(gb_t *g, void *p)
     att_arg_t *a = p;
     return dsq_backend_attention(g->be, a->out, a->q, a->m, a->n_heads, &a->kv, a->seq, a->pos,
                                  a->bt, a->max_blocks, 1.0f / sqrtf((float)a->kv.head_dim),
-                                 a->seq_host);
+                                 a->seq_host, NULL);
 }
 
 static int bench_attention(gb_t *g)

@@ -75,12 +75,13 @@ static void cpu_describe(const dsq_backend_t *be, char *buf, size_t len)
 static int cpu_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
                          int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
                          const int32_t *row_pos, const int32_t *block_tables,
-                         int max_blocks, float scale, const int32_t *row_seq_host)
+                         int max_blocks, float scale, const int32_t *row_seq_host,
+                         const uint8_t *seq_decode_host)
 {
     (void)be;
     (void)row_seq_host;
-    return dsq_cpu_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                             max_blocks, scale);
+    return dsq_cpu_attention_ex(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                                max_blocks, scale, seq_decode_host);
 }
 
 const dsq_backend_ops_t dsq__backend_cpu_ops = {

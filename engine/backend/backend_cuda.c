@@ -177,8 +177,10 @@ static int attention_range(float *out, const float *q, int64_t r0, int64_t r1,
 static int cuda_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
                           int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
                           const int32_t *row_pos, const int32_t *block_tables,
-                          int max_blocks, float scale, const int32_t *row_seq_host)
+                          int max_blocks, float scale, const int32_t *row_seq_host,
+                          const uint8_t *seq_decode_host)
 {
+    (void)seq_decode_host;     /* GPU numerics: runs keep the prefill kernel */
     on_stream(be);
     if (!row_seq_host || m < 2)
         return dsq_cuda_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,

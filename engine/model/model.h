@@ -131,6 +131,12 @@ typedef struct dsq_batch {
     int max_blocks;
     int n_logits;
     const int32_t *logit_rows;
+    const uint8_t *seq_decode;   /* [n_seqs] or NULL: sequence s is decoding
+                                    (its rows are its pending token and
+                                    speculative drafts), so its rows are
+                                    attended as decode rows, with the bits
+                                    plain decoding gives (kernels.h
+                                    dsq_cpu_attention_ex)                 */
 } dsq_batch_t;
 
 /* Run one step. logits: [n_logits][n_vocab] fp32, caller-owned (host).

@@ -591,7 +591,7 @@ static int llama_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
         if (!rc) rc = dsq_backend_kv_write(be, kl, m->k, m->v, db.slot, T);
         if (!rc) rc = dsq_backend_attention(be, m->att, m->q, T, (int)nh, kl, db.row_seq,
                                             db.pos, db.block_tables, db.max_blocks,
-                                            m->attn_scale, b->row_seq);
+                                            m->attn_scale, b->row_seq, b->seq_decode);
         m->xp_src = NULL;
         if (!rc) TAP("attn_output", m->att, nh * hd);
         if (!rc) rc = linear(m, m->h, m->att, T, nh * hd, L->perm_o, &L->wo);

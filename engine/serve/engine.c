@@ -372,6 +372,19 @@ static bool engine_step(dsq_engine_t *e)
                 pthread_mutex_unlock(&e->mu);
             }
         }
+        if (!rc && out.n_seqs > e->seq_dec_cap) {
+            uint8_t *p = realloc(e->seq_dec, (size_t)out.n_seqs);
+            if (p) {
+                e->seq_dec = p;
+                e->seq_dec_cap = out.n_seqs;
+            } else {
+                rc = DSQ_ENOMEM;
+            }
+        }
+        /* a decoding sequence's rows (its pending token, and drafts) are
+         * attended as decode rows: the bits plain decoding gives */
+        for (int i = 0; !rc && i < out.n_seqs; i++)
+            e->seq_dec[i] = out.seqs[i]->n_computed >= out.seqs[i]->n_prompt;
         if (!rc) {
             dsq_batch_t b = {
                 .n_tokens = out.n_tokens, .tokens = out.tokens, .pos = out.pos,
@@ -379,6 +392,7 @@ static bool engine_step(dsq_engine_t *e)
                 .block_tables = out.block_tables, .max_blocks = out.max_blocks,
                 .n_logits = out.n_logits + n_x,
                 .logit_rows = n_x ? e->lrows : out.logit_rows,
+                .seq_decode = e->seq_dec,
             };
             /* the grammar masks are made while the forward pass runs */
             bool masks = dsq__mask_worker_post(e, &out);

@@ -187,6 +187,9 @@ struct dsq_engine {
     } mw;
     float *logits;
     int logits_cap;
+    uint8_t *seq_dec;              /* [seq_dec_cap]: the step's decoding
+                                      sequences (dsq_batch_t.seq_decode)  */
+    int seq_dec_cap;
     float *logits_fork;
     /* prompt-logprob rows appended to the scheduler's logit rows */
     int32_t *lrows, *xpos;

@@ -667,6 +667,7 @@ void dsq_engine_destroy(dsq_engine_t *e)
     free(e->gmask);
     free(e->tmask);
     free(e->logits);
+    free(e->seq_dec);
     free(e->logits_fork);
     free(e->lrows);
     free(e->xpos);

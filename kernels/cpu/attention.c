@@ -170,9 +170,11 @@ struct att_ctx {
     const dsq__vec_ops_t *ops;
     const dsq__att_ops_t *k;
     int G, chunk, n_chunks;
-    int n_parts;           /* > 1: each (row, kv head) split by KV range */
-    float *part;           /* [row][kv head][part]: acc [G][D], mx [G], l [G] */
-    int64_t n_tasks;
+    const int *n_parts;    /* [m]: > 1: the row's context in that many parts */
+    const int64_t *toff;   /* [m + 1]: first task of each row                */
+    const int64_t *poff;   /* [m]: first part slot of a split row            */
+    float *part;           /* [slot]: acc [G][D], mx [G], l [G]              */
+    int64_t m, n_tasks;
     const int64_t *rows;   /* the rows this path owns; NULL: all of them */
     int64_t row;
     float *mem;            /* [n_thr][per_thr] scratch */
@@ -180,55 +182,79 @@ struct att_ctx {
     _Atomic int64_t next;  /* next task to hand out */
 };
 
+/* Parts a decode row at position pos splits its context into (split-KV,
+ * flash-decoding: Dao et al., "Flash-Decoding for long-context
+ * inference", 2023): enough for two tasks a thread over the n_kv heads of
+ * one row, each part at least 2 chunks. A function of the position, the
+ * kv heads and the thread count only, never of the batch: the parts'
+ * merge rounds differently from one walk over the context, so a row split
+ * in one step and not in another (alone, then beside other rows, or as a
+ * speculative verification row) would give other bits, and with INT8
+ * activations other logprobs by a few hundredths of a nat. */
+static int row_parts(int32_t pos, int n_kv)
+{
+    const int n_thr = dsq_cpu_get_threads();
+    if (n_thr <= 1)
+        return 1;          /* nothing to share the context with */
+    int want = (2 * n_thr + n_kv - 1) / n_kv;
+    const int n_ch = pos / BK + 1;
+    while (want > 1 && n_ch / want < 2)
+        want--;
+    return want;
+}
+
 static void att_region(void *p, int tid, int n_thr)
 {
     struct att_ctx *c = p;
     (void)n_thr;
-    const int D = c->kv->head_dim, n_kv = c->kv->n_kv_heads, chunk = c->chunk;
+    const int D = c->kv->head_dim, chunk = c->chunk, G = c->G;
+    /* scratch for G heads: a part task holds all G, a chunk task <= G */
     scratch_t w;
     w.qs = c->mem + (size_t)tid * c->per_thr;
-    w.acc = w.qs + (size_t)chunk * D;
-    w.mx = w.acc + (size_t)chunk * D;
-    w.l = w.mx + chunk;
+    w.acc = w.qs + (size_t)G * D;
+    w.mx = w.acc + (size_t)G * D;
+    w.l = w.mx + G;
     w.kb = w.l + chunk;
     w.vb = w.kb + (size_t)BK * D;
     w.ws = w.vb + (size_t)BK * D;
+    int64_t ii = 0;
     for (;;) {
         const int64_t task = atomic_fetch_add_explicit(&c->next, 1,
                                                        memory_order_relaxed);
         if (task >= c->n_tasks)
             break;
-        if (c->n_parts > 1) {
-            /* flash-decoding: part p of (row i, kv head kh) attends to its
-             * share of the chunks; the parts are merged after the region */
-            const int64_t ii = task / ((int64_t)n_kv * c->n_parts);
-            const int64_t i = c->rows ? c->rows[ii] : ii;
-            const int kh = (int)(task / c->n_parts % n_kv);
-            const int p = (int)(task % c->n_parts);
-            const int G = c->G;
+        /* tasks are handed out in order, so the row only moves forward */
+        if (task < c->toff[ii])
+            ii = 0;
+        while (c->toff[ii + 1] <= task)
+            ii++;
+        const int64_t i = c->rows ? c->rows[ii] : ii;
+        const int64_t t = task - c->toff[ii];
+        const int32_t *btab = c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks;
+        const int np = c->n_parts[ii];
+        if (np > 1) {
+            /* part pp of (row i, kv head kh) attends to its share of the
+             * chunks; the parts are merged after the region */
+            const int kh = (int)(t / np), pp = (int)(t % np);
             const int n_ch = c->row_pos[i] / BK + 1;
-            const int c0 = (int)((int64_t)n_ch * p / c->n_parts);
-            const int c1 = (int)((int64_t)n_ch * (p + 1) / c->n_parts);
+            const int c0 = (int)((int64_t)n_ch * pp / np);
+            const int c1 = (int)((int64_t)n_ch * (pp + 1) / np);
             const int64_t off = i * c->row + (int64_t)kh * G * D;
-            attend_range(c->q + off, G, kh, c->kv,
-                         c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
-                         c->row_pos[i], c0, c1, c->scale, c->ops, c->k, &w);
-            float *dst = c->part + (size_t)task * ((size_t)G * D + 2 * (size_t)G);
+            attend_range(c->q + off, G, kh, c->kv, btab, c->row_pos[i], c0, c1, c->scale,
+                         c->ops, c->k, &w);
+            float *dst = c->part + (size_t)(c->poff[ii] + t) * ((size_t)G * D + 2 * (size_t)G);
             memcpy(dst, w.acc, sizeof(float) * (size_t)G * D);
             memcpy(dst + (size_t)G * D, w.mx, sizeof(float) * (size_t)G);
             memcpy(dst + (size_t)G * D + G, w.l, sizeof(float) * (size_t)G);
             continue;
         }
-        const int64_t ii = task / ((int64_t)n_kv * c->n_chunks);
-        const int64_t i = c->rows ? c->rows[ii] : ii;
-        const int kh = (int)(task / c->n_chunks % n_kv);
-        const int ci = (int)(task % c->n_chunks);
-        const int h0 = kh * c->G + ci * chunk;
-        const int nh = (ci + 1) * chunk <= c->G ? chunk : c->G - ci * chunk;
+        const int kh = (int)(t / c->n_chunks);
+        const int ci = (int)(t % c->n_chunks);
+        const int h0 = kh * G + ci * chunk;
+        const int nh = (ci + 1) * chunk <= G ? chunk : G - ci * chunk;
         const int64_t off = i * c->row + (int64_t)h0 * D;
-        attend_range(c->q + off, nh, kh, c->kv,
-                     c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks,
-                     c->row_pos[i], 0, c->row_pos[i] / BK + 1, c->scale, c->ops, c->k, &w);
+        attend_range(c->q + off, nh, kh, c->kv, btab, c->row_pos[i], 0,
+                     c->row_pos[i] / BK + 1, c->scale, c->ops, c->k, &w);
         for (int g = 0; g < nh; g++) {
             const float inv = 1.0f / w.l[g];
             for (int d = 0; d < D; d++)
@@ -248,82 +274,89 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
     const int n_kv = kv->n_kv_heads, D = kv->head_dim;
     const int G = n_heads / n_kv;
     const int64_t row = (int64_t)n_heads * D;
-    /* Few (row, kv head) tasks (a decode step of one sequence, MLA's single
-     * kv head): split the query heads of a kv head into chunks so every
-     * thread gets work, at the price of dequantising K/V once per chunk.
-     * Below ~64k multiply-adds in all, one thread does everything. */
+    /* Below ~64k multiply-adds in all, one thread does everything (the
+     * same tasks, so the same bits). */
     int64_t work = 0;
     for (int64_t i = 0; i < m; i++)
         work += ((int64_t)row_pos[ROW(i)] + 1) * row;
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
-    /* few (row, kv head) pairs over a long context (a decode
-     * step of one sequence): split each pair's KV range across the
-     * threads instead of its query heads, so every key and value is read
-     * once (a head split reads the pair's whole cache once per chunk), and
-     * merge the parts' softmax states after (flash-decoding: Dao et al.,
-     * "Flash-Decoding for long-context inference", 2023). Parts keep at
-     * least 2 chunks (128 positions) each. The merge rounds differently
-     * from one walk over the whole context, so in this case (a few rows
-     * at a long context on several threads) a row's bits depend on the
-     * thread count and batch. */
-    int n_parts = 1;
-    if (n_thr > 1 && m * n_kv < 2 * (int64_t)n_thr) {
-        int32_t min_ch = INT32_MAX;
-        for (int64_t i = 0; i < m; i++) {
-            int32_t nc = row_pos[ROW(i)] / BK + 1;
-            min_ch = nc < min_ch ? nc : min_ch;
-        }
-        int want = (int)((2 * (int64_t)n_thr + m * n_kv - 1) / (m * n_kv));
-        while (want > 1 && min_ch / want < 2)
-            want--;
-        n_parts = want;
+    int *np = malloc(sizeof(*np) * (size_t)m);
+    int64_t *toff = malloc(sizeof(*toff) * (size_t)(2 * m + 1));
+    if (!np || !toff) {
+        free(np);
+        free(toff);
+        return DSQ_ENOMEM;
     }
+    int64_t *poff = toff + m + 1, m1 = 0, n_slots = 0;
+    for (int64_t i = 0; i < m; i++) {
+        np[i] = row_parts(row_pos[ROW(i)], n_kv);
+        m1 += np[i] == 1;
+    }
+    /* Rows walked whole: split the query heads of a kv head into chunks
+     * while there are fewer tasks than two a thread (at the price of
+     * dequantising K/V once per chunk); a head's arithmetic does not
+     * depend on its chunk. */
     int chunk = G;
-    while (n_parts == 1 && chunk > 1 && m * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
+    while (m1 > 0 && chunk > 1 &&
+           (m - m1) * n_kv + m1 * n_kv * ((G + chunk - 1) / chunk) < 2 * (int64_t)n_thr)
         chunk = (chunk + 1) / 2;
     const int n_chunks = (G + chunk - 1) / chunk;
-    const int64_t n_tasks = m * n_kv * (n_parts > 1 ? n_parts : n_chunks);
+    toff[0] = 0;
+    for (int64_t i = 0; i < m; i++) {
+        poff[i] = n_slots;
+        const int64_t nt = (int64_t)n_kv * (np[i] > 1 ? np[i] : n_chunks);
+        toff[i + 1] = toff[i] + nt;
+        n_slots += np[i] > 1 ? nt : 0;
+    }
+    const int64_t n_tasks = toff[m];
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
-    const size_t per_thr = 2 * (size_t)chunk * D + 2 * (size_t)chunk +
-                           2 * (size_t)BK * D + DSQ__ATT_ROW_WS(chunk, D);
+    const size_t per_thr = 2 * (size_t)G * D + 2 * (size_t)G + 2 * (size_t)BK * D +
+                           DSQ__ATT_ROW_WS(G, D);
     const size_t per_part = (size_t)G * D + 2 * (size_t)G;
-    float *mem = malloc(sizeof(*mem) * (per_thr * (size_t)n_thr +
-                                        (n_parts > 1 ? per_part * (size_t)n_tasks : 0)));
-    if (!mem)
+    float *mem = malloc(sizeof(*mem) * (per_thr * (size_t)n_thr + per_part * (size_t)n_slots));
+    if (!mem) {
+        free(np);
+        free(toff);
         return DSQ_ENOMEM;
+    }
     struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, ops, dsq__att_ops(), G, chunk, n_chunks, n_parts,
-                        mem + per_thr * (size_t)n_thr, n_tasks, rows, row,
-                        mem, per_thr, 0};
+                        scale, ops, dsq__att_ops(), G, chunk, n_chunks, np, toff, poff,
+                        mem + per_thr * (size_t)n_thr, m, n_tasks, rows, row, mem, per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
-    /* merge: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
-    for (int64_t pair = 0; n_parts > 1 && pair < m * n_kv; pair++) {
-        const float *pp = c.part + (size_t)pair * n_parts * per_part;
-        float *o = out + ROW(pair / n_kv) * row + (int64_t)(pair % n_kv) * G * D;
-        for (int g = 0; g < G; g++) {
-            float M = -INFINITY, L = 0.0f;
-            for (int p = 0; p < n_parts; p++) {
-                float mp = pp[p * per_part + (size_t)G * D + g];
-                M = mp > M ? mp : M;
+    /* merge, parts in order: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
+    for (int64_t ii = 0; ii < m; ii++) {
+        if (np[ii] == 1)
+            continue;
+        for (int kh = 0; kh < n_kv; kh++) {
+            const float *pp = c.part + (size_t)(poff[ii] + (int64_t)kh * np[ii]) * per_part;
+            float *o = out + ROW(ii) * row + (int64_t)kh * G * D;
+            for (int g = 0; g < G; g++) {
+                float M = -INFINITY, L = 0.0f;
+                for (int p = 0; p < np[ii]; p++) {
+                    float mp = pp[p * per_part + (size_t)G * D + g];
+                    M = mp > M ? mp : M;
+                }
+                for (int d = 0; d < D; d++)
+                    o[g * D + d] = 0.0f;
+                for (int p = 0; p < np[ii]; p++) {
+                    const float *a = pp + p * per_part;
+                    float mp = a[(size_t)G * D + g];
+                    if (mp == -INFINITY)
+                        continue;                 /* an empty range */
+                    float f = expf(mp - M);
+                    L += f * a[(size_t)G * D + G + g];
+                    ops->axpy(o + g * D, f, a + (size_t)g * D, D);
+                }
+                const float inv = 1.0f / L;
+                for (int d = 0; d < D; d++)
+                    o[g * D + d] *= inv;
             }
-            for (int d = 0; d < D; d++)
-                o[g * D + d] = 0.0f;
-            for (int p = 0; p < n_parts; p++) {
-                const float *a = pp + p * per_part;
-                float mp = a[(size_t)G * D + g];
-                if (mp == -INFINITY)
-                    continue;                 /* an empty range */
-                float f = expf(mp - M);
-                L += f * a[(size_t)G * D + G + g];
-                ops->axpy(o + g * D, f, a + (size_t)g * D, D);
-            }
-            const float inv = 1.0f / L;
-            for (int d = 0; d < D; d++)
-                o[g * D + d] *= inv;
         }
     }
     free(mem);
+    free(np);
+    free(toff);
     return DSQ_OK;
 #undef ROW
 }
@@ -343,17 +376,36 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                       const int32_t *row_pos, const int32_t *block_tables,
                       int max_blocks, float scale)
 {
+    return dsq_cpu_attention_ex(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+                                max_blocks, scale, NULL);
+}
+
+/* Whether run [i, j) goes to the tiles (attention_prefill.c). */
+static bool tiled_run(const int32_t *row_seq, const uint8_t *seq_decode, int64_t i, int64_t j)
+{
+    return j - i >= 2 && !(seq_decode && seq_decode[row_seq[i]]);
+}
+
+int dsq_cpu_attention_ex(float *out, const float *q, int64_t m, int n_heads,
+                         const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                         const int32_t *row_pos, const int32_t *block_tables,
+                         int max_blocks, float scale, const uint8_t *seq_decode)
+{
     int rc = check_args(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
                         max_blocks);
     if (rc != DSQ_OK || m == 0)
         return rc;
-    /* runs of >= 2 rows are prefill (tiled); single rows are decode */
+    /* runs of >= 2 rows are prefill (tiled); single rows are decode, and
+     * so are the rows of a sequence seq_decode marks (a decoding
+     * sequence's pending token and speculative drafts), so each of them
+     * has the bits a decode row at its position has */
     int n_runs = 0;
     int64_t n_dec = 0;
     for (int64_t i = 0, j; i < m; i = j) {
         j = run_end(row_seq, row_pos, m, i);
-        n_runs += j - i >= 2;
-        n_dec += j - i < 2;
+        bool tiled = tiled_run(row_seq, seq_decode, i, j);
+        n_runs += tiled;
+        n_dec += tiled ? 0 : j - i;
     }
     if (n_runs == 0)
         return attend_rows(out, q, NULL, m, n_heads, kv, row_seq, row_pos, block_tables,
@@ -366,11 +418,12 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
     n_dec = 0;
     for (int64_t i = 0, j; i < m; i = j) {
         j = run_end(row_seq, row_pos, m, i);
-        if (j - i >= 2) {
+        if (tiled_run(row_seq, seq_decode, i, j)) {
             run_i0[k] = i;
             run_n[k++] = j - i;
         } else {
-            dec[n_dec++] = i;
+            for (int64_t r = i; r < j; r++)
+                dec[n_dec++] = r;
         }
     }
     rc = dsq__attention_prefill(out, q, n_heads, kv, row_seq, row_pos, block_tables,

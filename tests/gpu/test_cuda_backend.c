@@ -253,14 +253,14 @@ static void test_graph_ops(void **state)
     /* attention: with the host row_seq (decode + prefill + decode launches)
      * and without it (all decode), both equal the CPU op */
     assert_int_equal(dsq_backend_attention(cpu, att, q, T, NH, &hk, seq, pos, bt, MAXB,
-                                           scale, seq), DSQ_OK);
+                                           scale, seq, NULL), DSQ_OK);
     assert_int_equal(dsq_backend_attention(be, datt, dq, T, NH, &dk, d_seq, d_pos, d_bt,
-                                           MAXB, scale, seq), DSQ_OK);
+                                           MAXB, scale, seq, NULL), DSQ_OK);
     SAME("backend attention split by row_seq_host", att, datt, T * NH * HD, 2e-5);
     assert_int_equal(dsq_backend_memset(be, datt, 0xff, sizeof(float) * T * NH * HD),
                      DSQ_OK);
     assert_int_equal(dsq_backend_attention(be, datt, dq, T, NH, &dk, d_seq, d_pos, d_bt,
-                                           MAXB, scale, NULL), DSQ_OK);
+                                           MAXB, scale, NULL, NULL), DSQ_OK);
     SAME("backend attention, decode kernel only", att, datt, T * NH * HD, 2e-5);
     /* o product, residual add, swiglu */
     assert_int_equal(dsq_backend_upload(be, datt, att, sizeof(float) * T * NH * HD), DSQ_OK);

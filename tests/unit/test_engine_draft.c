@@ -40,7 +40,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend/backend.h"
 #include "engine/serve/engine.h"
 #include "engine/common/error.h"
 #include "engine_test.h"
@@ -219,19 +218,18 @@ static void test_self_draft(void **state)
 /* A long prompt beside short ones: the draft reads the long one over
  * several steps (one pass of 256 tokens a step, the short sequences' few
  * tokens first), the short ones draft meanwhile, and every draft is still
- * the model's own greedy token. One thread: on several, a lone decode row
- * at a long context splits its context across threads and merges the
- * parts (kernels/cpu/attention.c), which rounds differently from the
- * verification's multi-row walk, and the INT8 requantization of the next
- * product turns that into logprobs a few hundredths of a nat apart (with
- * or without a draft model), so neither "every draft kept" nor equal
- * logprobs would hold bit for bit. The short ones come once the long
- * prompt's first token is out, so its prefill is one chunk in both runs. */
+ * the model's own greedy token. At this length (~800 tokens) a decode row
+ * splits its context into parts (kernels/cpu/attention.c row_parts), and
+ * the verification rows must get the same parts: before they did (they
+ * were walked whole, as prefill tiles), logprobs came out a few
+ * hundredths of a nat apart and drafts were rejected. The short ones come
+ * once the long prompt's first token is out, so its prefill is one chunk
+ * in both runs (prefill tiles walk a long context whole: prompt scoring
+ * is not decode's bits there). */
 static void test_long_prompt(void **state)
 {
     (void)state;
     char *sm = smollm2("SmolLM2-135M-Instruct.Q4_1.gguf");
-    int threads = dsq_backend_host_threads();
     char longp[8192];
     size_t n = 0;
     for (int i = 0; i < 60 && n + 120 < sizeof(longp); i++)
@@ -242,8 +240,7 @@ static void test_long_prompt(void **state)
     dsq_engine_stats_t st;
     for (int pass = 0; pass < 2; pass++) {
         dsq_engine_opts_t o = {.model_path = sm, .draft_model_path = pass ? sm : NULL,
-                               .spec_k = pass ? 4 : 0, .max_model_len = 1024,
-                               .n_threads = 1};
+                               .spec_k = pass ? 4 : 0, .max_model_len = 1024};
         dsq_engine_t *e = engine_of(&o);
         dsq_req_t *rs[3];
         dsq_sampling_t sp = {.max_tokens = MAX_NEW, .temperature = 0, .top_p = 1, .n = 1,
@@ -264,7 +261,6 @@ static void test_long_prompt(void **state)
         dsq_engine_stats(e, &st);
         dsq_engine_destroy(e);
     }
-    dsq_backend_set_host_threads(threads);
     int nc[3] = {1, 1, 1};
     expect_same(res[0], res[1], 3, nc);
     print_message("# long prompt: drafts %lld, kept %lld, draft tokens computed %lld\n",
