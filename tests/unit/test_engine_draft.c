@@ -402,7 +402,7 @@ static void test_q8_with_q4_draft(void **state)
     free(draft);
 }
 
-/* 600 requests on stories260K drafting for itself, 8 at a time, every
+/* 400 requests on stories260K drafting for itself, 8 at a time, every
  * third cancelled after its first event, a small KV cache (which preempts
  * now and then, timing allowing) and a draft cache of 6 blocks that
  * evicts: every block of both caches comes back, and every draft is still
@@ -416,7 +416,7 @@ static void test_many_with_cancels(void **state)
                            .draft_model_path = model, .spec_k = 4, .draft_kv_tokens = 96,
                            .kv_cache_memory_bytes = 120 << 10, .max_model_len = 128};
     dsq_engine_t *e = engine_of(&o);
-    enum { TOTAL = 600, AT_ONCE = 8 };
+    enum { TOTAL = 400, AT_ONCE = 8 };
     int done = 0, next = 0;
     dsq_req_t *live[AT_ONCE] = {0};
     int id[AT_ONCE];
@@ -449,7 +449,7 @@ static void test_many_with_cancels(void **state)
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
     dsq_engine_destroy(e);
-    print_message("# 600 requests: drafts %lld kept %lld, preemptions %lld, draft evictions "
+    print_message("# 400 requests: drafts %lld kept %lld, preemptions %lld, draft evictions "
                   "%lld\n", (long long)st.spec_draft_tokens_total,
                   (long long)st.spec_accepted_tokens_total, (long long)st.preemptions_total,
                   (long long)st.draft_evictions_total);
