@@ -97,6 +97,64 @@ static inline void wait_engine_idle(dsq_engine_t *e)
              st.n_waiting, (long long)st.kv_blocks_used);
 }
 
+/* Every prompt ids p[i][0..len) of n_p submitted at once with sampling
+ * *sp (one batch); each request's first n_out token ids into
+ * out[i * n_out ..], asserting it made n_out. */
+static inline void run_prompt_ids(dsq_engine_t *e, waiter_t *w, const int32_t *p, int len,
+                                  int n_p, const dsq_sampling_t *sp, int32_t *out, int n_out)
+{
+    dsq_req_t *rs[16];
+    assert_true(n_p <= 16);
+    for (int i = 0; i < n_p; i++)
+        rs[i] = req_submit_ids(e, w, p + (size_t)i * len, len, sp);
+    for (int i = 0; i < n_p; i++) {
+        dsq_output_t ev;
+        int n = 0;
+        while (wait_next(w, rs[i], &ev) > 0) {
+            for (int t = 0; t < ev.n_tokens && n < n_out; t++)
+                out[(size_t)i * n_out + n++] = ev.tokens[t];
+            dsq_output_free(&ev);
+        }
+        assert_int_equal(n, n_out);
+        dsq_req_unref(rs[i]);
+    }
+}
+
+/* total requests, at_once at a time: request k is texts[k % n_texts] with
+ * sampling sp_of(k); every third (k % 3 == 0) is cancelled after its first
+ * event. Returns when all have ended. */
+static inline void run_with_cancels(dsq_engine_t *e, waiter_t *w, int total, const char *const *texts,
+                                    int n_texts, dsq_sampling_t (*sp_of)(int))
+{
+    enum { AT_ONCE = 8 };
+    int done = 0, next = 0;
+    dsq_req_t *live[AT_ONCE] = {0};
+    int id[AT_ONCE];
+    while (done < total) {
+        for (int s = 0; s < AT_ONCE && next < total; s++) {
+            if (live[s])
+                continue;
+            dsq_sampling_t sp = sp_of(next);
+            live[s] = req_submit_text(e, w, texts[next % n_texts], &sp);
+            id[s] = next++;
+        }
+        for (int s = 0; s < AT_ONCE; s++) {
+            if (!live[s])
+                continue;
+            dsq_output_t ev;
+            if (wait_next(w, live[s], &ev) > 0) {
+                if (id[s] % 3 == 0)
+                    dsq_engine_cancel(e, live[s]);
+                dsq_output_free(&ev);
+                continue;
+            }
+            dsq_req_unref(live[s]);
+            live[s] = NULL;
+            done++;
+        }
+    }
+}
+
 /* Engine on $DSQ_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf with the other
  * options of *o (o->model_path is set here, to a static buffer). Fails the
  * test naming the file when it is missing, or with the engine's reason when

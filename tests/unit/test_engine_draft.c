@@ -146,22 +146,9 @@ static void greedy_run(const char *model, const char *tok, const char *draft,
                            .draft_model_path = draft, .spec_k = draft ? 4 : 0,
                            .kv_cache_memory_bytes = 4 << 20, .max_model_len = 64};
     dsq_engine_t *e = engine_of(&o);
-    dsq_req_t *rs[4];
     dsq_sampling_t sp = {.max_tokens = TINY_OUT, .temperature = 0, .top_p = 1, .n = 1,
                          .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
-    for (int i = 0; i < n_p; i++)
-        rs[i] = req_submit_ids(e, &W, p[i], 12, &sp);
-    for (int i = 0; i < n_p; i++) {
-        dsq_output_t ev;
-        int n = 0;
-        while (wait_next(&W, rs[i], &ev) > 0) {
-            for (int t = 0; t < ev.n_tokens && n < TINY_OUT; t++)
-                out[i][n++] = ev.tokens[t];
-            dsq_output_free(&ev);
-        }
-        assert_int_equal(n, TINY_OUT);
-        dsq_req_unref(rs[i]);
-    }
+    run_prompt_ids(e, &W, p[0], 12, n_p, &sp, out[0], TINY_OUT);
     wait_engine_idle(e);
     dsq_engine_stats(e, st);
     dsq_engine_destroy(e);
@@ -402,6 +389,13 @@ static void test_q8_with_q4_draft(void **state)
     free(draft);
 }
 
+/* greedy, 4 to 16 tokens */
+static dsq_sampling_t greedy_short(int k)
+{
+    return (dsq_sampling_t){.max_tokens = 4 + k % 13, .temperature = 0, .top_p = 1, .n = 1,
+                            .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
+}
+
 /* 400 requests on stories260K drafting for itself, 8 at a time, every
  * third cancelled after its first event, a small KV cache (which preempts
  * now and then, timing allowing) and a draft cache of 6 blocks that
@@ -416,35 +410,7 @@ static void test_many_with_cancels(void **state)
                            .draft_model_path = model, .spec_k = 4, .draft_kv_tokens = 96,
                            .kv_cache_memory_bytes = 120 << 10, .max_model_len = 128};
     dsq_engine_t *e = engine_of(&o);
-    enum { TOTAL = 400, AT_ONCE = 8 };
-    int done = 0, next = 0;
-    dsq_req_t *live[AT_ONCE] = {0};
-    int id[AT_ONCE];
-    while (done < TOTAL) {
-        for (int s = 0; s < AT_ONCE && next < TOTAL; s++) {
-            if (live[s])
-                continue;
-            dsq_sampling_t sp = {.max_tokens = 4 + next % 13, .temperature = 0, .top_p = 1,
-                                 .n = 1, .repetition_penalty = 1, .logprobs = -1,
-                                 .ignore_eos = true};
-            live[s] = req_submit_text(e, &W, prompts[next % N_REQ], &sp);
-            id[s] = next++;
-        }
-        for (int s = 0; s < AT_ONCE; s++) {
-            if (!live[s])
-                continue;
-            dsq_output_t ev;
-            if (wait_next(&W, live[s], &ev) > 0) {
-                if (id[s] % 3 == 0)
-                    dsq_engine_cancel(e, live[s]);
-                dsq_output_free(&ev);
-                continue;
-            }
-            dsq_req_unref(live[s]);
-            live[s] = NULL;
-            done++;
-        }
-    }
+    run_with_cancels(e, &W, 400, prompts, N_REQ, greedy_short);
     wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);

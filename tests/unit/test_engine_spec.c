@@ -293,6 +293,16 @@ static void test_same_output(void **state)
     assert_true(st.spec_accepted_tokens_total <= st.spec_draft_tokens_total);
 }
 
+/* request k of the 1,000: request k % N_REQ's sampling, one choice, 4 to
+ * 16 tokens */
+static dsq_sampling_t many_sampling(int k)
+{
+    dsq_sampling_t sp = sampling_of(k % N_REQ);
+    sp.max_tokens = 4 + k % 13;
+    sp.n = 1;
+    return sp;
+}
+
 /* 1,000 speculative requests, 8 at a time, every third cancelled after
  * its first event, in a KV cache small enough that they preempt each
  * other: the KV blocks all come back and the counters agree. */
@@ -313,36 +323,7 @@ static void test_kv_after_many(void **state)
         fail_msg("engine: %s", err);
     free(model);
     free(tok);
-    enum { TOTAL = 1000, AT_ONCE = 8 };
-    int done = 0, next = 0;
-    dsq_req_t *live[AT_ONCE] = {0};
-    int id[AT_ONCE];
-    while (done < TOTAL) {
-        for (int s = 0; s < AT_ONCE && next < TOTAL; s++) {
-            if (live[s])
-                continue;
-            dsq_sampling_t sp = sampling_of(next % N_REQ);
-            sp.max_tokens = 4 + next % 13;
-            sp.n = 1;
-            live[s] = req_submit_text(e, &W, prompts[next % N_REQ], &sp);
-            id[s] = next++;
-        }
-        for (int s = 0; s < AT_ONCE; s++) {
-            if (!live[s])
-                continue;
-            dsq_output_t ev;
-            int got = wait_next(&W, live[s], &ev);
-            if (got > 0) {
-                if (id[s] % 3 == 0)
-                    dsq_engine_cancel(e, live[s]);
-                dsq_output_free(&ev);
-                continue;
-            }
-            dsq_req_unref(live[s]);
-            live[s] = NULL;
-            done++;
-        }
-    }
+    run_with_cancels(e, &W, 1000, prompts, N_REQ, many_sampling);
     wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
@@ -387,22 +368,9 @@ static void tiny_run(const char *rel, bool own_tok, int spec_k, const int32_t (*
     dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
     if (!e)
         fail_msg("%s: %s", rel, err);
-    dsq_req_t *rs[8];
     dsq_sampling_t sp = {.max_tokens = TINY_OUT, .temperature = 0, .top_p = 1, .n = 1,
                          .repetition_penalty = 1, .logprobs = -1, .ignore_eos = true};
-    for (int i = 0; i < n_p; i++)
-        rs[i] = req_submit_ids(e, &W, p[i], 12, &sp);
-    for (int i = 0; i < n_p; i++) {
-        dsq_output_t ev;
-        int n = 0;
-        while (wait_next(&W, rs[i], &ev) > 0) {
-            for (int t = 0; t < ev.n_tokens && n < TINY_OUT; t++)
-                out[i][n++] = ev.tokens[t];
-            dsq_output_free(&ev);
-        }
-        assert_int_equal(n, TINY_OUT);
-        dsq_req_unref(rs[i]);
-    }
+    run_prompt_ids(e, &W, p[0], 12, n_p, &sp, out[0], TINY_OUT);
     wait_engine_idle(e);
     dsq_engine_stats_t st;
     dsq_engine_stats(e, &st);
