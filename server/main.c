@@ -117,7 +117,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->spec_max_batch = o->speculative_max_batch;
     eo->spec_fixed_len = o->speculative_fixed_len;
     eo->spec_mtp = o->speculative_mtp;
-    if (o->draft_model) {
+    if (o->draft_model && *o->draft_model) {      /* "" (an unset env var): none */
         eo->draft_model_path = o->draft_model;
         eo->spec_k = o->draft_max;
     }

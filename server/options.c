@@ -541,12 +541,13 @@ int dsq_options_load(dsq_options_t *o, int argc, char *const *argv,
              b);
         rc = DSQ_EINVAL;
     }
-    if (rc == DSQ_OK && o->speculative_mtp && (o->draft_model || o->speculative_ngram > 0)) {
+    const bool draft = o->draft_model && *o->draft_model;
+    if (rc == DSQ_OK && o->speculative_mtp && (draft || o->speculative_ngram > 0)) {
         fail(err, err_len, "--speculative-mtp and %s are two proposers: use one%s",
-             o->draft_model ? "--draft-model" : "--speculative-ngram", "");
+             draft ? "--draft-model" : "--speculative-ngram", "");
         rc = DSQ_EINVAL;
     }
-    if (rc == DSQ_OK && o->draft_model && o->speculative_ngram > 0) {
+    if (rc == DSQ_OK && draft && o->speculative_ngram > 0) {
         fail(err, err_len, "--draft-model and --speculative-ngram are two proposers: use one%s%s",
              "", "");
         rc = DSQ_EINVAL;

@@ -159,6 +159,18 @@ static void test_errors(void **state)
         expect_fail(a, 5, NULL, "--speculative-ngram-min 5 is above --speculative-ngram-max 3");
         char *b[] = {"dsqd", "--speculative-ngram-min", "5"};   /* max 4 by default */
         expect_fail(b, 3, NULL, "above --speculative-ngram-max 4");
+        /* one proposer at a time; an empty draft path is none */
+        char *c[] = {"dsqd", "--draft-model", "d.gguf", "--speculative-ngram", "3"};
+        expect_fail(c, 5, NULL, "two proposers");
+        char *d[] = {"dsqd", "--speculative-mtp", "--draft-model", "d.gguf"};
+        expect_fail(d, 4, NULL, "--speculative-mtp and --draft-model are two proposers");
+        char *e[] = {"dsqd", "--speculative-mtp", "--speculative-ngram", "2"};
+        expect_fail(e, 4, NULL, "--speculative-mtp and --speculative-ngram");
+        dsq_options_t o;
+        char err[256];
+        char *f[] = {"dsqd", "--draft-model", "", "--speculative-ngram", "3"};
+        assert_int_equal(load(&o, f, 5, err), DSQ_OK);
+        dsq_options_deinit(&o);
     }
     {
         /* an origin as a browser sends it: no path, no trailing slash */
