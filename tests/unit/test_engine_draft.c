@@ -12,7 +12,8 @@
  *    position off by one or a stale token shows up as a rejected draft.
  *    On SmolLM2 (its own tokenizer), stories260K (llama2.c, no tokenizer
  *    in the file: the target's is used), the tiny llama GGUF and the tiny
- *    DeepSeek-V2-Lite (MLA: a cache without V);
+ *    DeepSeek-V2-Lite (MLA: a cache without V); and an AutoAWQ checkpoint
+ *    made by dsq's quantizer (n-gram lookup too);
  *  - SmolLM2 Q8_0 with SmolLM2 Q4_1 as its draft: greedy, seeded
  *    sampling, n = 2, logprobs, penalties, a stop string, an opt-out and
  *    max_tokens inside a verification, all in one batch, give the output
@@ -42,6 +43,7 @@
 
 #include "engine/serve/engine.h"
 #include "engine/common/error.h"
+#include "engine/quantizer/quantizer.h"
 #include "engine_test.h"
 #include "test_common.h"
 
@@ -138,12 +140,12 @@ static void expect_same(const out_t *a, const out_t *b, int n_req, const int *n_
 
 /* Greedy ids of prompts p (all at once) on model/tok, with draft (NULL:
  * none) proposing 4; the stats after. */
-static void greedy_run(const char *model, const char *tok, const char *draft,
-                       const int32_t (*p)[12], int n_p, int32_t (*out)[TINY_OUT],
-                       dsq_engine_stats_t *st)
+static void greedy_run_k(const char *model, const char *tok, const char *draft, int k,
+                         const int32_t (*p)[12], int n_p, int32_t (*out)[TINY_OUT],
+                         dsq_engine_stats_t *st)
 {
     dsq_engine_opts_t o = {.model_path = model, .tokenizer_path = tok,
-                           .draft_model_path = draft, .spec_k = draft ? 4 : 0,
+                           .draft_model_path = draft, .spec_k = k, .spec_ngram_min = 1,
                            .kv_cache_memory_bytes = 4 << 20, .max_model_len = 64};
     dsq_engine_t *e = engine_of(&o);
     dsq_sampling_t sp = {.max_tokens = TINY_OUT, .temperature = 0, .top_p = 1, .n = 1,
@@ -152,6 +154,63 @@ static void greedy_run(const char *model, const char *tok, const char *draft,
     wait_engine_idle(e);
     dsq_engine_stats(e, st);
     dsq_engine_destroy(e);
+}
+
+/* greedy_run_k with 4 drafts from draft, or none without one */
+static void greedy_run(const char *model, const char *tok, const char *draft,
+                       const int32_t (*p)[12], int n_p, int32_t (*out)[TINY_OUT],
+                       dsq_engine_stats_t *st)
+{
+    greedy_run_k(model, tok, draft, draft ? 4 : 0, p, n_p, out, st);
+}
+
+/* ids every vocabulary here holds (the smallest has 256) */
+static const int32_t tiny_prompts[4][12] = {
+    {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8},
+    {40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41, 42},
+    {9, 200, 13, 77, 120, 3, 250, 18, 64, 99, 31, 7},
+    {100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111},
+};
+
+/* An AutoAWQ checkpoint (stories260K quantised by dsq's own quantizer,
+ * RTN, group 32, into a temporary directory): greedy output with n-gram
+ * lookup and with the checkpoint drafting for itself equals the output
+ * without speculation, and a self-draft keeps every draft. */
+static void test_awq(void **state)
+{
+    (void)state;
+    char *model, *tok;
+    stories260k_paths(&model, &tok);
+    char tmpl[] = "/tmp/dsq-draft-awq-XXXXXX", dir[300], p[400], err[1024] = "";
+    assert_non_null(mkdtemp(tmpl));
+    snprintf(dir, sizeof(dir), "%s/awq", tmpl);
+    dsq_qrun_opts_t qo = {.model = model, .out_dir = dir, .method = "rtn", .format = "awq",
+                          .group_size = 32, .quiet = true};
+    if (dsq_quantizer_run(&qo, err, sizeof(err)))
+        fail_msg("quantizer: %s", err);
+    snprintf(p, sizeof(p), "%s/tok512.bin", dir);
+    int32_t a[4][TINY_OUT], b[4][TINY_OUT], c[4][TINY_OUT];
+    dsq_engine_stats_t sa, sb, sc;
+    greedy_run(dir, p, NULL, tiny_prompts, 4, a, &sa);
+    greedy_run_k(dir, p, NULL, 4, tiny_prompts, 4, b, &sb);       /* n-gram */
+    greedy_run(dir, p, dir, tiny_prompts, 4, c, &sc);               /* itself */
+    print_message("# AWQ stories260K: n-gram drafts %lld kept %lld; self-draft %lld kept %lld\n",
+                  (long long)sb.spec_draft_tokens_total, (long long)sb.spec_accepted_tokens_total,
+                  (long long)sc.spec_draft_tokens_total, (long long)sc.spec_accepted_tokens_total);
+    const char *files[] = {"model.safetensors", "config.json", "tok512.bin"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof(p), "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+    rmdir(tmpl);
+    free(model);
+    free(tok);
+    assert_memory_equal(a, b, sizeof(a));
+    assert_memory_equal(a, c, sizeof(a));
+    assert_true(sb.spec_draft_tokens_total > 0);
+    assert_true(sc.spec_draft_tokens_total > 0);
+    assert_int_equal(sc.spec_accepted_tokens_total, sc.spec_draft_tokens_total);
 }
 
 static void test_self_draft(void **state)
@@ -169,18 +228,11 @@ static void test_self_draft(void **state)
         {"llama-tiny", llama, st_tok},
         {"deepseek2 v2_lite", ds2, NULL},
     };
-    /* ids every vocabulary here holds (the smallest has 256) */
-    static const int32_t prompts[4][12] = {
-        {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8},
-        {40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41, 42},
-        {9, 200, 13, 77, 120, 3, 250, 18, 64, 99, 31, 7},
-        {100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111},
-    };
     for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
         int32_t a[4][TINY_OUT], b[4][TINY_OUT];
         dsq_engine_stats_t sa, sb;
-        greedy_run(models[m].model, models[m].tok, NULL, prompts, 4, a, &sa);
-        greedy_run(models[m].model, models[m].tok, models[m].model, prompts, 4, b, &sb);
+        greedy_run(models[m].model, models[m].tok, NULL, tiny_prompts, 4, a, &sa);
+        greedy_run(models[m].model, models[m].tok, models[m].model, tiny_prompts, 4, b, &sb);
         print_message("# %s drafting for itself: drafts %lld, kept %lld, draft tokens "
                       "computed %lld\n", models[m].name, (long long)sb.spec_draft_tokens_total,
                       (long long)sb.spec_accepted_tokens_total, (long long)sb.draft_tokens_total);
@@ -513,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_self_draft),
+        cmocka_unit_test(test_awq),
         cmocka_unit_test(test_long_prompt),
         cmocka_unit_test(test_q8_with_q4_draft),
         cmocka_unit_test(test_many_with_cancels),
