@@ -35,6 +35,27 @@
 #define N_PROMPTS 16
 #define MAX_NEW 12
 
+
+/* s with line breaks shown as "\\n", for one TAP comment line (a static
+ * buffer per call slot: two per print at most) */
+static const char *one_line(const char *s)
+{
+    static char buf[2][2048];
+    static int k;
+    char *o = buf[k++ & 1];
+    size_t n = 0;
+    for (; s && *s && n + 3 < sizeof(buf[0]); s++) {
+        if (*s == '\n' || *s == '\r') {
+            o[n++] = '\\';
+            o[n++] = *s == '\n' ? 'n' : 'r';
+        } else {
+            o[n++] = *s;
+        }
+    }
+    o[n] = '\0';
+    return o;
+}
+
 static const char *const prompts[N_PROMPTS] = {
     "The capital of France is",
     "Once upon a time, in a small village by the sea,",
@@ -249,7 +270,7 @@ static void test_n_seed_stop_cancel(void **state)
     dsq_req_unref(r);
     const char *at = strstr(text, stop);
     assert_non_null(at);
-    print_message("# stop %s: got [%s]\n", stop, res.text);
+    print_message("# stop %s: got [%s]\n", one_line(stop), one_line(res.text));
     assert_int_equal(res.finish[0], DSQ_FINISH_STOP);
     assert_int_equal(res.stop_matched[0], 2);
     assert_int_equal(res.text_len, (size_t)(at - text));
@@ -654,7 +675,7 @@ static void test_think_budget(void **state)
         r = submit(e, prompts[3], &sp);
         collect(r, &res);
         dsq_req_unref(r);
-        print_message("# budget %d: [%s]\n", budget, res.text);
+        print_message("# budget %d: [%s]\n", budget, one_line(res.text));
         assert_int_equal(res.n_tokens, 24);
         assert_memory_equal(res.tokens, plain.tokens, (size_t)budget * sizeof(int32_t));
         assert_memory_equal(res.tokens + budget, end, n_end * sizeof(int32_t));
