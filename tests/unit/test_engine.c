@@ -35,7 +35,6 @@
 #define N_PROMPTS 16
 #define MAX_NEW 12
 
-
 /* s with line breaks shown as "\\n", for one TAP comment line (a static
  * buffer per call slot: two per print at most) */
 static const char *one_line(const char *s)
