@@ -156,6 +156,7 @@ struct dsq_engine {
     dsq_model_t *model;
     dsq_kv_cache_t *kv;
     dsq_draft_t *draft;            /* speculation's draft model, or NULL       */
+    dsq_kv_dtype_t draft_kvt;      /* its KV element type, set by the plan     */
     struct {                       /* spec_mtp: one MTP pass's batch           */
         int32_t *tokens, *pos, *row_seq, *slot, *lrows;
         eseq_t **lseq;             /* whose draft each logit row makes         */

@@ -212,9 +212,10 @@ static int64_t draft_kv_tokens(const dsq_engine_opts_t *o, int mml)
 
 /* The draft model's line of the plan: the bytes its weights, KV cache and
  * workspace take, planned from its file's tensor table as the model's
- * are (no weight loaded). 0 without a draft model. */
+ * are (no weight loaded), and its KV element type into *kvt (may be
+ * NULL). 0 without a draft model. */
 static int draft_plan_bytes(const dsq_engine_opts_t *o, dsq_backend_t *be, int mml,
-                            int64_t *bytes, char *err, size_t err_len)
+                            int64_t *bytes, dsq_kv_dtype_t *kvt, char *err, size_t err_len)
 {
     *bytes = 0;
     if (!o->draft_model_path)
@@ -250,6 +251,8 @@ static int draft_plan_bytes(const dsq_engine_opts_t *o, dsq_backend_t *be, int m
         snprintf(err, err_len, "--draft-model %.300s: %s", o->draft_model_path, why);
     else
         *bytes = p.weight_bytes + p.workspace_bytes + p.overhead_bytes + p.kv_budget_bytes;
+    if (kvt)
+        *kvt = po.kv_dtype;
     free(tv);
     dsq_model_file_close(f);
     return rc;
@@ -318,7 +321,7 @@ static int plan_memory(dsq_engine_t *e, const dsq_engine_opts_t *opts, dsq_plan_
     if (device && (rc = device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto free_tv;
     if ((rc = draft_plan_bytes(&e->o, e->be, planned_max_model_len(opts, fc), &po.draft_bytes,
-                               err, err_len)))
+                               &e->draft_kvt, err, err_len)))
         goto free_tv;
     rc = dsq_plan_compute(fc, tv, n_t, &po, plan, err, err_len);
     if (rc)
@@ -390,12 +393,8 @@ static int load_draft(dsq_engine_t *e, const dsq_plan_t *plan, char *err, size_t
                                       ? DSQ_ACT_F32 : DSQ_ACT_INT8,
                   .backend = e->be},
         .block_size = plan->block_size, .kv_tokens = draft_kv_tokens(o, plan->max_model_len),
-        .n_states = 2 * o->spec_max_batch, .max_chunk = DRAFT_CHUNK};
-    /* the draft's own storage type (an F32 draft of an F16 model keeps F32) */
-    dsq_model_file_t *f = dsq_model_file_open(o->draft_model_path, o->tokenizer_path, err,
-                                              err_len);
-    dop.kv_dtype = kv_dtype_for(o, f, !dsq_backend_is_host(e->be));
-    dsq_model_file_close(f);
+        .n_states = 2 * o->spec_max_batch, .max_chunk = DRAFT_CHUNK,
+        .kv_dtype = e->draft_kvt};     /* the plan's: its own file's type */
     e->draft = dsq_draft_create(&dop, err, err_len);
     if (!e->draft)
         return DSQ_EINVAL;
@@ -623,7 +622,7 @@ int dsq_engine_plan(const dsq_engine_opts_t *opts, bool json, char **out, char *
         dsq_engine_opts_t so = *opts;
         if ((rc = spec_opts(&so, err, err_len)) ||
             (rc = draft_plan_bytes(&so, be, planned_max_model_len(opts, c), &po.draft_bytes,
-                                   err, err_len)))
+                                   NULL, err, err_len)))
             goto done;
     }
     dsq_plan_t plan;
