@@ -171,6 +171,9 @@ struct att_ctx {
     const dsq__att_ops_t *k;
     int G, chunk, n_chunks;
     const int *n_parts;    /* [m]: > 1: the row's context in that many parts */
+    const int *grp;        /* [m]: rows of the tile a split row leads (1:
+                            * alone; 0: in the tile of a row before it)   */
+    dsq__tile_in_t tin;    /* what those tiles read                        */
     const int64_t *toff;   /* [m + 1]: first task of each row                */
     const int64_t *poff;   /* [m]: first part slot of a split row            */
     float *part;           /* [slot]: acc [G][D], mx [G], l [G]              */
@@ -232,6 +235,18 @@ static void att_region(void *p, int tid, int n_thr)
         const int64_t t = task - c->toff[ii];
         const int32_t *btab = c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks;
         const int np = c->n_parts[ii];
+        if (c->grp[ii] > 1) {
+            /* part pp of kv head kh for the tile's rows at once: the
+             * chunks' K/V are read once for all of them */
+            const int kh = (int)(t / np), pp = (int)(t % np);
+            const int n_ch = c->row_pos[i] / BK + 1;
+            const size_t per_part = (size_t)G * D + 2 * (size_t)G;
+            dsq__att_tile_part(&c->tin, i, c->grp[ii], kh, (int)((int64_t)n_ch * pp / np),
+                               (int)((int64_t)n_ch * (pp + 1) / np), w.qs,
+                               c->part + (size_t)(c->poff[ii] + t) * per_part,
+                               (size_t)c->kv->n_kv_heads * (size_t)np * per_part);
+            continue;
+        }
         if (np > 1) {
             /* part pp of (row i, kv head kh) attends to its share of the
              * chunks; the parts are merged after the region */
@@ -280,7 +295,7 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
     for (int64_t i = 0; i < m; i++)
         work += ((int64_t)row_pos[ROW(i)] + 1) * row;
     int n_thr = work < 65536 ? 1 : dsq_cpu_get_threads();
-    int *np = malloc(sizeof(*np) * (size_t)m);
+    int *np = malloc(sizeof(*np) * (size_t)(2 * m));
     int64_t *toff = malloc(sizeof(*toff) * (size_t)(2 * m + 1));
     if (!np || !toff) {
         free(np);
@@ -288,9 +303,30 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
         return DSQ_ENOMEM;
     }
     int64_t *poff = toff + m + 1, m1 = 0, n_slots = 0;
+    int *grp = np + m;
     for (int64_t i = 0; i < m; i++) {
         np[i] = row_parts(row_pos[ROW(i)], n_kv);
         m1 += np[i] == 1;
+    }
+    /* Split rows of one sequence that end in the same chunk (a speculative
+     * verification's rows) have the same parts: each part of them is one
+     * tile, which reads the part's K/V once for all its rows and gives
+     * every row the bits of its own walk (dsq__att_tile_part). */
+    const int cap = DSQ__ATT_TILE_VECS / G > 1 ? DSQ__ATT_TILE_VECS / G : 1;
+    int max_grp = 1;
+    for (int64_t i = 0, j; i < m; i = j) {
+        const int64_t r0 = ROW(i);
+        for (j = i + 1; np[i] > 1 && j < m && j - i < cap; j++) {
+            const int64_t r = ROW(j);
+            if (r != ROW(j - 1) + 1 || row_seq[r] != row_seq[r0] ||
+                row_pos[r] <= row_pos[r - 1] || row_pos[r] / BK != row_pos[r0] / BK ||
+                np[j] != np[i])
+                break;
+        }
+        grp[i] = (int)(j - i);
+        for (int64_t k = i + 1; k < j; k++)
+            grp[k] = 0;
+        max_grp = grp[i] > max_grp ? grp[i] : max_grp;
     }
     /* Rows walked whole: split the query heads of a kv head into chunks
      * while there are fewer tasks than two a thread (at the price of
@@ -305,24 +341,31 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
     for (int64_t i = 0; i < m; i++) {
         poff[i] = n_slots;
         const int64_t nt = (int64_t)n_kv * (np[i] > 1 ? np[i] : n_chunks);
-        toff[i + 1] = toff[i] + nt;
+        toff[i + 1] = toff[i] + (grp[i] ? nt : 0);
         n_slots += np[i] > 1 ? nt : 0;
     }
     const int64_t n_tasks = toff[m];
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
-    const size_t per_thr = 2 * (size_t)G * D + 2 * (size_t)G + 2 * (size_t)BK * D +
-                           DSQ__ATT_ROW_WS(G, D);
+    const dsq__att_ops_t *k = dsq__att_ops();
+    size_t per_thr = 2 * (size_t)G * D + 2 * (size_t)G + 2 * (size_t)BK * D +
+                     DSQ__ATT_ROW_WS(G, D);
+    if (max_grp > 1 && dsq__att_tile_ws(k, max_grp * G, D) > per_thr)
+        per_thr = dsq__att_tile_ws(k, max_grp * G, D);
+    per_thr = (per_thr + 15) & ~(size_t)15;     /* each thread on its own lines */
     const size_t per_part = (size_t)G * D + 2 * (size_t)G;
-    float *mem = malloc(sizeof(*mem) * (per_thr * (size_t)n_thr + per_part * (size_t)n_slots));
+    const size_t mem_bytes = sizeof(float) * (per_thr * (size_t)n_thr + per_part * (size_t)n_slots);
+    float *mem = aligned_alloc(64, (mem_bytes + 63) & ~(size_t)63);
     if (!mem) {
         free(np);
         free(toff);
         return DSQ_ENOMEM;
     }
     struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, ops, dsq__att_ops(), G, chunk, n_chunks, np, toff, poff,
-                        mem + per_thr * (size_t)n_thr, m, n_tasks, rows, row, mem, per_thr, 0};
+                        scale, ops, k, G, chunk, n_chunks, np, grp,
+                        {q, kv, row_seq, row_pos, block_tables, max_blocks, G, scale, ops, k},
+                        toff, poff, mem + per_thr * (size_t)n_thr, m, n_tasks, rows, row, mem,
+                        per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
     /* merge, parts in order: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
     for (int64_t ii = 0; ii < m; ii++) {
@@ -380,11 +423,11 @@ int dsq_cpu_attention(float *out, const float *q, int64_t m, int n_heads,
                                 max_blocks, scale, NULL);
 }
 
-/* Whether run [i, j) goes to the tiles (attention_prefill.c): every run
- * of >= 2 rows, but a decoding sequence's whose last row decode would
- * split (row_parts; below that a tile row has a decode row's bits, and
- * tiles share each K/V load among the rows: a 17-row verification at 450
- * positions costs ~30 % more row by row). */
+/* Whether run [i, j) goes to the whole-context tiles (attention_prefill.c):
+ * every run of >= 2 rows, but a decoding sequence's whose last row decode
+ * would split (row_parts; below that a tile row has a decode row's bits).
+ * Those go to attend_rows, which splits them as decode rows and still
+ * walks each part once for all of them (dsq__att_tile_part). */
 static bool tiled_run(const int32_t *row_seq, const int32_t *row_pos,
                       const uint8_t *seq_decode, int64_t i, int64_t j, int n_kv)
 {

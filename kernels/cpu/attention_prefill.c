@@ -39,7 +39,7 @@
 #include "kernels.h"
 
 #define BK DSQ__ATT_BK
-#define TILE_VECS 96     /* query vectors (rows x heads) a tile aims for */
+#define TILE_VECS DSQ__ATT_TILE_VECS
 
 /* ---------------------------------------------------------------- tiles */
 
@@ -51,13 +51,7 @@ typedef struct task {
 
 typedef struct pf_ctx {
     float *out;
-    const float *q;
-    const dsq_kv_layer_t *kv;
-    const int32_t *row_seq, *row_pos, *block_tables;
-    int max_blocks, G;
-    float scale;
-    const dsq__vec_ops_t *ops;
-    const dsq__att_ops_t *k;
+    dsq__tile_in_t in;
     const task_t *tasks;
     int64_t n_tasks;
     int rp_max;
@@ -66,34 +60,73 @@ typedef struct pf_ctx {
     _Atomic int64_t next;
 } pf_ctx_t;
 
-static void run_tile(const pf_ctx_t *c, const task_t *tk, float *ws)
+/* A tile's scratch, carved from ws for tiles of at most rpm vectors. */
+typedef struct tile_ws {
+    float *qt, *ot;      /* [D][rp]  */
+    float *st;           /* [BK][rp] */
+    float *kb, *vb;      /* [BK][D]  */
+    float *mx, *l, *cr;  /* [rp]     */
+    int32_t *lim;        /* [rp]     */
+} tile_ws_t;
+
+static tile_ws_t tile_ws(float *ws, int D, int rpm)
+{
+    tile_ws_t t;
+    t.qt = ws;
+    t.ot = t.qt + (size_t)D * rpm;
+    t.st = t.ot + (size_t)D * rpm;
+    t.kb = t.st + (size_t)BK * rpm;
+    t.vb = t.kb + (size_t)BK * D;
+    t.mx = t.vb + (size_t)BK * D;
+    t.l = t.mx + rpm;
+    t.cr = t.l + rpm;
+    t.lim = (int32_t *)(t.cr + rpm);
+    return t;
+}
+
+static int tile_rp(const dsq__att_ops_t *k, int vecs)
+{
+    return (vecs + k->lanes - 1) / k->lanes * k->lanes;
+}
+
+size_t dsq__att_tile_ws(const dsq__att_ops_t *k, int vecs, int D)
+{
+    const size_t rp = (size_t)tile_rp(k, vecs);
+    /* rounded to 16 floats so a thread's block can start on a cache line */
+    return ((2 * (size_t)D * rp + (size_t)BK * rp + 2 * (size_t)BK * D + 4 * rp) + 15) &
+           ~(size_t)15;
+}
+
+/* Rows i0..i0+n-1 (one sequence, increasing positions) x the G query
+ * heads of kv head kh against the chunks [c0, c1) of their context (the
+ * last one cut at the last row's position): leaves each vector's
+ * unnormalised output in t->ot and its online-softmax state in t->mx,
+ * t->l, starting from an empty state. Returns rp. */
+static int tile_walk(const dsq__tile_in_t *c, int64_t i0, int n, int kh, int c0, int c1,
+                     const tile_ws_t *t)
 {
     const dsq_kv_layer_t *kv = c->kv;
-    const int D = kv->head_dim, G = c->G, kh = tk->kh, n = tk->n;
-    const int R = n * G, rp = (R + c->k->lanes - 1) / c->k->lanes * c->k->lanes;
-    const int rpm = c->rp_max;
+    const int D = kv->head_dim, G = c->G;
+    const int R = n * G, rp = tile_rp(c->k, R);
     const int64_t row = (int64_t)kv->n_kv_heads * G * D;
-    float *qt = ws, *ot = qt + (size_t)D * rpm, *st = ot + (size_t)D * rpm;
-    float *kb = st + (size_t)BK * rpm, *vb = kb + (size_t)BK * D;
-    float *mx = vb + (size_t)BK * D, *l = mx + rpm, *cr = l + rpm;
-    int32_t *lim = (int32_t *)(cr + rpm);
-    const int32_t pos_lo = c->row_pos[tk->i0], pos_hi = c->row_pos[tk->i0 + n - 1];
-    const int32_t *btab = c->block_tables + (int64_t)c->row_seq[tk->i0] * c->max_blocks;
+    const int32_t pos_lo = c->row_pos[i0], pos_hi = c->row_pos[i0 + n - 1];
+    const int32_t *btab = c->block_tables + (int64_t)c->row_seq[i0] * c->max_blocks;
+    float *qt = t->qt, *ot = t->ot, *mx = t->mx, *l = t->l;
 
     /* Q^T with the scale folded in; padding vectors are zero queries
      * that see every key (finite, ignored) */
     for (int i = 0; i < n; i++)
         for (int g = 0; g < G; g++) {
             const int r = i * G + g;
-            const float *src = c->q + (tk->i0 + i) * row + (int64_t)(kh * G + g) * D;
+            const float *src = c->q + (i0 + i) * row + (int64_t)(kh * G + g) * D;
             for (int d = 0; d < D; d++)
                 qt[(int64_t)d * rp + r] = src[d] * c->scale;
-            lim[r] = c->row_pos[tk->i0 + i];
+            t->lim[r] = c->row_pos[i0 + i];
         }
     for (int r = R; r < rp; r++) {
         for (int d = 0; d < D; d++)
             qt[(int64_t)d * rp + r] = 0.0f;
-        lim[r] = pos_hi;
+        t->lim[r] = pos_hi;
     }
     for (int r = 0; r < rp; r++) {
         mx[r] = -INFINITY;
@@ -101,24 +134,52 @@ static void run_tile(const pf_ctx_t *c, const task_t *tk, float *ws)
     }
     memset(ot, 0, sizeof(*ot) * (size_t)D * rp);
 
-    for (int32_t p0 = 0; p0 <= pos_hi; p0 += BK) {
-        const int nj = pos_hi + 1 - p0 < BK ? pos_hi + 1 - p0 : BK;
-        dsq__kv_load_chunk(kb, kv, false, btab, p0, nj, kh, c->ops);
-        c->k->scores(st, rp, qt, kb, D, nj);
+    const int32_t p_end = (int64_t)c1 * BK - 1 < pos_hi ? c1 * BK - 1 : pos_hi;
+    for (int32_t p0 = c0 * BK; p0 <= p_end; p0 += BK) {
+        const int nj = p_end + 1 - p0 < BK ? p_end + 1 - p0 : BK;
+        dsq__kv_load_chunk(t->kb, kv, false, btab, p0, nj, kh, c->ops);
+        c->k->scores(t->st, rp, qt, t->kb, D, nj);
         /* the mask matters only where the chunk passes the first row */
-        c->k->softmax(st, rp, nj, mx, l, cr, p0 + nj - 1 > pos_lo ? lim : NULL, p0);
-        dsq__kv_load_chunk(vb, kv, true, btab, p0, nj, kh, c->ops);
-        c->k->pv(ot, rp, st, vb, D, nj, cr);
+        c->k->softmax(t->st, rp, nj, mx, l, t->cr, p0 + nj - 1 > pos_lo ? t->lim : NULL, p0);
+        dsq__kv_load_chunk(t->vb, kv, true, btab, p0, nj, kh, c->ops);
+        c->k->pv(ot, rp, t->st, t->vb, D, nj, t->cr);
     }
+    return rp;
+}
 
+static void run_tile(const pf_ctx_t *c, const task_t *tk, float *ws)
+{
+    const int D = c->in.kv->head_dim, G = c->in.G, kh = tk->kh, n = tk->n;
+    const int64_t row = (int64_t)c->in.kv->n_kv_heads * G * D;
+    const tile_ws_t t = tile_ws(ws, D, c->rp_max);
+    const int rp = tile_walk(&c->in, tk->i0, n, kh, 0,
+                             c->in.row_pos[tk->i0 + n - 1] / BK + 1, &t);
     for (int i = 0; i < n; i++)
         for (int g = 0; g < G; g++) {
             const int r = i * G + g;
-            const float inv = 1.0f / l[r];
+            const float inv = 1.0f / t.l[r];
             float *dst = c->out + (tk->i0 + i) * row + (int64_t)(kh * G + g) * D;
             for (int d = 0; d < D; d++)
-                dst[d] = ot[(int64_t)d * rp + r] * inv;
+                dst[d] = t.ot[(int64_t)d * rp + r] * inv;
         }
+}
+
+void dsq__att_tile_part(const dsq__tile_in_t *in, int64_t i0, int n, int kh, int c0, int c1,
+                        float *ws, float *dst, size_t stride)
+{
+    const int D = in->kv->head_dim, G = in->G;
+    const tile_ws_t t = tile_ws(ws, D, tile_rp(in->k, n * G));
+    const int rp = tile_walk(in, i0, n, kh, c0, c1, &t);
+    for (int i = 0; i < n; i++) {
+        float *acc = dst + (size_t)i * stride, *mx = acc + (size_t)G * D, *l = mx + G;
+        for (int g = 0; g < G; g++) {
+            const int r = i * G + g;
+            for (int d = 0; d < D; d++)
+                acc[(int64_t)g * D + d] = t.ot[(int64_t)d * rp + r];
+            mx[g] = t.mx[r];
+            l[g] = t.l[r];
+        }
+    }
 }
 
 static void pf_region(void *p, int chunk, int n_chunks)
@@ -185,11 +246,8 @@ int dsq__attention_prefill(float *out, const float *q, int n_heads,
     if (n_tasks < n_thr)
         n_thr = (int)n_tasks;
     const dsq__att_ops_t *k = dsq__att_ops();
-    const int rp_max = (rows * G + k->lanes - 1) / k->lanes * k->lanes;
-    /* qt, ot [D][rp]; st [BK][rp]; kb, vb [BK][D]; mx, l, cr, lim [rp];
-     * rounded to 16 floats so each thread's block starts on a cache line */
-    const size_t per_thr = ((2 * (size_t)D * rp_max + (size_t)BK * rp_max +
-                             2 * (size_t)BK * D + 4 * (size_t)rp_max) + 15) & ~(size_t)15;
+    const int rp_max = tile_rp(k, rows * G);
+    const size_t per_thr = dsq__att_tile_ws(k, rows * G, D);
     const size_t mem_bytes = sizeof(float) * per_thr * (size_t)n_thr;
     float *mem = aligned_alloc(64, (mem_bytes + 63) & ~(size_t)63);
     task_t *tasks = malloc(sizeof(*tasks) * (size_t)n_tasks);
@@ -200,8 +258,10 @@ int dsq__attention_prefill(float *out, const float *q, int n_heads,
     }
     make_tasks(tasks, run_i0, run_n, n_runs, rows, n_kv);
     qsort_r(tasks, (size_t)n_tasks, sizeof(*tasks), cmp_task_cost, (void *)row_pos);
-    pf_ctx_t c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks, G, scale,
-                  dsq__vec_ops(), k, tasks, n_tasks, rp_max, mem, per_thr, 0};
+    pf_ctx_t c = {out,
+                  {q, kv, row_seq, row_pos, block_tables, max_blocks, G, scale,
+                   dsq__vec_ops(), k},
+                  tasks, n_tasks, rp_max, mem, per_thr, 0};
     dsq__parallel(n_thr, pf_region, &c);
 undo_mem:
     free(tasks);

@@ -436,6 +436,37 @@ typedef struct dsq__att_ops {
 /* The kernels for the ISA level in force now (scalar or AVX2). */
 const dsq__att_ops_t *dsq__att_ops(void);
 
+/* Query vectors (rows x the query heads of a kv head) a tile aims for. */
+#define DSQ__ATT_TILE_VECS 96
+
+/* What a tile reads (attention_prefill.c): q [m][n_kv_heads * G][D] fp32,
+ * the rows' sequences and positions, the block tables [seq][max_blocks],
+ * the softmax scale and the kernels to use. */
+typedef struct dsq__tile_in {
+    const float *q;
+    const dsq_kv_layer_t *kv;
+    const int32_t *row_seq, *row_pos, *block_tables;
+    int max_blocks, G;
+    float scale;
+    const dsq__vec_ops_t *ops;
+    const dsq__att_ops_t *k;
+} dsq__tile_in_t;
+
+/* Scratch floats of one tile of up to `vecs` query vectors (a multiple of
+ * 16, so consecutive threads' blocks stay cache-line aligned). */
+size_t dsq__att_tile_ws(const dsq__att_ops_t *k, int vecs, int D);
+
+/* One part of a split-KV walk for several rows at once: rows i0..i0+n-1
+ * (one sequence, increasing positions, all in the same last chunk) x the
+ * G query heads of kv head kh over the chunks [c0, c1) of their context,
+ * from an empty state. Writes row i's unnormalised state to dst + i *
+ * stride: acc [G][D], then mx [G] (running max), then l [G] (sum of
+ * weights relative to mx): per vector the bits attention.c's row walk of
+ * the same chunks gives, so the split rows' merge is unchanged. ws:
+ * dsq__att_tile_ws(k, n * G, D) floats. */
+void dsq__att_tile_part(const dsq__tile_in_t *in, int64_t i0, int n, int kh, int c0, int c1,
+                        float *ws, float *dst, size_t stride);
+
 /* The tiled prefill path of dsq_cpu_attention (attention_prefill.c), for
  * arguments it already checked: run k is rows [run_i0[k], run_i0[k] +
  * run_n[k]) of one sequence with strictly increasing positions; writes
