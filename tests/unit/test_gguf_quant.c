@@ -269,8 +269,10 @@ static void test_interleaved_x8(void **state)
      * on the panel path of every type here but IQ4_XS (two strips of 16
      * rows, the fifth tile on the row kernels; k = 768 / 1024 two weight
      * blocks, the last one short / full; m = 37, 40 a pair of activation
-     * blocks and a single one, the last one partial; m = 300 two tiles of
-     * 256 rows). m = 1, 4, ..., 40, then 300. */
+     * blocks and a single one, the last one partial; a last activation
+     * block of <= 8 rows goes to the row kernels (m = 19, 22, 37, 40: after
+     * whole blocks; m = 262: a second 256-row tile of 6 rows, alone); m =
+     * 300 two tiles of 256 rows). m = 1, 4, ..., 40, then 262 and 300. */
     const int64_t n = 40, ks[3] = {256, 768, 1024}, m = 300;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (int ki = 0; ki < 3; ki++) {
@@ -384,7 +386,7 @@ static void test_interleaved_x8(void **state)
             for (size_t li = 0; li < sizeof(isas) / sizeof(isas[0]); li++) {
                 if (dsq_cpu_force_isa(isas[li]) != DSQ_OK)
                     continue;
-                for (int64_t mm = 1; mm <= m; mm = mm < 40 ? mm + 3 : m + (mm == m)) {
+                for (int64_t mm = 1; mm <= m; mm = mm < 40 ? mm + 3 : mm < 262 ? 262 : m + (mm == m)) {
                     memset(y, 0xff, (size_t)(mm * n) * sizeof(float));
                     assert_int_equal(dsq_cpu_matmul(y, x, mm, &w), DSQ_OK);
                     for (int64_t e = 0; e < mm * n; e++)
