@@ -1,7 +1,7 @@
 #!/bin/sh
 # dsqd beside llama.cpp's llama-server, each at its own defaults
 # (llama-server -t T -tb T -np C; continuous batching is its default), and
-# llama-server -fa as a second row, interleaved by concurrency in one run:
+# llama-server -fa on as a second row (0.3.36 defaults to auto), interleaved by concurrency in one run:
 # `dsq-bench serve` streams /v1/completions (128-id prompts, 64 new tokens,
 # greedy, ignore_eos) from C clients. Then the same load once more through
 # the OpenAI Python SDK (tools/serve_crosscheck.py) against each server, as
@@ -60,7 +60,7 @@ while [ $r -le "$ROUNDS" ]; do
         echo "## round $r, C = $c, load $(cut -d' ' -f1-3 /proc/loadavg)"
         $SERVE --clients "$c" --dsqd "$B/tools/dsqd" --llama-server "$LS" || true
         echo "## round $r, C = $c, llama-server -fa, load $(cut -d' ' -f1-3 /proc/loadavg)"
-        $SERVE --clients "$c" --llama-server "$LS" --llama-arg -fa || true
+        $SERVE --clients "$c" --llama-server "$LS" --llama-arg -fa --llama-arg on || true
     done
     r=$((r + 1))
 done
