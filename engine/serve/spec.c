@@ -38,8 +38,14 @@ int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, i
 int dsq_spec_draft_len(double accepted, double checked, double row_cost, int k_max)
 {
     const double alpha = (accepted + 0.6 * 2.0) / (checked + 2.0);
+    /* e tokens expected of a step that costs c (a plain step: 1, 1) */
+    double e = 1.0, c = 1.0, p = alpha;
     int k = 0;
-    for (double p = alpha; k < k_max && p > row_cost; p *= alpha)
+    while (k < k_max && p * c > row_cost * e) {
+        e += p;
+        c += row_cost;
+        p *= alpha;
         k++;
+    }
     return k;
 }

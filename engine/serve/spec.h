@@ -39,8 +39,11 @@ int dsq_spec_ngram_propose(const int32_t *tokens, int n, int n_min, int n_max, i
  * i is kept only if the i - 1 before it are, with probability alpha^i,
  * alpha = the rate of drafts kept when checked (accepted / checked, decayed
  * counts the caller keeps, with a prior of 0.6 worth two drafts), and is
- * then worth a whole step. So drafts are proposed while alpha^i >
- * row_cost: text that copies its context gets long drafts, free text a
+ * then worth a whole step. A step with i - 1 drafts is expected to give
+ * e = 1 + alpha + ... + alpha^(i-1) tokens for c = 1 + (i - 1) row_cost;
+ * draft i is proposed while it raises that rate, alpha^i / row_cost >
+ * e / c, which maximises e / c (the terms fall, the rate rises while they
+ * beat it): text that copies its context gets long drafts, free text a
  * short one or none, and a model whose rows are cheap more than one whose
  * rows are not (an acceptance-adaptive length, as llama.cpp's p_min or
  * dynamic speculation lengths; the cost side is the engine's own fit).

@@ -93,20 +93,30 @@ static void test_ngram_propose(void **state)
     assert_int_equal(dsq_spec_ngram_propose(a, 1, 1, 2, 3, out), 0);
 }
 
-/* The draft length: the largest i <= k_max with alpha^i > row_cost,
- * alpha = (accepted + 1.2) / (checked + 2), worked by hand. */
+/* The draft length: draft i joins while what it adds, alpha^i tokens for
+ * row_cost, beats the tokens per cost e / c of the step so far (a plain
+ * step: e = c = 1), alpha = (accepted + 1.2) / (checked + 2); worked by
+ * hand (tests/ref has no model of it: the numbers below are the rule's
+ * arithmetic, step by step). */
 static void test_draft_len(void **state)
 {
     (void)state;
-    /* no record: alpha 0.6; 0.6, 0.36, 0.216, 0.1296 > 0.1, 0.0778 not */
-    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 16), 4);
-    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 3), 3);
+    /* no record: alpha 0.6, rows 0.1: 0.6 / 0.1 = 6 > 1 -> e/c = 1.6 / 1.1
+     * = 1.4545; 3.6 > 1.4545 -> 1.96 / 1.2 = 1.6333; 2.16 > 1.6333 ->
+     * 2.176 / 1.3 = 1.6738; 1.296 < 1.6738: 3 */
+    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 16), 3);
+    assert_int_equal(dsq_spec_draft_len(0, 0, 0.1, 2), 2);
     assert_int_equal(dsq_spec_draft_len(0, 0, 0.6, 16), 0);
-    /* 18.6 of 20 kept: alpha 0.9; 0.9^15 = 0.206 > 0.2 > 0.9^16 = 0.185 */
-    assert_int_equal(dsq_spec_draft_len(18.6, 20, 0.2, 16), 15);
+    /* 18.6 of 20 kept: alpha 0.9, rows 0.2: e/c climbs 1.5833, 1.9357,
+     * 2.1494, 2.2751, 2.3428, 2.3714, 2.3731 (7 drafts), and the eighth
+     * adds 0.9^8 / 0.2 = 2.152 < 2.3731: 7 (a plain-rate rule, alpha^i >
+     * row_cost, would take 15: 2.037 tokens per cost, 14 % fewer) */
+    assert_int_equal(dsq_spec_draft_len(18.6, 20, 0.2, 16), 7);
+    /* cheap rows: 0.9^16 / 0.02 = 9.26 > e/c = 6.27 after 15: k_max */
     assert_int_equal(dsq_spec_draft_len(18.6, 20, 0.02, 16), 16);
     /* nothing kept of 5: alpha 0.1714; 0.1714 < 0.25 */
     assert_int_equal(dsq_spec_draft_len(0, 5, 0.25, 16), 0);
+    /* 0.1714 / 0.1 > 1 -> e/c 1.0649; 0.0294 / 0.1 = 0.294 < 1.0649: 1 */
     assert_int_equal(dsq_spec_draft_len(0, 5, 0.1, 16), 1);
     /* dear rows: nothing pays; k_max 0 */
     assert_int_equal(dsq_spec_draft_len(100, 100, 1.0, 16), 0);
