@@ -1,7 +1,8 @@
 #!/bin/sh
 # dsqd beside llama.cpp's llama-server, each at its own defaults
 # (llama-server -t T -tb T -np C; continuous batching is its default), and
-# llama-server -fa on as a second row (0.3.36 defaults to auto), interleaved by concurrency in one run:
+# llama-server -fa on as a second row (0.3.36's default is auto),
+# interleaved by concurrency in one run:
 # `dsq-bench serve` streams /v1/completions (128-id prompts, 64 new tokens,
 # greedy, ignore_eos) from C clients. Then the same load once more through
 # the OpenAI Python SDK (tools/serve_crosscheck.py) against each server, as
