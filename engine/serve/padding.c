@@ -566,6 +566,15 @@ static int make_parents(const char *path)
     return rc;
 }
 
+/* json and a newline to fp, which is closed. Returns whether all of it was
+ * written. */
+static bool write_json(FILE *fp, const char *json)
+{
+    const size_t n = strlen(json);
+    bool ok = fwrite(json, 1, n, fp) == n && fputc('\n', fp) != EOF;
+    return (fclose(fp) == 0) && ok;
+}
+
 int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
                        size_t err_len)
 {
@@ -584,6 +593,19 @@ int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
         dsq_error_set(err, err_len, "%.400s: %s", path, "out of memory");
         goto undo_alloc;
     }
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* /dev/null, a FIFO, a terminal: written in place, since renaming
+         * over it would replace the node itself (as root, /dev/null) */
+        FILE *fp = S_ISDIR(st.st_mode) ? NULL : fopen(path, "wb");
+        if (!fp || !write_json(fp, json)) {
+            rc = DSQ_EIO;
+            dsq_error_set(err, err_len, "%.400s: %s", path,
+                          S_ISDIR(st.st_mode) ? "is a directory" : fp ? "write failed"
+                                                                     : strerror(errno));
+        }
+        goto undo_alloc;
+    }
     snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
     if (make_parents(path) != 0) {
         rc = DSQ_EIO;
@@ -596,9 +618,7 @@ int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
         dsq_error_set(err, err_len, "%.400s: %s", tmp, strerror(errno));
         goto undo_alloc;
     }
-    size_t n = strlen(json);
-    bool ok = fwrite(json, 1, n, fp) == n && fputc('\n', fp) != EOF;
-    ok = (fclose(fp) == 0) && ok;
+    bool ok = write_json(fp, json);
     if (!ok || rename(tmp, path) != 0) {
         rc = DSQ_EIO;
         dsq_error_set(err, err_len, "%.400s: %s", path, ok ? strerror(errno) : "write failed");

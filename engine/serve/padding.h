@@ -188,7 +188,8 @@ char *dsq_pad_model_to_json(const dsq_pad_model_t *m);
  * dsq_pad_model_parse; err names the path. */
 int dsq_pad_model_load(dsq_pad_model_t *m, const char *path, char *err, size_t err_len);
 /* Write m to path (creating missing parent directories, mode 0755), via a
- * temporary file renamed into place. Returns 0;
+ * temporary file renamed into place; a path that exists and is not a
+ * regular file (/dev/null, a FIFO) is written in place instead. Returns 0;
  * DSQ_EFORMAT (m fails the check), DSQ_EIO, DSQ_ENOMEM; err says why. */
 int dsq_pad_model_save(const dsq_pad_model_t *m, const char *path, char *err,
                        size_t err_len);

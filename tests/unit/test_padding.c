@@ -12,10 +12,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/common/error.h"
@@ -495,6 +498,56 @@ static void test_json_round_trip(void **state)
     assert_int_equal(r.base[1].b, 64);
 }
 
+/* A path that is not a regular file is written in place: saving to a
+ * FIFO (as `--out /dev/null` would to a device) leaves the FIFO a FIFO,
+ * and what came through it loads; renaming over it would have replaced
+ * the node, and a directory is refused with a reason. */
+static void test_save_in_place(void **state)
+{
+    (void)state;
+    dsq_pad_model_t m = full_model(), r;
+    char fifo[512], got[512], err[512] = "";
+    snprintf(fifo, sizeof(fifo), "%s/pipe", tmpdir);
+    snprintf(got, sizeof(got), "%s/through-pipe.json", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* the reader: the FIFO's bytes into a regular file */
+        FILE *in = fopen(fifo, "rb"), *out = fopen(got, "wb");
+        char buf[4096];
+        size_t n;
+        if (!in || !out)
+            _exit(1);
+        while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+            if (fwrite(buf, 1, n, out) != n)
+                _exit(1);
+        _exit(fclose(out) == 0 ? 0 : 1);
+    }
+    const int rc = dsq_pad_model_save(&m, fifo, err, sizeof(err));
+    struct stat st;
+    const bool still_fifo = stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode);
+    if (rc != 0 || !still_fifo)
+        kill(pid, SIGKILL);     /* its FIFO was replaced: it would wait forever */
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(rc, 0);
+    assert_true(still_fifo);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(dsq_pad_model_load(&r, got, err, sizeof(err)), 0);
+    assert_true(r.base[1].us == m.base[1].us);
+    char left[600];
+    snprintf(left, sizeof(left), "%s.tmp.%ld", fifo, (long)getpid());
+    assert_int_equal(access(left, F_OK), -1);           /* no temporary left */
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(unlink(got), 0);
+    /* a directory: a reason, nothing replaced */
+    assert_int_equal(dsq_pad_model_save(&m, tmpdir, err, sizeof(err)), DSQ_EIO);
+    assert_non_null(strstr(err, "is a directory"));
+    assert_int_equal(stat(tmpdir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+}
+
 static void test_json_errors(void **state)
 {
     (void)state;
@@ -636,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_fit_clamp),
         cmocka_unit_test(test_fit_errors),
         cmocka_unit_test(test_json_round_trip),
+        cmocka_unit_test(test_save_in_place),
         cmocka_unit_test(test_json_errors),
         cmocka_unit_test(test_files),
     };
