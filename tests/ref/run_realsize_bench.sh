@@ -56,7 +56,7 @@ for t in ${THREADS:-2 1}; do
         f=$(file "$v")
         echo "=== t$t $v dsq $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"
         "$B/tools/dsq-bench" cpu --model "$f" --threads "$t" --prompt-tokens 512 \
-            --gen-tokens 32 --reps "$REPS" --bandwidth 2>&1 | grep -Ev '^ *$' || true
+            --gen-tokens 32 --reps "$REPS" --bandwidth 2>&1 | grep -Ev '^ *$| level=' || true
         echo "=== t$t $v llama.cpp $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"
         "$LB" -m "$f" -p 512 -n 32 -t "$t" -r "$REPS" 2>&1 | grep -E 'pp512|tg32' || true
     done
