@@ -10,7 +10,7 @@
 # The files hold random weights: `dsq-bench write-model --shape 6.7b|v2-lite`
 # writes the Q4_0 files, `llama-quantize --allow-requantize` the other types
 # from the 6.7B one. They are written once into the cache (never into git):
-# about 20 GB in all.
+# about 27 GiB in all.
 #
 # usage: tests/ref/run_realsize_bench.sh [BUILDDIR]   (default build-release)
 # env:   THREADS (default "2 1"), FILES (default "q4_0 q4_k_m q5_k_m q8_0
