@@ -162,18 +162,12 @@ static int check_args(const float *out, const float *q, int64_t m, int n_heads,
 
 struct att_ctx {
     float *out;
-    const float *q;
-    const dsq_kv_layer_t *kv;
-    const int32_t *row_seq, *row_pos, *block_tables;
-    int max_blocks;
-    float scale;
-    const dsq__vec_ops_t *ops;
-    const dsq__att_ops_t *k;
-    int G, chunk, n_chunks;
+    dsq__tile_in_t in;     /* q, cache, rows, block tables, scale, kernels: what
+                            * the row walks and the tiles read             */
+    int chunk, n_chunks;
     const int *n_parts;    /* [m]: > 1: the row's context in that many parts */
     const int *grp;        /* [m]: rows of the tile a split row leads (1:
                             * alone; 0: in the tile of a row before it)   */
-    dsq__tile_in_t tin;    /* what those tiles read                        */
     const int64_t *toff;   /* [m + 1]: first task of each row                */
     const int64_t *poff;   /* [m]: first part slot of a split row            */
     float *part;           /* [slot]: acc [G][D], mx [G], l [G]              */
@@ -209,8 +203,9 @@ static int row_parts(int32_t pos, int n_kv)
 static void att_region(void *p, int tid, int n_thr)
 {
     struct att_ctx *c = p;
+    const dsq__tile_in_t *in = &c->in;
     (void)n_thr;
-    const int D = c->kv->head_dim, chunk = c->chunk, G = c->G;
+    const int D = in->kv->head_dim, chunk = c->chunk, G = in->G;
     /* scratch for G heads: a part task holds all G, a chunk task <= G */
     scratch_t w;
     w.qs = c->mem + (size_t)tid * c->per_thr;
@@ -233,31 +228,27 @@ static void att_region(void *p, int tid, int n_thr)
             ii++;
         const int64_t i = c->rows ? c->rows[ii] : ii;
         const int64_t t = task - c->toff[ii];
-        const int32_t *btab = c->block_tables + (int64_t)c->row_seq[i] * c->max_blocks;
+        const int32_t *btab = in->block_tables + (int64_t)in->row_seq[i] * in->max_blocks;
         const int np = c->n_parts[ii];
-        if (c->grp[ii] > 1) {
-            /* part pp of kv head kh for the tile's rows at once: the
-             * chunks' K/V are read once for all of them */
-            const int kh = (int)(t / np), pp = (int)(t % np);
-            const int n_ch = c->row_pos[i] / BK + 1;
-            const size_t per_part = (size_t)G * D + 2 * (size_t)G;
-            dsq__att_tile_part(&c->tin, i, c->grp[ii], kh, (int)((int64_t)n_ch * pp / np),
-                               (int)((int64_t)n_ch * (pp + 1) / np), w.qs,
-                               c->part + (size_t)(c->poff[ii] + t) * per_part,
-                               (size_t)c->kv->n_kv_heads * (size_t)np * per_part);
-            continue;
-        }
         if (np > 1) {
             /* part pp of (row i, kv head kh) attends to its share of the
-             * chunks; the parts are merged after the region */
+             * chunks; the parts are merged after the region. A tile of
+             * rows (grp) does it for all of them at once: the chunks' K/V
+             * are read once. */
             const int kh = (int)(t / np), pp = (int)(t % np);
-            const int n_ch = c->row_pos[i] / BK + 1;
+            const int n_ch = in->row_pos[i] / BK + 1;
             const int c0 = (int)((int64_t)n_ch * pp / np);
             const int c1 = (int)((int64_t)n_ch * (pp + 1) / np);
+            const size_t per_part = (size_t)G * D + 2 * (size_t)G;
+            float *dst = c->part + (size_t)(c->poff[ii] + t) * per_part;
+            if (c->grp[ii] > 1) {
+                dsq__att_tile_part(in, i, c->grp[ii], kh, c0, c1, w.qs, dst,
+                                   (size_t)in->kv->n_kv_heads * (size_t)np * per_part);
+                continue;
+            }
             const int64_t off = i * c->row + (int64_t)kh * G * D;
-            attend_range(c->q + off, G, kh, c->kv, btab, c->row_pos[i], c0, c1, c->scale,
-                         c->ops, c->k, &w);
-            float *dst = c->part + (size_t)(c->poff[ii] + t) * ((size_t)G * D + 2 * (size_t)G);
+            attend_range(in->q + off, G, kh, in->kv, btab, in->row_pos[i], c0, c1, in->scale,
+                         in->ops, in->k, &w);
             memcpy(dst, w.acc, sizeof(float) * (size_t)G * D);
             memcpy(dst + (size_t)G * D, w.mx, sizeof(float) * (size_t)G);
             memcpy(dst + (size_t)G * D + G, w.l, sizeof(float) * (size_t)G);
@@ -268,8 +259,8 @@ static void att_region(void *p, int tid, int n_thr)
         const int h0 = kh * G + ci * chunk;
         const int nh = (ci + 1) * chunk <= G ? chunk : G - ci * chunk;
         const int64_t off = i * c->row + (int64_t)h0 * D;
-        attend_range(c->q + off, nh, kh, c->kv, btab, c->row_pos[i], 0,
-                     c->row_pos[i] / BK + 1, c->scale, c->ops, c->k, &w);
+        attend_range(in->q + off, nh, kh, in->kv, btab, in->row_pos[i], 0,
+                     in->row_pos[i] / BK + 1, in->scale, in->ops, in->k, &w);
         for (int g = 0; g < nh; g++) {
             const float inv = 1.0f / w.l[g];
             for (int d = 0; d < D; d++)
@@ -361,11 +352,10 @@ static int attend_rows(float *out, const float *q, const int64_t *rows, int64_t 
         free(toff);
         return DSQ_ENOMEM;
     }
-    struct att_ctx c = {out, q, kv, row_seq, row_pos, block_tables, max_blocks,
-                        scale, ops, k, G, chunk, n_chunks, np, grp,
+    struct att_ctx c = {out,
                         {q, kv, row_seq, row_pos, block_tables, max_blocks, G, scale, ops, k},
-                        toff, poff, mem + per_thr * (size_t)n_thr, m, n_tasks, rows, row, mem,
-                        per_thr, 0};
+                        chunk, n_chunks, np, grp, toff, poff, mem + per_thr * (size_t)n_thr,
+                        m, n_tasks, rows, row, mem, per_thr, 0};
     dsq__parallel(n_thr, att_region, &c);
     /* merge, parts in order: out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) l_p */
     for (int64_t ii = 0; ii < m; ii++) {
