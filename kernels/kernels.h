@@ -2,9 +2,10 @@
  *
  * Every op has a CPU implementation `dsq_cpu_<op>` (kernels/cpu/<op>.c) and,
  * where the CUDA backend implements it, a twin `dsq_cuda_<op>` with the same
- * arguments (kernels/cuda/<op>.cu) operating on device pointers. The CPU op
- * is the reference in tests. All matrices are row-major; activations are
- * fp32 on the CPU backend. Ops return 0 or a negative DSQ_E* code.
+ * arguments plus the element type of each activation array ("CUDA twins"
+ * below; kernels/cuda/<op>.cu) operating on device pointers. The CPU op is
+ * the reference in tests. All matrices are row-major; activations are fp32
+ * on the CPU backend, fp32, fp16 or bf16 on CUDA. Ops return 0 or a negative DSQ_E* code.
  *
  * CPU ops parallelise internally on a persistent pthread pool
  * (kernels/cpu/threadpool.c; small ops run inline on the calling thread);
@@ -133,6 +134,29 @@ typedef enum dsq_act_dtype {
     DSQ_ACT_INT8 = 0,
     DSQ_ACT_F32 = 1,
 } dsq_act_dtype_t;
+
+/* Element type of an activation array the CUDA ops read or write
+ * (kernels.h "CUDA twins"): IEEE binary32, IEEE binary16, or bfloat16 (the
+ * top 16 bits of a binary32). A narrow element is widened exactly on load
+ * and every sum is fp32; stores round to nearest even. The CPU ops take
+ * fp32 only. */
+typedef enum dsq_ftype {
+    DSQ_FT_F32 = 0,
+    DSQ_FT_F16 = 1,
+    DSQ_FT_BF16 = 2,
+} dsq_ftype_t;
+
+/* Bytes per element of t (4 or 2); 0 for a value outside the enum. */
+static inline size_t dsq_ftype_size(dsq_ftype_t t)
+{
+    return t == DSQ_FT_F32 ? 4 : t == DSQ_FT_F16 || t == DSQ_FT_BF16 ? 2 : 0;
+}
+
+/* "f32", "f16" or "bf16" (static string; "?" outside the enum). */
+static inline const char *dsq_ftype_name(dsq_ftype_t t)
+{
+    return t == DSQ_FT_F32 ? "f32" : t == DSQ_FT_F16 ? "f16" : t == DSQ_FT_BF16 ? "bf16" : "?";
+}
 
 /* A linear layer's weight, in one of the formats above.
  *
@@ -397,8 +421,8 @@ int dsq_cpu_matmul_many(int n, float *const *y, const float *const *x, const int
 /* dsq_cpu_matmul with fp16 activations: x [m][k] and y [m][n] IEEE binary16
  * (uint16 bits). x is widened to fp32, the product is the DSQ_ACT_F32 path
  * whatever w->act says (exact dequantisation, fp32 accumulation) and y is
- * rounded to nearest even. The reference of dsq_cuda_matmul_f16; not a
- * fast path. Returns 0, DSQ_EINVAL or DSQ_ENOMEM. */
+ * rounded to nearest even. The reference of dsq_cuda_matmul with fp16 x
+ * and y; not a fast path. Returns 0, DSQ_EINVAL or DSQ_ENOMEM. */
 int dsq_cpu_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
 
 /* dst[i][0..width) = src[rows[i]][0..width) for i < m (the rows of a step
@@ -690,28 +714,42 @@ int dsq_cpu_moe_group(int32_t *offsets, int32_t *rows, float *row_weights,
 
 /* ------------------------------------------------------------ CUDA twins
  *
- * Same arguments and meaning as the dsq_cpu_* op of the same name, but every
- * array is device memory (dsq_weight_t, dsq_kv_layer_t and dsq_rope_t
- * themselves are host structs whose array pointers are device memory). They
- * run asynchronously on the calling thread's stream (dsq_cuda_set_stream):
- * a return of 0 means the launch succeeded. Returns DSQ_EINVAL for bad
- * shapes (as the CPU op; also rot_dim > 512 for rope, head_dim > 1024 for
- * kv_write/attention, m > 65535 for dsq_cuda_attention and for
- * dsq_cuda_attention_prefill with head_dim > 256, m > 65535 * 64 for the
- * products), DSQ_EUNSUPPORTED for a DSQ_KV_F32 cache (CUDA supports F16
- * and INT8 KV) and DSQ_ECUDA when a launch fails (the CUDA reason is
- * logged: "cuda op=... error=..."). Index arrays
+ * Same meaning as the dsq_cpu_* op of the same name, but every array is
+ * device memory (dsq_weight_t, dsq_kv_layer_t and dsq_rope_t themselves are
+ * host structs whose array pointers are device memory), and activation
+ * arrays carry their element type (dsq_ftype_t) in the argument after
+ * them: `void *y, dsq_ftype_t yt`, or one type for several arrays (swiglu's
+ * out, gate and up; kv_write's k and v; attention's out and q). Arrays
+ * typed float stay fp32 whatever the step's activation type: the residual
+ * stream (embed's output, rmsnorm's input, add's accumulator, gather_rows),
+ * norm weights and softmax rows. Loads widen to fp32, every sum and every
+ * element-wise formula is the CPU op's in fp32, and stores round to nearest
+ * even; so with DSQ_FT_F32 everywhere an op matches the CPU op up to fp32
+ * summation order, and with a narrow type it matches the CPU op run on the
+ * same (widened) inputs up to that and one rounding of each output.
+ *
+ * They run asynchronously on the calling thread's stream
+ * (dsq_cuda_set_stream): a return of 0 means the launch succeeded. Returns
+ * DSQ_EINVAL for bad shapes or an ftype outside the enum (as the CPU op;
+ * also rot_dim > 512 for rope, head_dim > 1024 for kv_write/attention,
+ * m > 65535 for dsq_cuda_attention and for dsq_cuda_attention_prefill with
+ * head_dim > 256, m > 65535 * 64 for the products), DSQ_EUNSUPPORTED for a
+ * DSQ_KV_F32 cache (CUDA supports F16 and INT8 KV) or a product's type pair
+ * other than (t, t) and (F32 out, F16/BF16 in), and DSQ_ECUDA when a launch
+ * fails (the CUDA reason is logged: "cuda op=... error=..."). Index arrays
  * (ids, pos, slot, rows, perm, row_seq, row_pos, block_tables) live on the
  * device and are not validated on the host: embed, gather_rows and
  * gather_cols give zeros for an index out of range, kv_write skips a slot
  * outside the cache, and attention writes zeros for a row whose position or
  * blocks are out of range, instead of DSQ_ERANGE.
  *
- * Products (dsq_cuda_matmul, _f16) dequantise weights by the kernels.h
- * formulas and multiply fp32 (or fp16) activations with fp32 accumulation:
- * they match dsq_cpu_matmul with DSQ_ACT_F32 up to summation order, and
- * ignore w->act. m <= 16 takes the decode kernel (each weight byte read
- * once for all m rows), larger m the prefill (tiled) kernel.
+ * Products (dsq_cuda_matmul) dequantise weights by the kernels.h formulas
+ * and multiply the widened activations with fp32 accumulation: they match
+ * dsq_cpu_matmul with DSQ_ACT_F32 up to summation order (and, narrow, the
+ * output's rounding: dsq_cpu_matmul_f16 is the F16 reference), and ignore
+ * w->act. m <= 16 takes the decode kernel (each weight byte read once for
+ * all m rows), larger m the prefill (tiled) kernel. The (F32 out, narrow
+ * in) pair is the output head's: logits leave in fp32.
  *
  * dsq_cuda_attention is a decode kernel (one block per row and head, any
  * rows); dsq_cuda_attention_prefill computes the same op but shares each
@@ -728,30 +766,30 @@ typedef struct dsq_cuda_stream dsq_cuda_stream_t;
 void dsq_cuda_set_stream(dsq_cuda_stream_t *s);
 dsq_cuda_stream_t *dsq_cuda_get_stream(void);
 
-int dsq_cuda_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
-int dsq_cuda_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
+int dsq_cuda_matmul(void *y, dsq_ftype_t yt, const void *x, dsq_ftype_t xt, int64_t m,
+                    const dsq_weight_t *w);
 int dsq_cuda_embed(float *out, const dsq_weight_t *emb, const int32_t *ids, int64_t m);
 int dsq_cuda_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t m,
                          int64_t width, int64_t n_src);
-int dsq_cuda_gather_cols(float *dst, const float *src, const int32_t *perm, int64_t m,
-                         int64_t k);
-int dsq_cuda_rmsnorm(float *y, const float *x, const float *w, int64_t m,
+int dsq_cuda_gather_cols(void *dst, const void *src, dsq_ftype_t t, const int32_t *perm,
+                         int64_t m, int64_t k);
+int dsq_cuda_rmsnorm(void *y, dsq_ftype_t yt, const float *x, const float *w, int64_t m,
                      int64_t n, float eps);
-int dsq_cuda_rope(float *x, int64_t m, int n_heads, int head_dim,
+int dsq_cuda_rope(void *x, dsq_ftype_t t, int64_t m, int n_heads, int head_dim,
                   const int32_t *pos, const dsq_rope_t *p);
-int dsq_cuda_swiglu(float *out, const float *gate, const float *up, int64_t m,
+int dsq_cuda_swiglu(void *out, const void *gate, const void *up, dsq_ftype_t t, int64_t m,
                     int64_t n);
-int dsq_cuda_add(float *y, const float *x, int64_t n);
+int dsq_cuda_add(float *y, const void *x, dsq_ftype_t xt, int64_t n);
 int dsq_cuda_softmax(float *x, int64_t m, int64_t n);
-int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k, const float *v,
-                      const int32_t *slot, int64_t m);
-int dsq_cuda_attention(float *out, const float *q, int64_t m, int n_heads,
+int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const void *k, const void *v,
+                      dsq_ftype_t t, const int32_t *slot, int64_t m);
+int dsq_cuda_attention(void *out, const void *q, dsq_ftype_t t, int64_t m, int n_heads,
                        const dsq_kv_layer_t *kv, const int32_t *row_seq,
                        const int32_t *row_pos, const int32_t *block_tables,
                        int max_blocks, float scale);
-int dsq_cuda_attention_prefill(float *out, const float *q, int64_t m, int n_heads,
-                               const dsq_kv_layer_t *kv, const int32_t *row_seq,
-                               const int32_t *row_pos, const int32_t *block_tables,
-                               int max_blocks, float scale);
+int dsq_cuda_attention_prefill(void *out, const void *q, dsq_ftype_t t, int64_t m,
+                               int n_heads, const dsq_kv_layer_t *kv,
+                               const int32_t *row_seq, const int32_t *row_pos,
+                               const int32_t *block_tables, int max_blocks, float scale);
 
 #endif

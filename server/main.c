@@ -127,6 +127,7 @@ static void engine_opts(const dsq_options_t *o, dsq_engine_opts_t *eo)
     eo->quant_group_size = o->group_size;
     eo->padding_model_path = o->padding_model;          /* pad */
     eo->activation_dtype = !strcmp(o->activation_dtype, "fp32") ? DSQ_ENGINE_ACT_F32 : DSQ_ENGINE_ACT_INT8;
+    eo->dtype = o->dtype;
     eo->device = o->device;
     eo->gpu_memory_utilization = o->gpu_memory_utilization;
 }

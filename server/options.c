@@ -79,6 +79,7 @@ static const opt_t table[] = {
     {"quantize", T_STR, O(quantize), "none", 0, 0, "none|int4", "round FP16/BF16/FP32 weights to INT4 at load (RTN; quantized checkpoints load as they are)", NULL},
     {"group-size", T_INT, O(group_size), "128", 32, 128, NULL, "group size for --quantize int4 (32, 64, 128)", NULL},
     {"activation-dtype", T_STR, O(activation_dtype), "int8", 0, 0, "int8|fp32", "activations of quantized matmuls: int8 (fast, llama.cpp's scheme) or fp32 (exact W*x, slower)", NULL},
+    {"dtype", T_STR, O(dtype), "auto", 0, 0, "auto|float16|half|bfloat16|float32|float", "activations between products on --device cuda (vLLM's --dtype): auto = bfloat16 when the checkpoint stores bf16 tensors, else float16; the residual stream, norms, softmax and logits stay fp32. The CPU backend computes in fp32 (auto or float32 only)", NULL},
     {"memory-limit", T_BYTES, O(memory_limit), "0", 0, 9.0e18, NULL, "CPU memory budget for weights + workspace + KV cache (0 = half of physical RAM)", NULL},
     {"kv-cache-memory", T_BYTES, O(kv_cache_memory), "0", 0, 9.0e18, NULL, "explicit KV cache budget; with weights and workspace it must fit the memory budget (0 = planner decides: on cpu what the budget leaves, at most 4 GiB as vLLM's CPU default; on cuda all the device budget leaves)", NULL},
     {"log-level", T_STR, O(log_level), "info", 0, 0, "error|warn|info|debug", "log threshold", NULL},

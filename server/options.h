@@ -66,6 +66,7 @@ typedef struct dsq_options {
     char *quantize;              /* none | int4                            */
     int group_size;
     char *activation_dtype;      /* int8 | fp32                            */
+    char *dtype;                 /* auto | float16 | bfloat16 | float32    */
     int64_t memory_limit;        /* bytes, 0 = none                        */
     int64_t kv_cache_memory;     /* bytes, 0 = planner decides             */
     char *log_level;

@@ -169,7 +169,7 @@ typedef struct mm_arg {
 static int do_mm(gb_t *g, void *a)
 {
     mm_arg_t *p = a;
-    return dsq_backend_matmul(g->be, p->y, p->x, p->m, &p->w);
+    return dsq_backend_matmul(g->be, p->y, DSQ_FT_F32, p->x, DSQ_FT_F32, p->m, &p->w);
 }
 
 #if DSQ_HAVE_CUDA
@@ -335,9 +335,9 @@ typedef struct att_arg {
 static int do_att(gb_t *g, void *p)
 {
     att_arg_t *a = p;
-    return dsq_backend_attention(g->be, a->out, a->q, a->m, a->n_heads, &a->kv, a->seq, a->pos,
-                                 a->bt, a->max_blocks, 1.0f / sqrtf((float)a->kv.head_dim),
-                                 a->seq_host, NULL);
+    return dsq_backend_attention(g->be, a->out, a->q, DSQ_FT_F32, a->m, a->n_heads, &a->kv,
+                                 a->seq, a->pos, a->bt, a->max_blocks,
+                                 1.0f / sqrtf((float)a->kv.head_dim), a->seq_host, NULL);
 }
 
 static int bench_attention(gb_t *g)

@@ -27,10 +27,14 @@
  * Ops differ from their kernels.h twins only where the device forces it:
  * the CUDA backend reads index arrays (ids, positions, slots, block tables)
  * in device memory without host validation (kernels.h, "CUDA twins"), so
- * the graphs validate indices on the host before uploading them; and CUDA
- * products always use fp32 activations (dsq_weight_t.act is a CPU choice),
- * so CUDA results match the CPU backend's DSQ_ACT_F32 path up to fp32
- * summation order.
+ * the graphs validate indices on the host before uploading them; and the
+ * activation arrays between products carry an element type
+ * (dsq_ftype_t, backend_ops.inc): the CPU backend takes fp32 only, the
+ * CUDA backend fp32, fp16 or bf16 (the model's choice, dsq_model_act).
+ * CUDA products dequantise exactly and sum in fp32 (dsq_weight_t.act is a
+ * CPU choice), so with fp32 activations CUDA results match the CPU
+ * backend's DSQ_ACT_F32 path up to fp32 summation order, and with narrow
+ * ones up to that and the rounding of each stored activation.
  */
 #ifndef DSQ_BACKEND_H
 #define DSQ_BACKEND_H

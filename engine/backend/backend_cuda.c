@@ -161,31 +161,31 @@ static int cuda_mem_info(dsq_backend_t *be, size_t *free_bytes, size_t *total_by
 #include "backend_ops.inc"
 
 /* Rows [r0, r1) as one launch of the decode or the prefill kernel. */
-static int attention_range(float *out, const float *q, int64_t r0, int64_t r1,
+static int attention_range(void *out, const void *q, dsq_ftype_t t, int64_t r0, int64_t r1,
                            int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
                            const int32_t *row_pos, const int32_t *block_tables,
                            int max_blocks, float scale, bool prefill)
 {
-    const int64_t w = (int64_t)n_heads * kv->head_dim;
-    int (*fn)(float *, const float *, int64_t, int, const dsq_kv_layer_t *,
+    const size_t off = (size_t)r0 * (size_t)n_heads * (size_t)kv->head_dim * dsq_ftype_size(t);
+    int (*fn)(void *, const void *, dsq_ftype_t, int64_t, int, const dsq_kv_layer_t *,
               const int32_t *, const int32_t *, const int32_t *, int, float) =
         prefill ? dsq_cuda_attention_prefill : dsq_cuda_attention;
-    return fn(out + r0 * w, q + r0 * w, r1 - r0, n_heads, kv, row_seq + r0, row_pos + r0,
-              block_tables, max_blocks, scale);
+    return fn((char *)out + off, (const char *)q + off, t, r1 - r0, n_heads, kv,
+              row_seq + r0, row_pos + r0, block_tables, max_blocks, scale);
 }
 
-static int cuda_attention(dsq_backend_t *be, float *out, const float *q, int64_t m,
-                          int n_heads, const dsq_kv_layer_t *kv, const int32_t *row_seq,
-                          const int32_t *row_pos, const int32_t *block_tables,
-                          int max_blocks, float scale, const int32_t *row_seq_host,
-                          const uint8_t *seq_decode_host)
+static int cuda_attention(dsq_backend_t *be, void *out, const void *q, dsq_ftype_t t,
+                          int64_t m, int n_heads, const dsq_kv_layer_t *kv,
+                          const int32_t *row_seq, const int32_t *row_pos,
+                          const int32_t *block_tables, int max_blocks, float scale,
+                          const int32_t *row_seq_host, const uint8_t *seq_decode_host)
 {
     (void)seq_decode_host;     /* GPU numerics: runs keep the prefill kernel */
     on_stream(be);
     if (!row_seq_host || m < 2)
-        return dsq_cuda_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+        return dsq_cuda_attention(out, q, t, m, n_heads, kv, row_seq, row_pos, block_tables,
                                   max_blocks, scale);
-    if (!kv)
+    if (!kv || dsq_ftype_size(t) == 0)
         return DSQ_EINVAL;
     /* maximal segments: runs of >= 2 rows of one sequence are prefill;
      * consecutive single rows form one decode launch */
@@ -198,7 +198,7 @@ static int cuda_attention(dsq_backend_t *be, float *out, const float *q, int64_t
             j++;
         const bool run = j - i >= 2;
         if (i > seg && run != seg_prefill) {
-            rc = attention_range(out, q, seg, i, n_heads, kv, row_seq, row_pos,
+            rc = attention_range(out, q, t, seg, i, n_heads, kv, row_seq, row_pos,
                                  block_tables, max_blocks, scale, seg_prefill);
             seg = i;
         }
@@ -207,7 +207,7 @@ static int cuda_attention(dsq_backend_t *be, float *out, const float *q, int64_t
         i = j;
     }
     if (!rc)
-        rc = attention_range(out, q, seg, m, n_heads, kv, row_seq, row_pos, block_tables,
+        rc = attention_range(out, q, t, seg, m, n_heads, kv, row_seq, row_pos, block_tables,
                              max_blocks, scale, seg_prefill);
     return rc;
 }

@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/backend/backend.h"
 #include "engine/common/error.h"
@@ -51,6 +52,45 @@ static int check_tensor_types(const dsq_model_file_t *f, char *err, size_t err_l
     return DSQ_OK;
 }
 
+int dsq_model_act_type(const dsq_model_file_t *f, const char *dtype, bool host,
+                       dsq_ftype_t *out, char *err, size_t err_len)
+{
+    static const struct { const char *name; dsq_ftype_t t; } names[] = {
+        {"float16", DSQ_FT_F16}, {"half", DSQ_FT_F16}, {"bfloat16", DSQ_FT_BF16},
+        {"float32", DSQ_FT_F32}, {"float", DSQ_FT_F32},
+    };
+    if (!dtype || !strcmp(dtype, "auto")) {
+        *out = DSQ_FT_F32;
+        if (host)
+            return DSQ_OK;
+        *out = DSQ_FT_F16;
+        for (int i = 0, n = dsq_model_file_n_tensors(f); i < n; i++) {
+            const dsq_tensor_t *t = dsq_model_file_tensor(f, i);
+            if (t && t->type == DSQ_TYPE_BF16) {
+                *out = DSQ_FT_BF16;
+                break;
+            }
+        }
+        return DSQ_OK;
+    }
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(dtype, names[i].name))
+            continue;
+        if (host && names[i].t != DSQ_FT_F32) {
+            snprintf(err, err_len, "model: dtype %s needs a device backend (the CPU "
+                     "backend's activations are float32)", dtype);
+            return DSQ_EINVAL;
+        }
+        *out = names[i].t;
+        return DSQ_OK;
+    }
+    snprintf(err, err_len, "model: unknown dtype '%s' (auto, float16, bfloat16, float32)",
+             dtype);
+    return DSQ_EINVAL;
+}
+
+dsq_ftype_t dsq_model_act(const dsq_model_t *m) { return m->act; }
+
 dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
                               const dsq_model_opts_t *opts, char *err,
                               size_t err_len)
@@ -69,6 +109,10 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     dsq_backend_t *be = opts && opts->backend ? opts->backend : dsq_backend_cpu();
     if (check_tensor_types(f, err, err_len) != DSQ_OK)
         return NULL;
+    dsq_ftype_t act;
+    if (dsq_model_act_type(f, opts ? opts->dtype : NULL, dsq_backend_is_host(be), &act, err,
+                           err_len) != DSQ_OK)
+        return NULL;
     if (arch->host_only && !dsq_backend_is_host(be)) {
         snprintf(err, err_len, "model: the %s graph runs on the CPU backend only "
                  "(not yet on %s)", arch->name, dsq_backend_name(be));
@@ -81,6 +125,7 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
     }
     m->cfg = *c;
     m->be = be;
+    m->act = act;
     m->arch = arch;
     m->graph = arch->create(m, f, opts, err, err_len);
     if (!m->graph) {

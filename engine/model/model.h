@@ -50,6 +50,12 @@ typedef struct dsq_model_opts {
                                   layout (dsq_cpu_weight_prefers_x8): for
                                   measuring the layout, dsq-bench cpu
                                   --layout rows; results are bitwise equal   */
+    const char *dtype;         /* activation type between the products on a
+                                  device backend (vLLM's --dtype): NULL or
+                                  "auto", "float16"/"half", "bfloat16",
+                                  "float32"/"float"; dsq_model_act_type
+                                  resolves it. Host backends take fp32 only
+                                  (auto, float32).                          */
     bool mtp;                  /* also load the multi-token prediction
                                   modules a DeepSeek-V3 checkpoint carries
                                   (dsq_model_n_mtp); off: they are not read */
@@ -64,6 +70,19 @@ dsq_model_t *dsq_model_create(const dsq_model_file_t *f,
 void dsq_model_destroy(dsq_model_t *m);   /* NULL is a no-op */
 
 const dsq_model_config_t *dsq_model_config(const dsq_model_t *m);
+
+/* The activation type a model of file f gets on a host (host true) or
+ * device backend with the opts->dtype string dtype (NULL = "auto"): host:
+ * fp32; device: the named type, or for auto bf16 when the file stores any
+ * BF16 tensor (a bf16-trained model's activations may leave fp16's range,
+ * 65504) and fp16 otherwise. The residual stream, norm statistics and
+ * logits stay fp32 whatever the type (engine/model/model_llama.c).
+ * Returns 0, or DSQ_EINVAL with a one-line reason in err (an unknown
+ * name, or a narrow type asked of a host backend). */
+int dsq_model_act_type(const dsq_model_file_t *f, const char *dtype, bool host,
+                       dsq_ftype_t *out, char *err, size_t err_len);
+/* The loaded model's activation type (dsq_model_act_type). */
+dsq_ftype_t dsq_model_act(const dsq_model_t *m);
 /* Bytes of weight memory the model allocated itself (repacked or
  * converted weights; zero-copy views of the file are not counted). */
 size_t dsq_model_owned_bytes(const dsq_model_t *m);

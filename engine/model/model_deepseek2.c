@@ -66,6 +66,9 @@
 #include "quant.h"
 #include "engine/io/tensor.h"
 
+/* The graph runs on host backends only, whose activations are fp32. */
+#define F32 DSQ_FT_F32
+
 typedef struct ds2_layer {
     const float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm;
     dsq_weight_t wq, wq_a, wq_b, wkv_a, wo;
@@ -627,10 +630,10 @@ static int ensure_ws(dsq_ds2_t *g, int n_tokens)
 static int mlp(dsq_ds2_t *g, float *out, const float *in, int64_t T,
                const dsq_weight_t *wg, const dsq_weight_t *wu, const dsq_weight_t *wd)
 {
-    int rc = dsq_backend_matmul(g->be, g->g, in, T, wg);
-    if (!rc) rc = dsq_backend_matmul(g->be, g->u, in, T, wu);
-    if (!rc) rc = dsq_backend_swiglu(g->be, g->g, g->g, g->u, T, wg->n);
-    if (!rc) rc = dsq_backend_matmul(g->be, out, g->g, T, wd);
+    int rc = dsq_backend_matmul(g->be, g->g, F32, in, F32, T, wg);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->u, F32, in, F32, T, wu);
+    if (!rc) rc = dsq_backend_swiglu(g->be, g->g, g->g, g->u, F32, T, wg->n);
+    if (!rc) rc = dsq_backend_matmul(g->be, out, F32, g->g, F32, T, wd);
     return rc;
 }
 
@@ -720,7 +723,7 @@ static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
         for (int64_t j = 0; j < nA; j++)
             memcpy(g->tin + j * dn, g->q + (A[j] * H + hh) * qw, (size_t)dn * sizeof(float));
         if (dn > 0)
-            rc = dsq_backend_matmul(g->be, g->tout, g->tin, nA, &L->wuk[hh]);
+            rc = dsq_backend_matmul(g->be, g->tout, F32, g->tin, F32, nA, &L->wuk[hh]);
         else
             memset(g->tout, 0, (size_t)(nA * kvl) * sizeof(float));
         for (int64_t j = 0; j < nA && !rc; j++) {
@@ -736,7 +739,7 @@ static int attend_absorbed(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
         for (int64_t j = 0; j < nA; j++)
             memcpy(g->tin + j * kvl, g->olat + (j * H + hh) * kvl,
                    (size_t)kvl * sizeof(float));
-        rc = dsq_backend_matmul(g->be, g->tout, g->tin, nA, &L->wuv[hh]);
+        rc = dsq_backend_matmul(g->be, g->tout, F32, g->tin, F32, nA, &L->wuv[hh]);
         for (int64_t j = 0; j < nA && !rc; j++)
             memcpy(g->att + (A[j] * H + hh) * dv, g->tout + j * dv, (size_t)dv * sizeof(float));
     }
@@ -777,7 +780,7 @@ static int attend_expanded(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_laye
         memcpy(latc + t * kvl, lat + t * D, (size_t)kvl * sizeof(float));
         memcpy(kpe + t * dr, lat + t * D + kvl, (size_t)dr * sizeof(float));
     }
-    rc = dsq_backend_matmul(g->be, kvx, latc, ctx, &L->wkv_b);
+    rc = dsq_backend_matmul(g->be, kvx, F32, latc, F32, ctx, &L->wkv_b);
     if (rc)
         goto undo;
     for (int64_t j = 0; j < n; j++) {
@@ -831,22 +834,22 @@ static int attention(dsq_ds2_t *g, const ds2_layer_t *L, const dsq_kv_layer_t *k
     const dsq_weight_t *w2[2] = {g->ql > 0 ? &L->wq_a : &L->wq, &L->wkv_a};
     rc = dsq_backend_matmul_many(g->be, 2, y2, x2, m2, w2);
     if (!rc && g->ql > 0) {
-        rc = dsq_backend_rmsnorm(g->be, g->qa, g->qa, L->q_a_norm, T, g->ql, eps);
-        if (!rc) rc = dsq_backend_matmul(g->be, g->q, g->qa, T, &L->wq_b);
+        rc = dsq_backend_rmsnorm(g->be, g->qa, F32, g->qa, L->q_a_norm, T, g->ql, eps);
+        if (!rc) rc = dsq_backend_matmul(g->be, g->q, F32, g->qa, F32, T, &L->wq_b);
     }
     if (rc)
         return rc;
     /* latent: RMSNorm of the first kvl values; k_pe, q_pe: RoPE */
     for (int64_t t = 0; t < T && !rc; t++) {
         float *row = g->ckv + t * D;
-        rc = dsq_backend_rmsnorm(g->be, row, row, L->kv_a_norm, 1, kvl, eps);
+        rc = dsq_backend_rmsnorm(g->be, row, F32, row, L->kv_a_norm, 1, kvl, eps);
         memcpy(g->kpe + t * dr, row + kvl, (size_t)dr * sizeof(float));
         for (int64_t hh = 0; hh < H; hh++)
             memcpy(g->qpe + (t * H + hh) * dr, g->q + (t * H + hh) * qw + dn,
                    (size_t)dr * sizeof(float));
     }
-    if (!rc) rc = dsq_backend_rope(g->be, g->kpe, T, 1, (int)dr, b->pos, &g->rope);
-    if (!rc) rc = dsq_backend_rope(g->be, g->qpe, T, (int)H, (int)dr, b->pos, &g->rope);
+    if (!rc) rc = dsq_backend_rope(g->be, g->kpe, F32, T, 1, (int)dr, b->pos, &g->rope);
+    if (!rc) rc = dsq_backend_rope(g->be, g->qpe, F32, T, (int)H, (int)dr, b->pos, &g->rope);
     if (rc)
         return rc;
     for (int64_t t = 0; t < T; t++) {
@@ -936,7 +939,7 @@ static int moe_batched(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
     }
     if (!rc) rc = dsq_backend_matmul_many(g->be, n, y, x, m, w);
     /* gate and up rows are contiguous, the shared ones after the routed */
-    if (!rc) rc = dsq_backend_swiglu(g->be, g->bg, g->bg, g->bu, 1, R * mi + T * fs);
+    if (!rc) rc = dsq_backend_swiglu(g->be, g->bg, g->bg, g->bu, F32, 1, R * mi + T * fs);
     n = 0;
     if (!rc && L->has_shared)
         ADD(g->y, gs, T, &L->w_down);
@@ -973,7 +976,7 @@ static int moe(dsq_ds2_t *g, const ds2_layer_t *L, int64_t T)
         rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
     else
         memset(g->y, 0, (size_t)(T * d) * sizeof(float));
-    if (!rc) rc = dsq_backend_matmul(g->be, g->rlog, g->h, T, &L->router);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->rlog, F32, g->h, F32, T, &L->router);
     if (rc)
         return rc;
     dsq_moe_route_t r = g->route;
@@ -1022,16 +1025,16 @@ static int block(dsq_ds2_t *g, int64_t l, dsq_kv_cache_t *kv, const dsq_batch_t 
     const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
     if (!kl || kl->n_kv_heads != 1 || kl->head_dim != g->D)
         return DSQ_EINVAL;     /* cache not made with dsq_model_kv_shape / _kv_layers */
-    int rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->attn_norm, T, d, eps);
+    int rc = dsq_backend_rmsnorm(g->be, g->h, F32, g->x, L->attn_norm, T, d, eps);
     if (!rc) rc = attention(g, L, kl, b);
-    if (!rc) rc = dsq_backend_matmul(g->be, g->o, g->att, T, &L->wo);
-    if (!rc) rc = dsq_backend_add(g->be, g->x, g->o, T * d);
-    if (!rc) rc = dsq_backend_rmsnorm(g->be, g->h, g->x, L->ffn_norm, T, d, eps);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->o, F32, g->att, F32, T, &L->wo);
+    if (!rc) rc = dsq_backend_add(g->be, g->x, g->o, F32, T * d);
+    if (!rc) rc = dsq_backend_rmsnorm(g->be, g->h, F32, g->x, L->ffn_norm, T, d, eps);
     if (!rc && L->moe)
         rc = moe(g, L, T);
     else if (!rc)
         rc = mlp(g, g->y, g->h, T, &L->w_gate, &L->w_up, &L->w_down);
-    if (!rc) rc = dsq_backend_add(g->be, g->x, g->y, T * d);
+    if (!rc) rc = dsq_backend_add(g->be, g->x, g->y, F32, T * d);
     return rc;
 }
 
@@ -1045,10 +1048,10 @@ static int head(dsq_ds2_t *g, const dsq_batch_t *b, const float *norm,
     for (int i = 0; i < b->n_logits; i++)
         memcpy(g->lg + (size_t)i * d, g->x + (size_t)b->logit_rows[i] * d,
                (size_t)d * sizeof(float));
-    int rc = dsq_backend_rmsnorm(g->be, g->lg, g->lg, norm, b->n_logits, d,
+    int rc = dsq_backend_rmsnorm(g->be, g->lg, F32, g->lg, norm, b->n_logits, d,
                                  (float)g->c.rms_eps);
     if (!rc)
-        rc = dsq_backend_matmul(g->be, logits, g->lg, b->n_logits, w);
+        rc = dsq_backend_matmul(g->be, logits, F32, g->lg, F32, b->n_logits, w);
     return rc;
 }
 
@@ -1082,8 +1085,8 @@ static int mtp_input(dsq_ds2_t *g, const dsq_batch_t *b, const float *hidden)
     int rc = DSQ_OK;
     for (int64_t t = 0; t < T && !rc; t++) {
         float *right = g->mcat + t * 2 * d + d;
-        rc = dsq_backend_rmsnorm(g->be, right, hidden + t * d, g->output_norm, 1, d, eps);
-        if (!rc) rc = dsq_backend_rmsnorm(g->be, right, right, g->mtp.hnorm, 1, d, eps);
+        rc = dsq_backend_rmsnorm(g->be, right, F32, hidden + t * d, g->output_norm, 1, d, eps);
+        if (!rc) rc = dsq_backend_rmsnorm(g->be, right, F32, right, g->mtp.hnorm, 1, d, eps);
     }
     if (!rc) rc = dsq_backend_embed(g->be, g->h, &g->mtp.embed, b->tokens, (int)T);
     for (int64_t t = 0; t < T && !rc; t++) {
@@ -1091,9 +1094,9 @@ static int mtp_input(dsq_ds2_t *g, const dsq_batch_t *b, const float *hidden)
         if (b->pos[t] == 0)
             memset(left, 0, (size_t)d * sizeof(float));
         else
-            rc = dsq_backend_rmsnorm(g->be, left, g->h + t * d, g->mtp.enorm, 1, d, eps);
+            rc = dsq_backend_rmsnorm(g->be, left, F32, g->h + t * d, g->mtp.enorm, 1, d, eps);
     }
-    if (!rc) rc = dsq_backend_matmul(g->be, g->x, g->mcat, T, &g->mtp.eh_proj);
+    if (!rc) rc = dsq_backend_matmul(g->be, g->x, F32, g->mcat, F32, T, &g->mtp.eh_proj);
     return rc;
 }
 

@@ -72,6 +72,7 @@ struct dsq_model {
     dsq_backend_t *be;       /* not owned: opts->backend or dsq_backend_cpu() */
     const dsq_model_arch_t *arch;
     void *graph;             /* arch's state, freed by arch->destroy */
+    dsq_ftype_t act;         /* activations between products (model.h)  */
 
     void **owned;            /* malloc'd blocks the model frees */
     int n_owned, cap_owned;

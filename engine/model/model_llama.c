@@ -5,9 +5,18 @@
  * loaders (model_weights.c over engine/model/quant.c: zero-copy views for
  * formats the kernels read directly, exact repacking for Q4_0/Q4_1/AWQ/
  * GPTQ, RTN INT4 with --quantize int4). Norm weights and biases are
- * converted to fp32 once. Activations are fp32; the workspace
- * grows to the largest step seen and is reused. opts->activation_dtype is
- * stamped on every linear weight (kernels.h dsq_act_dtype_t).
+ * converted to fp32 once. The workspace grows to the largest step seen
+ * and is reused. opts->activation_dtype is stamped on every linear weight
+ * (kernels.h dsq_act_dtype_t).
+ *
+ * Activations: the residual stream x (embedding rows, the adds) and the
+ * logits are fp32 on every backend; what flows between products (norm
+ * outputs, q/k/v, attention outputs, gate/up and their SwiGLU, product
+ * outputs before the add) is in the model's activation type (dsq_model_act:
+ * fp32 on the CPU, fp16 or bf16 on a device), so a device moves half the
+ * activation bytes while sums, norm statistics and softmax stay fp32 in
+ * the kernels. The output head reads the normed rows in that type and
+ * writes fp32 logits.
  *
  * GPTQ act-order (desc_act): the repacked weight's k dimension is permuted
  * so that groups are contiguous (engine/model/quant.h, dsq_quant_from_gptq), and
@@ -59,14 +68,18 @@ typedef struct llama {
     dsq_rope_t rope;
     float attn_scale;
 
-    /* workspace, sized for ws_tokens rows */
+    /* workspace, sized for ws_tokens rows: the residual stream x and the
+     * logits rows lg in fp32, the rest in the activation type at (the
+     * model's, dsq_model_act: fp32 on the CPU, fp16 or bf16 on a device) */
     int ws_tokens;
-    float *x, *h, *q, *k, *v, *att, *g, *u, *lg;
+    dsq_ftype_t at;
+    float *x, *lg;
+    void *h, *q, *k, *v, *att, *g, *u;
 
     /* GPTQ act-order: the permuted copy xp of input xp_src under xp_perm
      * (NULL = stale) */
-    float *xp;
-    const float *xp_src;
+    void *xp;
+    const void *xp_src;
     const int32_t *xp_perm;
 
     /* device backends only: backend memory the model allocated (weights,
@@ -150,6 +163,7 @@ static void *llama_create(dsq_model_t *model, const dsq_model_file_t *f,
     m->model = model;
     m->cfg = *c;
     m->be = model->be;
+    m->at = model->act;
     m->layers = calloc((size_t)c->n_layer, sizeof(*m->layers));
     if (!m->layers)
         goto oom;
@@ -231,7 +245,7 @@ static void llama_destroy(void *graph)
     if (!m)
         return;
     free(m->layers);
-    float *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
+    void *ws[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->g, m->u, m->lg, m->xp};
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
         dsq_backend_free(m->be, ws[i]);
     for (int i = 0; i < m->n_dev_owned; i++)
@@ -252,19 +266,21 @@ static int ensure_ws(llama_t *m, int n_tokens)
     size_t t = (size_t)n_tokens;
     size_t d = (size_t)c->n_embd, qd = (size_t)(c->n_head * c->head_dim),
            kvd = (size_t)(c->n_head_kv * c->head_dim), ff = (size_t)c->n_ff;
-    struct { float **p; size_t n; } bufs[] = {
-        {&m->x, t * d}, {&m->h, t * (d > qd ? d : qd)}, {&m->q, t * qd},
-        {&m->k, t * kvd}, {&m->v, t * kvd}, {&m->att, t * qd}, {&m->g, t * ff},
-        {&m->u, t * ff}, {&m->lg, t * d},
+    const size_t a = dsq_ftype_size(m->at);
+    struct { void **p; size_t n, size; } bufs[] = {
+        {(void **)&m->x, t * d, 4}, {&m->h, t * (d > qd ? d : qd), a}, {&m->q, t * qd, a},
+        {&m->k, t * kvd, a}, {&m->v, t * kvd, a}, {&m->att, t * qd, a}, {&m->g, t * ff, a},
+        {&m->u, t * ff, a}, {(void **)&m->lg, t * d, 4},
         /* act-order gathers: any linear input (d, q_dim or n_ff wide) */
-        {&m->xp, m->model->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0},
+        {&m->xp, m->model->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0,
+         a},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         if (bufs[i].n == 0)
             continue;                /* xp without act-order weights */
         /* contents need not survive: a step rewrites its workspace */
         dsq_backend_free(m->be, *bufs[i].p);
-        *bufs[i].p = dsq_backend_alloc(m->be, bufs[i].n * sizeof(float));
+        *bufs[i].p = dsq_backend_alloc(m->be, bufs[i].n * bufs[i].size);
         if (!*bufs[i].p) {
             m->ws_tokens = 0;
             return DSQ_ENOMEM;
@@ -278,17 +294,17 @@ static int ensure_ws(llama_t *m, int n_tokens)
  * x's columns gathered through perm into m->xp, reused while (x, perm) is
  * unchanged; the forward pass sets m->xp_src = NULL whenever an input is
  * rewritten. */
-static int linear(llama_t *m, float *y, const float *x, int T, int64_t k,
+static int linear(llama_t *m, void *y, const void *x, int T, int64_t k,
                   const int32_t *perm, const dsq_weight_t *w)
 {
     if (perm && (m->xp_src != x || m->xp_perm != perm)) {
-        int rc = dsq_backend_gather_cols(m->be, m->xp, x, perm, T, k);
+        int rc = dsq_backend_gather_cols(m->be, m->xp, x, m->at, perm, T, k);
         if (rc)
             return rc;
         m->xp_src = x;
         m->xp_perm = perm;
     }
-    return dsq_backend_matmul(m->be, y, perm ? m->xp : x, T, w);
+    return dsq_backend_matmul(m->be, y, m->at, perm ? m->xp : x, m->at, T, w);
 }
 
 /* ---- device backends: weights uploaded once, index arrays per step ---- */
@@ -540,7 +556,8 @@ static int device_logits(llama_t *m, float *logits, int n_logits)
         if (!m->dlogits)
             return DSQ_ENOMEM;
     }
-    int rc = dsq_backend_matmul(m->be, m->dlogits, m->lg, n_logits, &m->output);
+    int rc = dsq_backend_matmul(m->be, m->dlogits, DSQ_FT_F32, m->h, m->at, n_logits,
+                                &m->output);
     if (!rc)
         rc = dsq_backend_download(m->be, logits, m->dlogits, bytes);
     return rc;
@@ -569,6 +586,7 @@ static int llama_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     float eps = (float)c->rms_eps;
     dsq_backend_t *be = m->be;
     const bool host = dsq_backend_is_host(be);
+    const dsq_ftype_t at = m->at;
     dev_batch_t db;
     rc = upload_batch(m, dsq_kv_layer(kv, 0), b, &db);
     if (rc)
@@ -580,39 +598,40 @@ static int llama_forward(void *graph, dsq_kv_cache_t *kv, const dsq_batch_t *b,
     for (int64_t l = 0; l < c->n_layer && rc == DSQ_OK; l++) {
         const layer_weights_t *L = &m->layers[l];
         const dsq_kv_layer_t *kl = dsq_kv_layer(kv, (int)l);
-        rc = dsq_backend_rmsnorm(be, m->h, m->x, L->attn_norm, T, d, eps);
+        rc = dsq_backend_rmsnorm(be, m->h, at, m->x, L->attn_norm, T, d, eps);
         m->xp_src = NULL;
         if (!rc) TAP("attn_q", m->h, d);
         if (!rc) rc = linear(m, m->q, m->h, T, d, L->perm_q, &L->wq);
         if (!rc) rc = linear(m, m->k, m->h, T, d, L->perm_k, &L->wk);
         if (!rc) rc = linear(m, m->v, m->h, T, d, L->perm_v, &L->wv);
-        if (!rc) rc = dsq_backend_rope(be, m->q, T, (int)nh, (int)hd, db.pos, &m->rope);
-        if (!rc) rc = dsq_backend_rope(be, m->k, T, (int)nkv, (int)hd, db.pos, &m->rope);
-        if (!rc) rc = dsq_backend_kv_write(be, kl, m->k, m->v, db.slot, T);
-        if (!rc) rc = dsq_backend_attention(be, m->att, m->q, T, (int)nh, kl, db.row_seq,
+        if (!rc) rc = dsq_backend_rope(be, m->q, at, T, (int)nh, (int)hd, db.pos, &m->rope);
+        if (!rc) rc = dsq_backend_rope(be, m->k, at, T, (int)nkv, (int)hd, db.pos, &m->rope);
+        if (!rc) rc = dsq_backend_kv_write(be, kl, m->k, m->v, at, db.slot, T);
+        if (!rc) rc = dsq_backend_attention(be, m->att, m->q, at, T, (int)nh, kl, db.row_seq,
                                             db.pos, db.block_tables, db.max_blocks,
                                             m->attn_scale, b->row_seq, b->seq_decode);
         m->xp_src = NULL;
         if (!rc) TAP("attn_output", m->att, nh * hd);
         if (!rc) rc = linear(m, m->h, m->att, T, nh * hd, L->perm_o, &L->wo);
-        if (!rc) rc = dsq_backend_add(be, m->x, m->h, T * d);
-        if (!rc) rc = dsq_backend_rmsnorm(be, m->h, m->x, L->ffn_norm, T, d, eps);
+        if (!rc) rc = dsq_backend_add(be, m->x, m->h, at, T * d);
+        if (!rc) rc = dsq_backend_rmsnorm(be, m->h, at, m->x, L->ffn_norm, T, d, eps);
         m->xp_src = NULL;
         if (!rc) TAP("ffn_gate", m->h, d);
         if (!rc) rc = linear(m, m->g, m->h, T, d, L->perm_gate, &L->w_gate);
         if (!rc) rc = linear(m, m->u, m->h, T, d, L->perm_up, &L->w_up);
-        if (!rc) rc = dsq_backend_swiglu(be, m->g, m->g, m->u, T, ff);
+        if (!rc) rc = dsq_backend_swiglu(be, m->g, m->g, m->u, at, T, ff);
         m->xp_src = NULL;
         if (!rc) TAP("ffn_down", m->g, ff);
         if (!rc) rc = linear(m, m->h, m->g, T, ff, L->perm_down, &L->w_down);
-        if (!rc) rc = dsq_backend_add(be, m->x, m->h, T * d);
+        if (!rc) rc = dsq_backend_add(be, m->x, m->h, at, T * d);
     }
     if (!rc && b->n_logits > 0) {
         rc = dsq_backend_gather_rows(be, m->lg, m->x, db.logit_rows, b->n_logits, d, T);
-        if (!rc) rc = dsq_backend_rmsnorm(be, m->lg, m->lg, m->output_norm, b->n_logits,
+        if (!rc) rc = dsq_backend_rmsnorm(be, m->h, at, m->lg, m->output_norm, b->n_logits,
                                           d, eps);
         if (!rc && host)
-            rc = dsq_backend_matmul(be, logits, m->lg, b->n_logits, &m->output);
+            rc = dsq_backend_matmul(be, logits, DSQ_FT_F32, m->h, at, b->n_logits,
+                                    &m->output);
         else if (!rc)
             rc = device_logits(m, logits, b->n_logits);
     }

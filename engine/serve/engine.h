@@ -113,6 +113,10 @@ typedef struct dsq_engine_opts {
     const char *quantize;            /* NULL/"none" or "int4": RTN at load      */
     int quant_group_size;            /* with quantize=int4: 32/64/128           */
     dsq_engine_act_t activation_dtype; /* activations of quantised matmuls */
+    const char *dtype;               /* activations between a device's products
+                                        (model.h dsq_model_opts_t.dtype, vLLM's
+                                        --dtype): NULL/"auto", "float16",
+                                        "bfloat16", "float32"; CPU: fp32 only */
     /* Liveness heartbeat (systemd WatchdogSec, deploy/dsqd.service).
      * When heartbeat is non-NULL and heartbeat_interval_ms > 0, the engine
      * thread calls heartbeat(heartbeat_user) every heartbeat_interval_ms from

@@ -244,9 +244,13 @@ static int draft_plan_bytes(const dsq_engine_opts_t *o, dsq_backend_t *be, int m
         .quantize = o->quantize, .group_size = o->quant_group_size,
         .kv_dtype = kv_dtype_for(o, f, !dsq_backend_is_host(be)),
         .host_x8 = host_interleaves(o, be), .device = !dsq_backend_is_host(be)};
+    dsq_ftype_t act;
+    rc = dsq_model_act_type(f, o->dtype, !po.device, &act, why, sizeof(why));
+    po.act_bytes = (int)dsq_ftype_size(act);
     po.kv_cache_bytes = draft_kv_tokens(o, mml) * dsq_plan_kv_bytes_per_token(c, po.kv_dtype);
     dsq_plan_t p;
-    rc = dsq_plan_compute(c, tv, n_t, &po, &p, why, sizeof(why));
+    if (!rc)
+        rc = dsq_plan_compute(c, tv, n_t, &po, &p, why, sizeof(why));
     if (rc)
         snprintf(err, err_len, "--draft-model %.300s: %s", o->draft_model_path, why);
     else
@@ -318,6 +322,10 @@ static int plan_memory(dsq_engine_t *e, const dsq_engine_opts_t *opts, dsq_plan_
     plan_opts_from(opts, &po);
     po.kv_dtype = *kvt;
     po.host_x8 = host_interleaves(opts, e->be);
+    dsq_ftype_t act;
+    if ((rc = dsq_model_act_type(e->file, opts->dtype, !device, &act, err, err_len)))
+        goto free_tv;
+    po.act_bytes = (int)dsq_ftype_size(act);
     if (device && (rc = device_budget(e->be, opts, &po, desc, sizeof(desc), err, err_len)))
         goto free_tv;
     if ((rc = draft_plan_bytes(&e->o, e->be, planned_max_model_len(opts, fc), &po.draft_bytes,
@@ -351,7 +359,7 @@ static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_
     dsq_model_opts_t mo = {.quantize = opts->quantize, .group_size = opts->quant_group_size,
                            .activation_dtype = opts->activation_dtype == DSQ_ENGINE_ACT_F32
                                                ? DSQ_ACT_F32 : DSQ_ACT_INT8,
-                           .backend = e->be, .mtp = opts->spec_mtp};
+                           .backend = e->be, .mtp = opts->spec_mtp, .dtype = opts->dtype};
     e->model = dsq_model_create(e->file, &mo, err, err_len);
     if (!e->model)
         return DSQ_EFORMAT;
@@ -370,11 +378,11 @@ static int load_model(dsq_engine_t *e, const dsq_engine_opts_t *opts, const dsq_
     e->n_vocab = (int)c->n_vocab;
     dsq_log(DSQ_LOG_INFO, "event=memory_plan weight_bytes_predicted=%lld "
             "weight_bytes_measured=%zu coarse_estimate_bytes=%lld kv_blocks=%lld "
-            "kv_tokens=%lld kv_bytes_per_token=%lld workspace_bytes=%lld",
+            "kv_tokens=%lld kv_bytes_per_token=%lld workspace_bytes=%lld activations=%s",
             (long long)plan->weight_bytes, dsq_model_weight_bytes(e->model),
             (long long)plan->coarse_estimate_bytes, (long long)plan->num_blocks,
             (long long)plan->max_tokens, (long long)plan->kv_bytes_per_token,
-            (long long)plan->workspace_bytes);
+            (long long)plan->workspace_bytes, dsq_ftype_name(dsq_model_act(e->model)));
     return DSQ_OK;
 }
 
@@ -391,7 +399,7 @@ static int load_draft(dsq_engine_t *e, const dsq_plan_t *plan, char *err, size_t
         .model = {.quantize = o->quantize, .group_size = o->quant_group_size,
                   .activation_dtype = o->activation_dtype == DSQ_ENGINE_ACT_F32
                                       ? DSQ_ACT_F32 : DSQ_ACT_INT8,
-                  .backend = e->be},
+                  .backend = e->be, .dtype = o->dtype},
         .block_size = plan->block_size, .kv_tokens = draft_kv_tokens(o, plan->max_model_len),
         .n_states = 2 * o->spec_max_batch, .max_chunk = DRAFT_CHUNK,
         .kv_dtype = e->draft_kvt};     /* the plan's: its own file's type */

@@ -288,7 +288,10 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
     int64_t rows = (S < T ? S : T) + (o->spec_rows > 0 ? o->spec_rows : 0);
     if (rows > T)
         rows = T;
-    out->workspace_bytes = 4 * T * (d + (d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff + d) +
+    /* engine/model/model_llama.c ensure_ws: x and lg fp32, the rest in the
+     * activation type */
+    const int64_t a = o->act_bytes > 0 ? o->act_bytes : 4;
+    out->workspace_bytes = 4 * T * 2 * d + a * T * ((d > qd ? d : qd) + 2 * qd + 2 * kvd + 2 * ff) +
                            4 * rows * c->n_vocab + 17 * c->n_vocab;
     if (n_mtp)       /* the module's input [T][2 d] and the hidden rows kept */
         out->workspace_bytes += 4 * T * 3 * d;
@@ -303,7 +306,7 @@ int dsq_plan_compute(const dsq_model_config_t *c, const dsq_tensor_t *const *ten
         out->overhead_bytes = 4 * (4 * T + rows + S * mb);
         if (c->ckpt_quant == DSQ_CKPT_QUANT_GPTQ) {
             int64_t wide = ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd);
-            out->overhead_bytes += 4 * c->n_layer * (2 * d + qd + ff) + 4 * T * wide;
+            out->overhead_bytes += 4 * c->n_layer * (2 * d + qd + ff) + a * T * wide;
         }
         out->device = true;
         snprintf(out->device_desc, sizeof(out->device_desc), "%s",

@@ -70,6 +70,10 @@ typedef struct dsq_plan_opts {
      * max_num_seqs x max_model_len tokens) and overhead_bytes counts the
      * device buffers a step needs besides the workspace (below). */
     bool device;
+    int act_bytes;                /* bytes of an activation element between
+                                     products (dsq_model_act: 2 for fp16 /
+                                     bf16 on a device; 0 or 4: fp32); the
+                                     residual stream and logits are fp32    */
     const char *device_desc;      /* dsq_backend_describe, for the output     */
     int64_t device_total_bytes, device_free_bytes;
     double gpu_memory_utilization;

@@ -664,10 +664,10 @@ int dsq_cpu_matmul_many(int n, float *const *y, const float *const *x, const int
     return rc;
 }
 
-/* fp16 activations in and out (the twin of dsq_cuda_matmul_f16): x is
- * widened to fp32, multiplied on the fp32-activation path (weights
- * dequantised exactly, whatever w->act says) and y rounded to fp16
- * (nearest even). A reference for tests, not a fast path. */
+/* fp16 activations in and out (the reference of dsq_cuda_matmul with fp16
+ * x and y): x is widened to fp32, multiplied on the fp32-activation path
+ * (weights dequantised exactly, whatever w->act says) and y rounded to
+ * fp16 (nearest even). A reference for tests, not a fast path. */
 int dsq_cpu_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w)
 {
     int rc = check_weight(w);

@@ -1,21 +1,23 @@
-// CUDA twin of kernels/cpu/add.c: y += x, grid-stride elementwise.
+// CUDA twin of kernels/cpu/add.c: y += x, grid-stride elementwise; y (the
+// residual stream) is fp32, x in the step's activation type.
 
 #include "cuda_internal.cuh"
 
-static __global__ void add_kernel(float *y, const float *x, int64_t n)
+template <typename T>
+static __global__ void add_kernel(float *y, const T *x, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
+        y[i] += dsq__ld(x, i);
 }
 
-extern "C" int dsq_cuda_add(float *y, const float *x, int64_t n)
+extern "C" int dsq_cuda_add(float *y, const void *x, dsq_ftype_t xt, int64_t n)
 {
-    if (!y || !x || n < 0)
+    if (!y || !x || n < 0 || !dsq__ft_ok(xt))
         return DSQ_EINVAL;
     if (n == 0)
         return DSQ_OK;
-    int64_t blocks = (n + 255) / 256;
-    add_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, dsq__cuda_stream()>>>(y, x, n);
+    DSQ__FT_DISPATCH(xt, T, add_kernel<T><<<dsq__cuda_grid(n, 256), 256, 0,
+                                            dsq__cuda_stream()>>>(y, (const T *)x, n));
     return dsq__cuda_launched("add");
 }

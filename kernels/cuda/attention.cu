@@ -10,7 +10,9 @@
 // end the partial states are merged through shared memory. Built for
 // decode (one query per row) but correct for any row positions, so prefill
 // rows work too. Rows whose position or blocks are out of range produce
-// zeros (device-side index arrays cannot be validated by the host).
+// zeros (device-side index arrays cannot be validated by the host). q and
+// out are in the step's activation type (template T); scores, softmax
+// state and accumulators are fp32, and out is rounded once at the end.
 #include <math.h>
 
 #include "cuda_internal.cuh"
@@ -34,8 +36,8 @@ static __device__ __forceinline__ float kv_load(const dsq_kv_layer_t &kv,
     return ((float)((const int8_t *)base)[e] - z) * s;
 }
 
-template <int LP, int R>
-static __global__ void attention_kernel(float *out, const float *q, int n_heads,
+template <int LP, int R, typename T>
+static __global__ void attention_kernel(T *out, const T *q, int n_heads,
                                         dsq_kv_layer_t kv, const int32_t *row_seq,
                                         const int32_t *row_pos,
                                         const int32_t *block_tables,
@@ -53,7 +55,7 @@ static __global__ void attention_kernel(float *out, const float *q, int n_heads,
     float *qs = sh, *accs = sh + D, *ms = accs + NV * D, *ls = ms + NV;
     const int64_t qoff = ((int64_t)i * n_heads + h) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x)
-        qs[d] = q[qoff + d];
+        qs[d] = dsq__ld(q, qoff + d);
     __syncthreads();
 
     const int seq = row_seq[i], pos = row_pos[i];
@@ -135,18 +137,19 @@ static __global__ void attention_kernel(float *out, const float *q, int n_heads,
         for (int w = 0; w < NV; w++)
             if (ms[w] != -INFINITY)
                 o += accs[w * D + d] * expf(ms[w] - M);
-        out[qoff + d] = ok ? o / L : 0.0f;
+        dsq__st(out, qoff + d, ok ? o / L : 0.0f);
     }
 }
 
 // Host-side checks shared by both launchers (the CPU op's, less the index
 // arrays, which live on the device).
-static int attention_check(float *out, const float *q, int64_t m, int n_heads,
+static int attention_check(const void *out, const void *q, dsq_ftype_t ft, int64_t m,
+                           int n_heads,
                            const dsq_kv_layer_t *kv, const int32_t *row_seq,
                            const int32_t *row_pos, const int32_t *block_tables,
                            int max_blocks)
 {
-    if (!out || !q || !kv || !row_seq || !row_pos || !block_tables || m < 0 ||
+    if (!out || !q || !dsq__ft_ok(ft) || !kv || !row_seq || !row_pos || !block_tables || m < 0 ||
         n_heads < 1 || kv->n_kv_heads < 1 || n_heads % kv->n_kv_heads ||
         kv->head_dim < 1 || kv->head_dim > 32 * ATT_MAX_PER_LANE ||
         kv->block_size < 1 || max_blocks < 1 || !kv->k || !kv->v)
@@ -161,18 +164,12 @@ static int attention_check(float *out, const float *q, int64_t m, int n_heads,
     return DSQ_OK;
 }
 
-extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
-                                  int n_heads, const dsq_kv_layer_t *kv,
-                                  const int32_t *row_seq, const int32_t *row_pos,
-                                  const int32_t *block_tables, int max_blocks,
-                                  float scale)
+template <typename T>
+static void launch_decode(T *out, const T *q, int64_t m, int n_heads,
+                          const dsq_kv_layer_t *kv, const int32_t *row_seq,
+                          const int32_t *row_pos, const int32_t *block_tables,
+                          int max_blocks, float scale)
 {
-    int rc = attention_check(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                             max_blocks);
-    if (rc || m == 0)
-        return rc;
-    if (m > 65535)
-        return DSQ_EINVAL;
     const int D = kv->head_dim;
     // lanes per position: the smallest of 8, 16, 32 that covers head_dim
     // (narrow heads would leave most of a warp idle)
@@ -182,7 +179,7 @@ extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
     const int ng = dsq_kv_n_groups(D);
     cudaStream_t st = dsq__cuda_stream();
 #define ATT_LAUNCH(LP_, R_)                                                          \
-    attention_kernel<LP_, R_><<<grid, 32 * ATT_WARPS, shmem, st>>>(                  \
+    attention_kernel<LP_, R_, T><<<grid, 32 * ATT_WARPS, shmem, st>>>(                  \
         out, q, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale, ng)
     if (lp == 8)
         ATT_LAUNCH(8, 1);
@@ -199,6 +196,23 @@ extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
     else
         ATT_LAUNCH(32, ATT_MAX_PER_LANE);
 #undef ATT_LAUNCH
+}
+
+extern "C" int dsq_cuda_attention(void *out, const void *q, dsq_ftype_t ft, int64_t m,
+                                  int n_heads, const dsq_kv_layer_t *kv,
+                                  const int32_t *row_seq, const int32_t *row_pos,
+                                  const int32_t *block_tables, int max_blocks,
+                                  float scale)
+{
+    int rc = attention_check(out, q, ft, m, n_heads, kv, row_seq, row_pos, block_tables,
+                             max_blocks);
+    if (rc || m == 0)
+        return rc;
+    if (m > 65535)
+        return DSQ_EINVAL;
+    DSQ__FT_DISPATCH(ft, T, launch_decode<T>((T *)out, (const T *)q, m, n_heads, kv,
+                                             row_seq, row_pos, block_tables, max_blocks,
+                                             scale));
     return dsq__cuda_launched("attention");
 }
 
@@ -221,9 +235,9 @@ extern "C" int dsq_cuda_attention(float *out, const float *q, int64_t m,
 #define PF_Q 16
 #define PF_THREADS 128
 
-template <int ND, int TK>
+template <int ND, int TK, typename T>
 static __global__ void __launch_bounds__(PF_THREADS)
-attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
+attention_prefill_kernel(T *out, const T *q, int64_t m, int n_heads,
                          dsq_kv_layer_t kv, const int32_t *row_seq,
                          const int32_t *row_pos, const int32_t *block_tables,
                          int max_blocks, float scale, int n_groups)
@@ -256,14 +270,14 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
     for (int e = tid; e < PF_Q * D; e += PF_THREADS) {
         const int qi = e / D, d = e % D;
         Qs[e] = q_state[qi] <= 2
-                    ? q[((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + d]
+                    ? dsq__ld(q, ((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + d)
                     : 0.0f;
     }
     // queries of out-of-range rows get zeros now
     for (int e = tid; e < PF_Q * D; e += PF_THREADS) {
         const int qi = e / D;
         if (q_state[qi] == 4)
-            out[((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + e % D] = 0.0f;
+            dsq__st(out, ((int64_t)q_row[qi] * n_heads + q_head[qi]) * D + e % D, 0.0f);
     }
     const int my_q = tid % PF_Q, my_d0 = tid / PF_Q;
     for (;;) {
@@ -367,12 +381,12 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
         }
         if (q_state[my_q] == 1) {
             const float L = q_l[my_q];
-            float *o = out + ((int64_t)q_row[my_q] * n_heads + q_head[my_q]) * D;
+            T *o = out + ((int64_t)q_row[my_q] * n_heads + q_head[my_q]) * D;
 #pragma unroll
             for (int r = 0; r < ND; r++) {
                 const int d = my_d0 + 8 * r;
                 if (d < D)
-                    o[d] = q_pos[my_q] >= first_bad ? 0.0f : acc[r] / L;
+                    dsq__st(o, d, q_pos[my_q] >= first_bad ? 0.0f : acc[r] / L);
             }
         }
         __syncthreads();
@@ -381,8 +395,8 @@ attention_prefill_kernel(float *out, const float *q, int64_t m, int n_heads,
     }
 }
 
-template <int ND, int TK>
-static void launch_prefill(float *out, const float *q, int64_t m, int n_heads,
+template <int ND, int TK, typename T>
+static void launch_prefill(T *out, const T *q, int64_t m, int n_heads,
                            const dsq_kv_layer_t *kv, const int32_t *row_seq,
                            const int32_t *row_pos, const int32_t *block_tables,
                            int max_blocks, float scale)
@@ -390,31 +404,34 @@ static void launch_prefill(float *out, const float *q, int64_t m, int n_heads,
     const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
     const size_t shmem = sizeof(float) * ((size_t)PF_Q * D + 2 * (size_t)TK * D + PF_Q * TK);
     dim3 grid((unsigned)((m * G + PF_Q - 1) / PF_Q), (unsigned)kv->n_kv_heads);
-    attention_prefill_kernel<ND, TK><<<grid, PF_THREADS, shmem, dsq__cuda_stream()>>>(
+    attention_prefill_kernel<ND, TK, T><<<grid, PF_THREADS, shmem, dsq__cuda_stream()>>>(
         out, q, m, n_heads, *kv, row_seq, row_pos, block_tables, max_blocks, scale,
         dsq_kv_n_groups(D));
 }
 
-extern "C" int dsq_cuda_attention_prefill(float *out, const float *q, int64_t m,
-                                          int n_heads, const dsq_kv_layer_t *kv,
+extern "C" int dsq_cuda_attention_prefill(void *out, const void *q, dsq_ftype_t ft,
+                                          int64_t m, int n_heads, const dsq_kv_layer_t *kv,
                                           const int32_t *row_seq, const int32_t *row_pos,
                                           const int32_t *block_tables, int max_blocks,
                                           float scale)
 {
-    int rc = attention_check(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
+    int rc = attention_check(out, q, ft, m, n_heads, kv, row_seq, row_pos, block_tables,
                              max_blocks);
     if (rc || m == 0)
         return rc;
     const int D = kv->head_dim;
     const int64_t G = n_heads / kv->n_kv_heads;
     if (D > 256 || (m * G + PF_Q - 1) / PF_Q > 0x7fffffffLL)
-        return dsq_cuda_attention(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                                  max_blocks, scale);
-    if (D <= 128)
-        launch_prefill<16, 16>(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                               max_blocks, scale);
-    else
-        launch_prefill<32, 8>(out, q, m, n_heads, kv, row_seq, row_pos, block_tables,
-                              max_blocks, scale);
+        return dsq_cuda_attention(out, q, ft, m, n_heads, kv, row_seq, row_pos,
+                                  block_tables, max_blocks, scale);
+    if (D <= 128) {
+        DSQ__FT_DISPATCH(ft, T, launch_prefill<16, 16, T>((T *)out, (const T *)q, m, n_heads,
+                                                          kv, row_seq, row_pos, block_tables,
+                                                          max_blocks, scale));
+    } else {
+        DSQ__FT_DISPATCH(ft, T, launch_prefill<32, 8, T>((T *)out, (const T *)q, m, n_heads,
+                                                         kv, row_seq, row_pos, block_tables,
+                                                         max_blocks, scale));
+    }
     return dsq__cuda_launched("attention_prefill");
 }

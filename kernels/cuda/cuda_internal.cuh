@@ -1,12 +1,13 @@
 // Shared by the kernels/cuda/*.cu files, not an API: the calling thread's
 // stream (stream.cu), launch error checks that log the CUDA reason, fp16 /
-// bf16 conversions and the per-element dequantisation of every
+// bf16 conversions, the activation element types (dsq_ftype_t) and the per-element dequantisation of every
 // dsq_wformat_t (the reference formulas of kernels.h, so embed, the
 // generic products and the prefill tiles read weights exactly as the CPU
 // ops do).
 #ifndef DSQ_CUDA_INTERNAL_CUH
 #define DSQ_CUDA_INTERNAL_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -46,6 +47,66 @@ static __device__ __forceinline__ float dsq__h2f(uint16_t h)
 static __device__ __forceinline__ float dsq__bf2f(uint16_t b)
 {
     return __uint_as_float((uint32_t)b << 16);
+}
+
+// fp32 -> bf16 bits rounded to nearest even (a NaN stays a quiet NaN), in
+// integer operations rather than cvt.rn.bf16.f32: the same instructions on
+// every arch, the simulator's included (its PTX front end has no bf16 cvt).
+static __device__ __forceinline__ uint16_t dsq__f2bf_rn(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Activation elements (kernels.h dsq_ftype_t): dsq__ld widens one to fp32
+// (exact), dsq__st stores an fp32 value rounded to nearest even.
+static __device__ __forceinline__ float dsq__ld(const float *p, int64_t i) { return p[i]; }
+static __device__ __forceinline__ float dsq__ld(const __half *p, int64_t i)
+{
+    return __half2float(p[i]);
+}
+static __device__ __forceinline__ float dsq__ld(const __nv_bfloat16 *p, int64_t i)
+{
+    return dsq__bf2f(__bfloat16_as_ushort(p[i]));
+}
+static __device__ __forceinline__ void dsq__st(float *p, int64_t i, float v) { p[i] = v; }
+static __device__ __forceinline__ void dsq__st(__half *p, int64_t i, float v)
+{
+    p[i] = __float2half_rn(v);
+}
+static __device__ __forceinline__ void dsq__st(__nv_bfloat16 *p, int64_t i, float v)
+{
+    p[i] = __ushort_as_bfloat16(dsq__f2bf_rn(v));
+}
+
+// Run `body` with T the C++ element type of ftype t (float, __half or
+// __nv_bfloat16); a t outside the enum returns DSQ_EINVAL from the caller.
+#define DSQ__FT_DISPATCH(t, T, ...)                 \
+    switch (t) {                                    \
+    case DSQ_FT_F32: {                              \
+        typedef float T;                            \
+        __VA_ARGS__;                                \
+        break;                                      \
+    }                                               \
+    case DSQ_FT_F16: {                              \
+        typedef __half T;                           \
+        __VA_ARGS__;                                \
+        break;                                      \
+    }                                               \
+    case DSQ_FT_BF16: {                             \
+        typedef __nv_bfloat16 T;                    \
+        __VA_ARGS__;                                \
+        break;                                      \
+    }                                               \
+    default:                                        \
+        return DSQ_EINVAL;                          \
+    }
+
+static inline bool dsq__ft_ok(dsq_ftype_t t)
+{
+    return t == DSQ_FT_F32 || t == DSQ_FT_F16 || t == DSQ_FT_BF16;
 }
 
 // Host-side validation of a weight, the checks dsq_cpu_matmul makes

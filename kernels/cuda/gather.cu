@@ -1,7 +1,8 @@
 // CUDA twin of kernels/cpu/gather.c: row gathers (the logits rows of a
 // step) and column gathers (GPTQ act-order inputs), grid-stride loops over
 // the output. Index arrays live on the device; an index out of range gives
-// 0 (the CPU op returns DSQ_ERANGE).
+// 0 (the CPU op returns DSQ_ERANGE). Rows are the fp32 residual stream;
+// columns are a product's input, in the step's activation type.
 #include "cuda_internal.cuh"
 
 static __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows,
@@ -15,14 +16,18 @@ static __global__ void gather_rows_kernel(float *dst, const float *src, const in
     }
 }
 
-static __global__ void gather_cols_kernel(float *dst, const float *src, const int32_t *perm,
+template <typename T>
+static __global__ void gather_cols_kernel(T *dst, const T *src, const int32_t *perm,
                                           int64_t m, int64_t k)
 {
     const int64_t total = m * k;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
          e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = e / k, c = perm[e % k];
-        dst[e] = c >= 0 && c < k ? src[t * k + c] : 0.0f;
+        if (c >= 0 && c < k)
+            dst[e] = src[t * k + c];
+        else
+            dsq__st(dst, e, 0.0f);
     }
 }
 
@@ -38,14 +43,15 @@ extern "C" int dsq_cuda_gather_rows(float *dst, const float *src, const int32_t 
     return dsq__cuda_launched("gather_rows");
 }
 
-extern "C" int dsq_cuda_gather_cols(float *dst, const float *src, const int32_t *perm,
-                                    int64_t m, int64_t k)
+extern "C" int dsq_cuda_gather_cols(void *dst, const void *src, dsq_ftype_t t,
+                                    const int32_t *perm, int64_t m, int64_t k)
 {
-    if (!dst || !src || !perm || m < 0 || k < 1 || dst == src)
+    if (!dst || !src || !perm || m < 0 || k < 1 || dst == src || !dsq__ft_ok(t))
         return DSQ_EINVAL;
     if (m == 0)
         return DSQ_OK;
-    gather_cols_kernel<<<dsq__cuda_grid(m * k, 256), 256, 0, dsq__cuda_stream()>>>(
-        dst, src, perm, m, k);
+    DSQ__FT_DISPATCH(t, T, gather_cols_kernel<T><<<dsq__cuda_grid(m * k, 256), 256, 0,
+                                                   dsq__cuda_stream()>>>(
+                               (T *)dst, (const T *)src, perm, m, k));
     return dsq__cuda_launched("gather_cols");
 }

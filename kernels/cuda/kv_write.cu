@@ -3,13 +3,16 @@
 // warp per (token, kv head, group of 64): warp min/max, then lane 0 picks
 // s and z with the CPU's exact float operations (no FMA contraction, IEEE
 // division), so both backends store the same bytes. Slots outside the cache
-// are skipped (the host cannot see device slots; see kernels.h).
+// are skipped (the host cannot see device slots; see kernels.h). k and v
+// come in the step's activation type and are widened to fp32 first, so the
+// bytes stored are the CPU op's on the widened values.
 #include <math.h>
 
 #include "cuda_internal.cuh"
 
-static __global__ void kv_f16_kernel(uint16_t *kc, uint16_t *vc, const float *k,
-                                     const float *v, const int32_t *slot,
+template <typename T>
+static __global__ void kv_f16_kernel(uint16_t *kc, uint16_t *vc, const T *k,
+                                     const T *v, const int32_t *slot,
                                      int64_t m, int row, int64_t n_slots)
 {
     const int64_t total = m * row;
@@ -19,19 +22,20 @@ static __global__ void kv_f16_kernel(uint16_t *kc, uint16_t *vc, const float *k,
         const int64_t t = slot[i];
         if (t < 0 || t >= n_slots)
             continue;
-        kc[t * row + j] = __half_as_ushort(__float2half_rn(k[e]));
-        vc[t * row + j] = __half_as_ushort(__float2half_rn(v[e]));
+        kc[t * row + j] = __half_as_ushort(__float2half_rn(dsq__ld(k, e)));
+        vc[t * row + j] = __half_as_ushort(__float2half_rn(dsq__ld(v, e)));
     }
 }
 
+template <typename T>
 static __device__ void quant_group(int8_t *q, uint16_t *s_out, uint16_t *z_out,
-                                   const float *v, int n)
+                                   const T *v, int n)
 {
     const int lane = threadIdx.x % 32;
     float lo = INFINITY, hi = -INFINITY;
     for (int i = lane; i < n; i += 32) {
-        lo = fminf(lo, v[i]);
-        hi = fmaxf(hi, v[i]);
+        lo = fminf(lo, dsq__ld(v, i));
+        hi = fmaxf(hi, dsq__ld(v, i));
     }
     for (int o = 16; o > 0; o >>= 1) {
         lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
@@ -59,7 +63,7 @@ static __device__ void quant_group(int8_t *q, uint16_t *s_out, uint16_t *z_out,
     const float zf = __half2float(zh);
     const float inv = __fdiv_rn(1.0f, sf);
     for (int i = lane; i < n; i += 32) {
-        float t = rintf(__fadd_rn(__fmul_rn(v[i], inv), zf));
+        float t = rintf(__fadd_rn(__fmul_rn(dsq__ld(v, i), inv), zf));
         t = fminf(fmaxf(t, -128.0f), 127.0f);
         q[i] = (int8_t)t;
     }
@@ -70,8 +74,9 @@ static __device__ void quant_group(int8_t *q, uint16_t *s_out, uint16_t *z_out,
 }
 
 // One warp per (token i, kv head h, group g); 4 warps per block.
-static __global__ void kv_int8_kernel(dsq_kv_layer_t kv, const float *k,
-                                      const float *v, const int32_t *slot,
+template <typename T>
+static __global__ void kv_int8_kernel(dsq_kv_layer_t kv, const T *k,
+                                      const T *v, const int32_t *slot,
                                       int64_t m, int n_groups, int64_t n_slots)
 {
     const int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
@@ -91,10 +96,10 @@ static __global__ void kv_int8_kernel(dsq_kv_layer_t kv, const float *k,
     quant_group((int8_t *)kv.v + dst, kv.v_scale + sc, kv.v_zero + sc, v + src, gs);
 }
 
-extern "C" int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k,
-                                 const float *v, const int32_t *slot, int64_t m)
+extern "C" int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const void *k, const void *v,
+                                 dsq_ftype_t ft, const int32_t *slot, int64_t m)
 {
-    if (!kv || !k || !v || !slot || m < 0 || kv->block_size < 1 ||
+    if (!kv || !k || !v || !slot || m < 0 || !dsq__ft_ok(ft) || kv->block_size < 1 ||
         kv->n_kv_heads < 1 || kv->head_dim < 1 || kv->head_dim > 1024 ||
         kv->n_blocks < 0 || !kv->k || !kv->v)
         return DSQ_EINVAL;
@@ -110,16 +115,19 @@ extern "C" int dsq_cuda_kv_write(const dsq_kv_layer_t *kv, const float *k,
     const int64_t n_slots = kv->n_blocks * kv->block_size;
     const int row = kv->n_kv_heads * kv->head_dim;
     if (kv->dtype == DSQ_KV_F16) {
-        int64_t blocks = (m * row + 255) / 256;
-        kv_f16_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, dsq__cuda_stream()>>>(
-            (uint16_t *)kv->k, (uint16_t *)kv->v, k, v, slot, m, row, n_slots);
+        DSQ__FT_DISPATCH(ft, T, kv_f16_kernel<T><<<dsq__cuda_grid(m * row, 256), 256, 0,
+                                                   dsq__cuda_stream()>>>(
+                                    (uint16_t *)kv->k, (uint16_t *)kv->v, (const T *)k,
+                                    (const T *)v, slot, m, row, n_slots));
     } else {
         const int n_groups = dsq_kv_n_groups(kv->head_dim);
         const int64_t warps = m * kv->n_kv_heads * n_groups;
         if ((warps + 3) / 4 > 0x7fffffff)
             return DSQ_EINVAL;
-        kv_int8_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, dsq__cuda_stream()>>>(*kv, k, v, slot, m,
-                                                            n_groups, n_slots);
+        DSQ__FT_DISPATCH(ft, T, kv_int8_kernel<T><<<(unsigned)((warps + 3) / 4), 128, 0,
+                                                    dsq__cuda_stream()>>>(
+                                    *kv, (const T *)k, (const T *)v, slot, m, n_groups,
+                                    n_slots));
     }
     return dsq__cuda_launched("kv_write");
 }

@@ -1,8 +1,9 @@
 // CUDA twin of kernels/cpu/matmul.c: y[m][n] = x[m][k] . W^T (+ bias) for
-// every dsq_wformat_t, fp32 accumulation, activations fp32 (dsq_cuda_matmul)
-// or fp16 (dsq_cuda_matmul_f16). Weights are dequantised by the formulas of
-// kernels.h in registers, so results equal the CPU op with DSQ_ACT_F32 up
-// to fp32 summation order.
+// every dsq_wformat_t, fp32 accumulation, activations fp32, fp16 or bf16
+// (x and y of one type, or fp32 y from narrow x: the output head). Weights
+// are dequantised by the formulas of kernels.h in registers, so results
+// equal the CPU op with DSQ_ACT_F32 on the widened x up to fp32 summation
+// order and the rounding of y.
 //
 // Decode (m <= 16): one warp per output feature, all m activation rows at
 // once (MT accumulators in registers), so each weight byte is read once.
@@ -17,26 +18,19 @@
 // thread: a portable kernel (any sm). Compiled with DSQ_CUDA_TC (sm_80
 // and later only), quantised weights take a tensor-core tile instead:
 // fp16 tiles, mma.sync with fp32 sums (tc_gemm_kernel below). The library
-// does not turn it on yet: its fp16 rounding moves a model's logits past
-// the bounds the CUDA model checks argue for fp32 (measured under the
-// simulator: stories260K INT4 7.2e-3 against 6.1e-3, llama-tiny Q4_0
-// 9.9e-3 against 2.0e-3, greedy ids equal), and restating those bounds
-// belongs with fp16 activations everywhere. Not yet the packed-layout,
-// cp.async-pipelined kernel INT4 weights want, nor cuBLAS for fp16 / bf16.
+// does not turn it on yet: the simulator's model checks run an sm_75
+// build, so a model would take the tile only on a real GPU, untested end
+// to end. bf16 activations take bf16 tiles (mma .bf16). Not yet the
+// packed-layout, cp.async-pipelined kernel INT4 weights want, nor cuBLAS
+// for fp16 / bf16 weights.
 //
 // tests/meson.build compiles this file a second time for compute_80 with
 // DSQ_CUDA_TC, under other entry names, to run that tile in the GPU
 // simulator (and on any sm_80+ GPU) beside the library's own build.
 #ifdef DSQ_CUDA_MATMUL_TEST_NAMES
 #define dsq_cuda_matmul dsq_test_tc_matmul
-#define dsq_cuda_matmul_f16 dsq_test_tc_matmul_f16
 #endif
 #include "cuda_internal.cuh"
-
-static __device__ __forceinline__ float to_f(float v) { return v; }
-static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-static __device__ __forceinline__ void from_f(float *p, float v) { *p = v; }
-static __device__ __forceinline__ void from_f(__half *p, float v) { *p = __float2half_rn(v); }
 
 static __device__ __forceinline__ float warp_sum(float v)
 {
@@ -66,8 +60,20 @@ static __device__ __forceinline__ float chunk_dot(const float *wv, const float *
     }
     return a;
 }
-static __device__ __forceinline__ float chunk_dot(const float *wv, const __half *xr,
-                                                  int nj, bool vec)
+// The two 16-bit activations of a 32-bit word as fp32, the low one first.
+static __device__ __forceinline__ float2 widen2(uint32_t u, __half)
+{
+    return __half22float2(*(const __half2 *)&u);
+}
+static __device__ __forceinline__ float2 widen2(uint32_t u, __nv_bfloat16)
+{
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// fp16 / bf16 activations: a full chunk is 4 16-byte loads of 8 values.
+template <typename TX>
+static __device__ __forceinline__ float chunk_dot(const float *wv, const TX *xr, int nj,
+                                                  bool vec)
 {
     float a = 0.0f;
     if (nj == 32 && vec) {
@@ -78,7 +84,7 @@ static __device__ __forceinline__ float chunk_dot(const float *wv, const __half 
             const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int h = 0; h < 4; h++) {
-                const float2 f = __half22float2(*(const __half2 *)&u[h]);
+                const float2 f = widen2(u[h], TX());
                 a += wv[8 * i + 2 * h] * f.x + wv[8 * i + 2 * h + 1] * f.y;
             }
         }
@@ -86,14 +92,14 @@ static __device__ __forceinline__ float chunk_dot(const float *wv, const __half 
 #pragma unroll
         for (int j = 0; j < 32; j++)
             if (j < nj)
-                a += wv[j] * __half2float(xr[j]);
+                a += wv[j] * dsq__ld(xr, j);
     }
     return a;
 }
 
-template <int MT, typename TA>
+template <int MT, typename TX, typename TY>
 static __global__ void __launch_bounds__(128)
-gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
+gemv_int4_kernel(TY *y, const TX *x, int m, dsq_weight_t w, bool vec)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n = (int64_t)blockIdx.x * 4 + warp;
@@ -132,7 +138,7 @@ gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
     for (int r = 0; r < MT; r++) {
         const float v = warp_sum(acc[r]);
         if (r < m && lane == 0)
-            from_f(y + r * w.n + n, v + bias);
+            dsq__st(y, r * w.n + n, v + bias);
     }
 }
 
@@ -142,9 +148,9 @@ gemv_int4_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
 // registers by dsq__group_value's formula, whose scale and zero point are
 // taken once per group: with group 16 the chunk's first 16 weights (the
 // low nibbles) are one group and the last 16 the next.
-template <int MT, typename TA>
+template <int MT, typename TX, typename TY>
 static __global__ void __launch_bounds__(128)
-gemv_gguf_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
+gemv_gguf_kernel(TY *y, const TX *x, int m, dsq_weight_t w, bool vec)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n = (int64_t)blockIdx.x * 4 + warp;
@@ -192,7 +198,7 @@ gemv_gguf_kernel(TA *y, const TA *x, int m, dsq_weight_t w, bool vec)
     for (int r = 0; r < MT; r++) {
         const float v = warp_sum(acc[r]);
         if (r < m && lane == 0)
-            from_f(y + r * w.n + n, v + bias);
+            dsq__st(y, r * w.n + n, v + bias);
     }
 }
 
@@ -209,9 +215,9 @@ static __device__ __forceinline__ float weight_elem(const dsq_weight_t &w, int64
     return dsq__weight_at(w, n, j);
 }
 
-template <int MT, typename TA, int F>
+template <int MT, typename TX, typename TY, int F>
 static __global__ void __launch_bounds__(128)
-gemv_generic_kernel(TA *y, const TA *x, int m, dsq_weight_t w)
+gemv_generic_kernel(TY *y, const TX *x, int m, dsq_weight_t w)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n = (int64_t)blockIdx.x * 4 + warp;
@@ -227,23 +233,23 @@ gemv_generic_kernel(TA *y, const TA *x, int m, dsq_weight_t w)
 #pragma unroll
         for (int r = 0; r < MT; r++)
             if (r < m)
-                acc[r] += wv * to_f(x[r * k + j]);
+                acc[r] += wv * dsq__ld(x, r * k + j);
     }
     const float bias = w.bias ? w.bias[n] : 0.0f;
 #pragma unroll
     for (int r = 0; r < MT; r++) {
         const float v = warp_sum(acc[r]);
         if (r < m && lane == 0)
-            from_f(y + r * w.n + n, v + bias);
+            dsq__st(y, r * w.n + n, v + bias);
     }
 }
 
 #define GM_TILE 64
 #define GM_K 32
 
-template <typename TA>
+template <typename TX, typename TY>
 static __global__ void __launch_bounds__(256)
-gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
+gemm_kernel(TY *y, const TX *x, int64_t m, dsq_weight_t w)
 {
     __shared__ float xs[GM_K][GM_TILE + 4];   // [kk][row]
     __shared__ float ws[GM_K][GM_TILE + 4];   // [kk][output]
@@ -261,7 +267,7 @@ gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
         for (int i = 0; i < GM_TILE * GM_K / 256; i++) {
             const int e = threadIdx.x + 256 * i, r = e / GM_K, kk = e % GM_K;
             const int64_t gr = row0 + r, gk = k0 + kk;
-            xs[kk][r] = gr < m && gk < k ? to_f(x[gr * k + gk]) : 0.0f;
+            xs[kk][r] = gr < m && gk < k ? dsq__ld(x, gr * k + gk) : 0.0f;
             const int64_t gc = col0 + r;
             ws[kk][r] = gc < n && gk < k ? dsq__weight_at(w, gc, gk) : 0.0f;
         }
@@ -291,7 +297,7 @@ gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
         for (int j = 0; j < 4; j++) {
             const int64_t gc = col0 + tx * 4 + j;
             if (gc < n)
-                from_f(y + gr * n + gc, acc[i][j] + (w.bias ? w.bias[gc] : 0.0f));
+                dsq__st(y, gr * n + gc, acc[i][j] + (w.bias ? w.bias[gc] : 0.0f));
         }
     }
 }
@@ -306,6 +312,8 @@ gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
 // so the 8 rows of one 8x8 matrix start in 8 distinct groups of 4 banks.
 // Each product sees one fp16 rounding of x and of w (relative 2^-11 each)
 // and exact products summed in fp32: the error bound the tests check.
+// bf16 activations take bf16 tiles and mma .bf16 (x is already bf16; w
+// rounds to bf16, relative 2^-8), so no value is narrowed to fp16's range.
 #define TC_BM 64
 #define TC_BN 64
 #define TC_BK 32
@@ -313,7 +321,20 @@ gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
 static_assert(TC_BM == GM_TILE && TC_BN == GM_TILE, "the prefill grid is in GM_TILE blocks");
 
 #if defined(DSQ_CUDA_TC)
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half *p)
+// The tile element of activations TX: bf16 for bf16, fp16 otherwise.
+template <typename TX> struct tc_elem {
+    typedef __half type;
+};
+template <> struct tc_elem<__nv_bfloat16> {
+    typedef __nv_bfloat16 type;
+};
+static __device__ __forceinline__ __half tc_round(float v, __half) { return __float2half_rn(v); }
+static __device__ __forceinline__ __nv_bfloat16 tc_round(float v, __nv_bfloat16)
+{
+    return __ushort_as_bfloat16(dsq__f2bf_rn(v));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p)
 {
 #if __CUDA_ARCH__ >= 800
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -323,9 +344,10 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half *
 #endif
 }
 
-// d += a . b for one m16n8k16 tile (a: 4 registers of fp16 pairs, b: 2)
+// d += a . b for one m16n8k16 tile (a: 4 registers of fp16 or bf16 pairs,
+// b: 2), the element type of E
 static __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4],
-                                                 const uint32_t b[2])
+                                                 const uint32_t b[2], __half)
 {
 #if __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -334,13 +356,24 @@ static __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
-
-template <typename TA>
-static __global__ void __launch_bounds__(128)
-tc_gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
+static __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4],
+                                                 const uint32_t b[2], __nv_bfloat16)
 {
-    __shared__ __align__(16) __half xs[TC_BM][TC_LD];   // [row][kk]
-    __shared__ __align__(16) __half ws[TC_BN][TC_LD];   // [output][kk]
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+template <typename TX, typename TY>
+static __global__ void __launch_bounds__(128)
+tc_gemm_kernel(TY *y, const TX *x, int64_t m, dsq_weight_t w)
+{
+    typedef typename tc_elem<TX>::type E;
+    __shared__ __align__(16) E xs[TC_BM][TC_LD];   // [row][kk]
+    __shared__ __align__(16) E ws[TC_BN][TC_LD];   // [output][kk]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     const int64_t row0 = (int64_t)blockIdx.y * TC_BM, col0 = (int64_t)blockIdx.x * TC_BN;
@@ -358,8 +391,8 @@ tc_gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
         for (int i = 0; i < TC_BM * TC_BK / 128; i++) {
             const int e = tid + 128 * i, r = e / TC_BK, kk = e % TC_BK;
             const int64_t gk = k0 + kk, gr = row0 + r, gc = col0 + r;
-            xs[r][kk] = __float2half_rn(gr < m && gk < k ? to_f(x[gr * k + gk]) : 0.0f);
-            ws[r][kk] = __float2half_rn(gc < n && gk < k ? dsq__weight_at(w, gc, gk) : 0.0f);
+            xs[r][kk] = tc_round(gr < m && gk < k ? dsq__ld(x, gr * k + gk) : 0.0f, E());
+            ws[r][kk] = tc_round(gc < n && gk < k ? dsq__weight_at(w, gc, gk) : 0.0f, E());
         }
         __syncthreads();
 #pragma unroll
@@ -386,7 +419,7 @@ tc_gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    mma_16816(acc[i][j], a[i], b[j]);
+                    mma_16816(acc[i][j], a[i], b[j], E());
         }
         __syncthreads();
     }
@@ -401,7 +434,7 @@ tc_gemm_kernel(TA *y, const TA *x, int64_t m, dsq_weight_t w)
                 const int64_t gr = row0 + wm + 16 * i + (lane >> 2) + (e >> 1) * 8;
                 const int64_t gc = col0 + wn + 8 * j + (lane & 3) * 2 + (e & 1);
                 if (gr < m && gc < n)
-                    from_f(y + gr * n + gc, acc[i][j][e] + (w.bias ? w.bias[gc] : 0.0f));
+                    dsq__st(y, gr * n + gc, acc[i][j][e] + (w.bias ? w.bias[gc] : 0.0f));
             }
 }
 
@@ -423,36 +456,29 @@ static bool use_tc(const dsq_weight_t *w)
 }
 #endif
 
-template <int MT, typename TA>
-static void launch_gemv(TA *y, const TA *x, int m, const dsq_weight_t *w)
+template <int MT, typename TX, typename TY>
+static void launch_gemv(TY *y, const TX *x, int m, const dsq_weight_t *w)
 {
     const unsigned grid = (unsigned)((w->n + 3) / 4);
     cudaStream_t st = dsq__cuda_stream();
+    // 16-byte activation loads: every row start 16-byte aligned
+    const bool vec = (w->k * sizeof(TX)) % 16 == 0 && ((uintptr_t)x % 16) == 0;
     if (dsq__cuda_int4_classic(w)) {
-        const int align = sizeof(TA) == 4 ? 4 : 8;
-        const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
-        gemv_int4_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
+        gemv_int4_kernel<MT, TX, TY><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
     } else if (w->format == DSQ_WFMT_INT4 || w->format == DSQ_WFMT_INT8G) {
-        const int align = sizeof(TA) == 4 ? 4 : 8;
-        const bool vec = w->k % align == 0 && ((uintptr_t)x % 16) == 0;
-        gemv_gguf_kernel<MT, TA><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
+        gemv_gguf_kernel<MT, TX, TY><<<grid, 128, 0, st>>>(y, x, m, *w, vec);
     } else if (w->format == DSQ_WFMT_F32) {
-        gemv_generic_kernel<MT, TA, DSQ_WFMT_F32><<<grid, 128, 0, st>>>(y, x, m, *w);
+        gemv_generic_kernel<MT, TX, TY, DSQ_WFMT_F32><<<grid, 128, 0, st>>>(y, x, m, *w);
     } else if (w->format == DSQ_WFMT_F16) {
-        gemv_generic_kernel<MT, TA, DSQ_WFMT_F16><<<grid, 128, 0, st>>>(y, x, m, *w);
+        gemv_generic_kernel<MT, TX, TY, DSQ_WFMT_F16><<<grid, 128, 0, st>>>(y, x, m, *w);
     } else {
-        gemv_generic_kernel<MT, TA, -1><<<grid, 128, 0, st>>>(y, x, m, *w);
+        gemv_generic_kernel<MT, TX, TY, -1><<<grid, 128, 0, st>>>(y, x, m, *w);
     }
 }
 
-template <typename TA>
-static int matmul(TA *y, const TA *x, int64_t m, const dsq_weight_t *w, const char *op)
+template <typename TX, typename TY>
+static void launch_matmul(TY *y, const TX *x, int64_t m, const dsq_weight_t *w)
 {
-    if (!y || !x || m < 0 || !dsq__cuda_weight_ok(w) || w->n > 0x7fffffffLL * 4 ||
-        m > 65535LL * GM_TILE)
-        return DSQ_EINVAL;
-    if (m == 0)
-        return DSQ_OK;
     const int mi = (int)m;
     if (m <= 1)
         launch_gemv<1>(y, x, mi, w);
@@ -469,21 +495,27 @@ static int matmul(TA *y, const TA *x, int64_t m, const dsq_weight_t *w, const ch
                   (unsigned)((m + GM_TILE - 1) / GM_TILE));
 #if defined(DSQ_CUDA_TC)
         if (use_tc(w))
-            tc_gemm_kernel<TA><<<grid, 128, 0, dsq__cuda_stream()>>>(y, x, m, *w);
+            tc_gemm_kernel<TX, TY><<<grid, 128, 0, dsq__cuda_stream()>>>(y, x, m, *w);
         else
 #endif
-            gemm_kernel<TA><<<grid, 256, 0, dsq__cuda_stream()>>>(y, x, m, *w);
+            gemm_kernel<TX, TY><<<grid, 256, 0, dsq__cuda_stream()>>>(y, x, m, *w);
     }
-    return dsq__cuda_launched(op);
 }
 
-extern "C" int dsq_cuda_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w)
+extern "C" int dsq_cuda_matmul(void *y, dsq_ftype_t yt, const void *x, dsq_ftype_t xt,
+                               int64_t m, const dsq_weight_t *w)
 {
-    return matmul<float>(y, x, m, w, "matmul");
-}
-
-extern "C" int dsq_cuda_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m,
-                                   const dsq_weight_t *w)
-{
-    return matmul<__half>((__half *)y, (const __half *)x, m, w, "matmul_f16");
+    if (!y || !x || m < 0 || !dsq__ft_ok(yt) || !dsq__ft_ok(xt) || !dsq__cuda_weight_ok(w) ||
+        w->n > 0x7fffffffLL * 4 || m > 65535LL * GM_TILE)
+        return DSQ_EINVAL;
+    if (yt != xt && yt != DSQ_FT_F32)
+        return DSQ_EUNSUPPORTED;
+    if (m == 0)
+        return DSQ_OK;
+    if (yt == xt) {
+        DSQ__FT_DISPATCH(xt, T, launch_matmul<T, T>((T *)y, (const T *)x, m, w));
+    } else {
+        DSQ__FT_DISPATCH(xt, T, launch_matmul<T, float>((float *)y, (const T *)x, m, w));
+    }
+    return dsq__cuda_launched("matmul");
 }

@@ -220,31 +220,31 @@ static void test_graph_ops(void **state)
     assert_int_equal(dsq_backend_embed(cpu, x, &emb, tokens, T), DSQ_OK);
     assert_int_equal(dsq_backend_embed(be, dx, &demb, d_tok, T), DSQ_OK);
     SAME("backend embed", x, dx, T * D, 0.0);
-    assert_int_equal(dsq_backend_rmsnorm(cpu, h, x, norm, T, D, 1e-5f), DSQ_OK);
-    assert_int_equal(dsq_backend_rmsnorm(be, dh, dx, d_norm, T, D, 1e-5f), DSQ_OK);
+    assert_int_equal(dsq_backend_rmsnorm(cpu, h, DSQ_FT_F32, x, norm, T, D, 1e-5f), DSQ_OK);
+    assert_int_equal(dsq_backend_rmsnorm(be, dh, DSQ_FT_F32, dx, d_norm, T, D, 1e-5f), DSQ_OK);
     SAME("backend rmsnorm", h, dh, T * D, 1e-5);
     /* products from identical inputs (upload the CPU's h) */
     assert_int_equal(dsq_backend_upload(be, dh, h, sizeof(float) * T * D), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(cpu, q, h, T, &wq), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(cpu, k, h, T, &wk), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(cpu, v, h, T, &wv), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, dq, dh, T, &dwq), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, dkk, dh, T, &dwk), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, dv, dh, T, &dwv), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(cpu, q, DSQ_FT_F32, h, DSQ_FT_F32, T, &wq), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(cpu, k, DSQ_FT_F32, h, DSQ_FT_F32, T, &wk), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(cpu, v, DSQ_FT_F32, h, DSQ_FT_F32, T, &wv), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, dq, DSQ_FT_F32, dh, DSQ_FT_F32, T, &dwq), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, dkk, DSQ_FT_F32, dh, DSQ_FT_F32, T, &dwk), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, dv, DSQ_FT_F32, dh, DSQ_FT_F32, T, &dwv), DSQ_OK);
     SAME("backend matmul q (int4, prefill kernel)", q, dq, T * NH * HD, 1e-4);
     SAME("backend matmul k", k, dkk, T * NKV * HD, 1e-4);
     assert_int_equal(dsq_backend_upload(be, dq, q, sizeof(float) * T * NH * HD), DSQ_OK);
     assert_int_equal(dsq_backend_upload(be, dkk, k, sizeof(float) * T * NKV * HD), DSQ_OK);
     assert_int_equal(dsq_backend_upload(be, dv, v, sizeof(float) * T * NKV * HD), DSQ_OK);
-    assert_int_equal(dsq_backend_rope(cpu, q, T, NH, HD, pos, &rope), DSQ_OK);
-    assert_int_equal(dsq_backend_rope(cpu, k, T, NKV, HD, pos, &rope), DSQ_OK);
-    assert_int_equal(dsq_backend_rope(be, dq, T, NH, HD, d_pos, &rope), DSQ_OK);
-    assert_int_equal(dsq_backend_rope(be, dkk, T, NKV, HD, d_pos, &rope), DSQ_OK);
+    assert_int_equal(dsq_backend_rope(cpu, q, DSQ_FT_F32, T, NH, HD, pos, &rope), DSQ_OK);
+    assert_int_equal(dsq_backend_rope(cpu, k, DSQ_FT_F32, T, NKV, HD, pos, &rope), DSQ_OK);
+    assert_int_equal(dsq_backend_rope(be, dq, DSQ_FT_F32, T, NH, HD, d_pos, &rope), DSQ_OK);
+    assert_int_equal(dsq_backend_rope(be, dkk, DSQ_FT_F32, T, NKV, HD, d_pos, &rope), DSQ_OK);
     SAME("backend rope q", q, dq, T * NH * HD, 1e-5);
     assert_int_equal(dsq_backend_upload(be, dq, q, sizeof(float) * T * NH * HD), DSQ_OK);
     assert_int_equal(dsq_backend_upload(be, dkk, k, sizeof(float) * T * NKV * HD), DSQ_OK);
-    assert_int_equal(dsq_backend_kv_write(cpu, &hk, k, v, slot, T), DSQ_OK);
-    assert_int_equal(dsq_backend_kv_write(be, &dk, dkk, dv, d_slot, T), DSQ_OK);
+    assert_int_equal(dsq_backend_kv_write(cpu, &hk, k, v, DSQ_FT_F32, slot, T), DSQ_OK);
+    assert_int_equal(dsq_backend_kv_write(be, &dk, dkk, dv, DSQ_FT_F32, d_slot, T), DSQ_OK);
     uint16_t *kb = malloc(n_el * 2);
     assert_int_equal(dsq_backend_download(be, kb, dk.k, n_el * 2), DSQ_OK);
     assert_memory_equal(kb, hk.k, n_el * 2);
@@ -252,27 +252,27 @@ static void test_graph_ops(void **state)
     free(kb);
     /* attention: with the host row_seq (decode + prefill + decode launches)
      * and without it (all decode), both equal the CPU op */
-    assert_int_equal(dsq_backend_attention(cpu, att, q, T, NH, &hk, seq, pos, bt, MAXB,
+    assert_int_equal(dsq_backend_attention(cpu, att, q, DSQ_FT_F32, T, NH, &hk, seq, pos, bt, MAXB,
                                            scale, seq, NULL), DSQ_OK);
-    assert_int_equal(dsq_backend_attention(be, datt, dq, T, NH, &dk, d_seq, d_pos, d_bt,
+    assert_int_equal(dsq_backend_attention(be, datt, dq, DSQ_FT_F32, T, NH, &dk, d_seq, d_pos, d_bt,
                                            MAXB, scale, seq, NULL), DSQ_OK);
     SAME("backend attention split by row_seq_host", att, datt, T * NH * HD, 2e-5);
     assert_int_equal(dsq_backend_memset(be, datt, 0xff, sizeof(float) * T * NH * HD),
                      DSQ_OK);
-    assert_int_equal(dsq_backend_attention(be, datt, dq, T, NH, &dk, d_seq, d_pos, d_bt,
+    assert_int_equal(dsq_backend_attention(be, datt, dq, DSQ_FT_F32, T, NH, &dk, d_seq, d_pos, d_bt,
                                            MAXB, scale, NULL, NULL), DSQ_OK);
     SAME("backend attention, decode kernel only", att, datt, T * NH * HD, 2e-5);
     /* o product, residual add, swiglu */
     assert_int_equal(dsq_backend_upload(be, datt, att, sizeof(float) * T * NH * HD), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(cpu, h, att, T, &wo), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, dh, datt, T, &dwo), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(cpu, h, DSQ_FT_F32, att, DSQ_FT_F32, T, &wo), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, dh, DSQ_FT_F32, datt, DSQ_FT_F32, T, &dwo), DSQ_OK);
     SAME("backend matmul o", h, dh, T * D, 1e-4);
     assert_int_equal(dsq_backend_upload(be, dh, h, sizeof(float) * T * D), DSQ_OK);
-    assert_int_equal(dsq_backend_add(cpu, x, h, T * D), DSQ_OK);
-    assert_int_equal(dsq_backend_add(be, dx, dh, T * D), DSQ_OK);
+    assert_int_equal(dsq_backend_add(cpu, x, h, DSQ_FT_F32, T * D), DSQ_OK);
+    assert_int_equal(dsq_backend_add(be, dx, dh, DSQ_FT_F32, T * D), DSQ_OK);
     SAME("backend add", x, dx, T * D, 0.0);
-    assert_int_equal(dsq_backend_swiglu(cpu, h, x, h, T, D), DSQ_OK);
-    assert_int_equal(dsq_backend_swiglu(be, dh, dx, dh, T, D), DSQ_OK);
+    assert_int_equal(dsq_backend_swiglu(cpu, h, x, h, DSQ_FT_F32, T, D), DSQ_OK);
+    assert_int_equal(dsq_backend_swiglu(be, dh, dx, dh, DSQ_FT_F32, T, D), DSQ_OK);
     SAME("backend swiglu", h, dh, T * D, 1e-5);
     /* logits rows: gather then the head (decode kernel: 3 rows) */
     const int32_t lrows[3] = {0, 20, 21};
@@ -282,8 +282,8 @@ static void test_graph_ops(void **state)
     SAME("backend gather_rows", q, dq, 3 * D, 0.0);
     float logits[3 * V], dlog[3 * V];
     float *d_logits = dsq_backend_alloc(be, sizeof(dlog));
-    assert_int_equal(dsq_backend_matmul(cpu, logits, q, 3, &emb), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, d_logits, dq, 3, &demb), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(cpu, logits, DSQ_FT_F32, q, DSQ_FT_F32, 3, &emb), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, d_logits, DSQ_FT_F32, dq, DSQ_FT_F32, 3, &demb), DSQ_OK);
     assert_int_equal(dsq_backend_sync(be), DSQ_OK);
     get(be, dlog, d_logits, 3 * V);
     report("backend output head (f32, tied)", max_diff(logits, dlog, 3 * V), 1e-4);

@@ -9,11 +9,13 @@
  * partial last group and a partial last 32-chunk (whose padding nibbles
  * hold garbage the kernels must ignore), m = 1, 5, 16 (the decode kernel)
  * and 37 (the prefill kernel), n not a multiple of the tiles, with and
- * without bias; fp32 and fp16 activations. The reference is dsq_cpu_matmul
+ * without bias; fp32 activations everywhere, and fp16 / bf16 activations
+ * (x and y narrow, or fp32 y from narrow x: the output head) on the decode,
+ * prefill, generic and GGUF kernels. The reference is dsq_cpu_matmul
  * with DSQ_ACT_F32 (weights dequantised exactly, fp32 dot products), so
  * the only difference is fp32 summation order: the tolerance per output is
- * 1e-5 * sum_j |w_ij x_j| (+1e-6), and for fp16 outputs one fp16 rounding
- * step (2^-10 |y|) on top. Prints the max abs difference of each case and
+ * 1e-5 * sum_j |w_ij x_j| (+1e-6), and for narrow outputs one rounding
+ * step of their type (fp16 2^-10 |y|, bf16 2^-7 |y|) on top. Prints the max abs difference of each case and
  * the largest ratio to its tolerance. The tensor-core prefill tile, which
  * rounds to fp16, has its own FP64 reference and bound (test_matmul_tc). */
 #include "gpu_common.h"
@@ -207,7 +209,7 @@ static void matmul_case(const hw_t *h, int64_t m)
         x[i] = frand(1.0f);
     float *dx = dev_dup(x, sizeof(*x) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
     assert_int_equal(dsq_cpu_matmul(y, x, m, w), DSQ_OK);
-    assert_int_equal(dsq_cuda_matmul(dy, dx, m, &h->dw), DSQ_OK);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, m, &h->dw), DSQ_OK);
     dev_get(yg, dy, sizeof(*yg) * m * n);
     tolerances(w, x, m, y, false, tol);
     char what[96];
@@ -219,42 +221,79 @@ static void matmul_case(const hw_t *h, int64_t m)
     free(x); free(y); free(yg); free(tol);
 }
 
-/* fp16 activations: inputs are fp16 values, outputs rounded to fp16 */
-static void matmul_f16_case(const hw_t *h, int64_t m)
+/* bf16 bits of a random value: sign, exponent 2^(e_lo..e_hi), 7 mantissa
+ * bits */
+static uint16_t rand_bf(int e_lo, int e_hi)
+{
+    int e = e_lo + (int)(urand() * (e_hi - e_lo + 1));
+    uint16_t s = urand() < 0.5 ? 0x8000u : 0;
+    return (uint16_t)(s | ((e + 127) << 7) | (uint16_t)(urand() * 128));
+}
+
+/* fp32 value of element i of a t-typed host array (exact widening: fp16
+ * through the CPU's dequantisation of a 1 x 1 F16 weight) */
+static float widen(const void *a, dsq_ftype_t t, int64_t i)
+{
+    if (t == DSQ_FT_F32)
+        return ((const float *)a)[i];
+    uint16_t b = ((const uint16_t *)a)[i];
+    if (t == DSQ_FT_BF16) {
+        uint32_t u = (uint32_t)b << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    dsq_weight_t id = {.format = DSQ_WFMT_F16, .n = 1, .k = 1, .act = DSQ_ACT_F32,
+                       .data = &b};
+    float f;
+    assert_int_equal(dsq_weight_dequant_row(&id, 0, &f), DSQ_OK);
+    return f;
+}
+
+/* Narrow activations: x of type xt (fp16 values in [2^-5, 2), or bf16 of
+ * the same range), y of type yt (xt, or fp32: the output head). The
+ * reference is the fp32 product of the exactly widened x (for fp16 -> fp16
+ * dsq_cpu_matmul_f16, which rounds y the same way); the bound adds one
+ * rounding step of y's type (fp16 2^-10 |y|, bf16 2^-7 |y|: the device and
+ * the reference may round to the two neighbours of a sum they hold 1e-5
+ * apart) to the fp32 tolerance. */
+static void matmul_narrow_case(const hw_t *h, int64_t m, dsq_ftype_t yt, dsq_ftype_t xt)
 {
     const dsq_weight_t *w = &h->w;
     const int64_t n = w->n, k = w->k;
-    uint16_t *xh = malloc(sizeof(*xh) * m * k);
-    uint16_t *yh = malloc(sizeof(*yh) * m * n), *ygh = malloc(sizeof(*ygh) * m * n);
+    const size_t xs = dsq_ftype_size(xt), ys = dsq_ftype_size(yt);
+    uint16_t *xh = malloc(xs * m * k);
+    void *yref = malloc(ys * m * n), *yg = malloc(ys * m * n);
     float *xf = malloc(sizeof(*xf) * m * k), *yf = malloc(sizeof(*yf) * m * n);
     float *ygf = malloc(sizeof(*ygf) * m * n);
     double *tol = malloc(sizeof(*tol) * m * n);
-    for (int64_t i = 0; i < m * k; i++)
-        xh[i] = rand_h(10, 15, true);
-    uint16_t *dx = dev_dup(xh, sizeof(*xh) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
-    assert_int_equal(dsq_cpu_matmul_f16(yh, xh, m, w), DSQ_OK);
-    assert_int_equal(dsq_cuda_matmul_f16(dy, dx, m, &h->dw), DSQ_OK);
-    dev_get(ygh, dy, sizeof(*ygh) * m * n);
-    /* widen both through the CPU's exact fp16 -> fp32 of an fp32 weight */
-    dsq_weight_t id = {.format = DSQ_WFMT_F16, .n = 1, .k = 1, .act = DSQ_ACT_F32};
     for (int64_t i = 0; i < m * k; i++) {
-        id.data = &xh[i];
-        assert_int_equal(dsq_weight_dequant_row(&id, 0, &xf[i]), DSQ_OK);
+        xh[i] = xt == DSQ_FT_F16 ? rand_h(10, 15, true) : rand_bf(-5, 0);
+        xf[i] = widen(xh, xt, i);
     }
-    for (int64_t i = 0; i < m * n; i++) {
-        id.data = &yh[i];
-        assert_int_equal(dsq_weight_dequant_row(&id, 0, &yf[i]), DSQ_OK);
-        id.data = &ygh[i];
-        assert_int_equal(dsq_weight_dequant_row(&id, 0, &ygf[i]), DSQ_OK);
+    void *dx = dev_dup(xh, xs * m * k), *dy = dev_poison(ys * m * n);
+    if (xt == DSQ_FT_F16 && yt == DSQ_FT_F16) {
+        assert_int_equal(dsq_cpu_matmul_f16(yref, xh, m, w), DSQ_OK);
+        for (int64_t i = 0; i < m * n; i++)
+            yf[i] = widen(yref, yt, i);
+    } else {
+        assert_int_equal(dsq_cpu_matmul(yf, xf, m, w), DSQ_OK);
     }
-    tolerances(w, xf, m, yf, true, tol);
+    assert_int_equal(dsq_cuda_matmul(dy, yt, dx, xt, m, &h->dw), DSQ_OK);
+    dev_get(yg, dy, ys * m * n);
+    for (int64_t i = 0; i < m * n; i++)
+        ygf[i] = widen(yg, yt, i);
+    tolerances(w, xf, m, yf, false, tol);
+    const double step = yt == DSQ_FT_F16 ? 1.0 / 1024 : yt == DSQ_FT_BF16 ? 1.0 / 128 : 0;
+    for (int64_t i = 0; i < m * n; i++)
+        tol[i] += step * fabs((double)yf[i]);
     char what[96];
-    snprintf(what, sizeof(what), "matmul_f16 %s m=%lld n=%lld k=%lld", fmt_name(w),
-             (long long)m, (long long)n, (long long)k);
+    snprintf(what, sizeof(what), "matmul %s<-%s %s m=%lld n=%lld k=%lld", dsq_ftype_name(yt),
+             dsq_ftype_name(xt), fmt_name(w), (long long)m, (long long)n, (long long)k);
     check_close(what, yf, ygf, tol, m * n);
     cudaFree(dx);
     cudaFree(dy);
-    free(xh); free(yh); free(ygh); free(xf); free(yf); free(ygf); free(tol);
+    free(xh); free(yref); free(yg); free(xf); free(yf); free(ygf); free(tol);
 }
 
 static void test_matmul_int4(void **state)
@@ -351,16 +390,27 @@ static void test_matmul_f16act(void **state)
 {
     (void)state;
     hw_t h;
+    const dsq_ftype_t F16 = DSQ_FT_F16, BF16 = DSQ_FT_BF16, F32 = DSQ_FT_F32;
     make_weight(&h, DSQ_WFMT_INT4, DSQ_ZP_INT, 64, 67, 256, true);
-    matmul_f16_case(&h, 1);
-    matmul_f16_case(&h, 16);
-    matmul_f16_case(&h, 37);
+    matmul_narrow_case(&h, 1, F16, F16);
+    matmul_narrow_case(&h, 16, F16, F16);
+    matmul_narrow_case(&h, 37, F16, F16);
+    matmul_narrow_case(&h, 5, BF16, BF16);
+    matmul_narrow_case(&h, 37, BF16, BF16);
+    matmul_narrow_case(&h, 2, F32, F16);
+    matmul_narrow_case(&h, 37, F32, BF16);
     free_weight(&h);
     make_weight(&h, DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 40, 203, false);
-    matmul_f16_case(&h, 3);
+    matmul_narrow_case(&h, 3, F16, F16);
+    matmul_narrow_case(&h, 1, BF16, BF16);
     free_weight(&h);
     make_weight(&h, DSQ_WFMT_Q8_0, DSQ_ZP_SYM, 0, 33, 128, false);
-    matmul_f16_case(&h, 2);
+    matmul_narrow_case(&h, 2, F16, F16);
+    free_weight(&h);
+    /* the generic kernels (F16 weights) and the GGUF layouts' kernel */
+    make_weight(&h, DSQ_WFMT_F16, DSQ_ZP_SYM, 0, 24, 96, false);
+    matmul_narrow_case(&h, 4, BF16, BF16);
+    matmul_narrow_case(&h, 20, F32, F16);
     free_weight(&h);
 }
 
@@ -428,9 +478,25 @@ static void test_gather(void **state)
     int32_t *dperm = dev_dup(perm, sizeof(perm));
     assert_int_equal(cudaMemset(dout, 0xff, sizeof(*o) * R * W), cudaSuccess);
     assert_int_equal(dsq_cpu_gather_cols(o, src, perm, R, W), DSQ_OK);
-    assert_int_equal(dsq_cuda_gather_cols(dout, dsrc, dperm, R, W), DSQ_OK);
+    assert_int_equal(dsq_cuda_gather_cols(dout, dsrc, DSQ_FT_F32, dperm, R, W), DSQ_OK);
     dev_get(og, dout, sizeof(*og) * R * W);
     report("gather_cols", max_diff(o, og, R * W), 0.0);
+    /* 16-bit elements (fp16 / bf16 activations) move as bits: the first
+     * R * W halves of src's bytes, gathered on the host the same way */
+    for (int t = 0; t < 2; t++) {
+        const dsq_ftype_t ft = t ? DSQ_FT_BF16 : DSQ_FT_F16;
+        const uint16_t *s16 = (const uint16_t *)src;
+        uint16_t want[R * W], got[R * W];
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < W; j++)
+                want[r * W + j] = s16[r * W + perm[j]];
+        assert_int_equal(cudaMemset(dout, 0xff, sizeof(*o) * R * W), cudaSuccess);
+        assert_int_equal(dsq_cuda_gather_cols(dout, dsrc, ft, dperm, R, W), DSQ_OK);
+        dev_get(got, dout, sizeof(got));
+        assert_memory_equal(want, got, sizeof(got));
+        printf("# gather_cols %s: bitwise equal\n", dsq_ftype_name(ft));
+    }
+    assert_int_equal(dsq_cuda_gather_cols(dout, dsrc, (dsq_ftype_t)5, dperm, R, W), DSQ_EINVAL);
     cudaFree(dsrc); cudaFree(dout); cudaFree(drows); cudaFree(dperm);
     free(src); free(o); free(og);
 }
@@ -442,27 +508,42 @@ static void test_gather(void **state)
  * simulator reports 8.0). Reference: y = W.x + b in FP64 from the weights
  * dequantised by the CPU's dsq_weight_dequant_row. Bound: each product
  * sees one fp16 rounding of w and of x (relative u = 2^-11 each, so at
- * most 2.001 u |w x|, plus 2^-25 absolute per subnormal rounding), then
+ * most 2.001 u |w x|, plus 2^-25 absolute per subnormal rounding; x
+ * already fp16: w's alone, 1.01 u; bf16 tiles: w's, u = 2^-8), then
  * k fp32 additions whose error is below 2^-23 of the running sum of |w x|
- * even with truncating adds: tol = (2.01 u + k 2^-23) sum |w x| + 1e-6.
+ * even with truncating adds: tol = (2.01 u + k 2^-23) sum |w x| + 1e-6
+ * (1.01 u for narrow x).
  * m spans one and several row blocks with partial edges (17, 64, 65, 130),
  * n and k are not multiples of the 64 x 32 tile. */
-int dsq_test_tc_matmul(float *y, const float *x, int64_t m, const dsq_weight_t *w);
-int dsq_test_tc_matmul_f16(uint16_t *y, const uint16_t *x, int64_t m, const dsq_weight_t *w);
+int dsq_test_tc_matmul(void *y, dsq_ftype_t yt, const void *x, dsq_ftype_t xt, int64_t m,
+                       const dsq_weight_t *w);
 
-static void tc_case(const hw_t *h, int64_t m)
+/* x of type xt, y fp32. fp32 x rounds to fp16 in the tile (2.01 u with
+ * u = 2^-11 for x and w); fp16 x is exact there (w alone: 1.01 u); bf16 x
+ * takes bf16 tiles, exact for x, w rounded to bf16 (1.01 u, u = 2^-8). */
+static void tc_case(const hw_t *h, int64_t m, dsq_ftype_t xt)
 {
     const dsq_weight_t *w = &h->w;
     const int64_t n = w->n, k = w->k;
+    const size_t xs = dsq_ftype_size(xt);
     float *x = malloc(sizeof(*x) * m * k), *yg = malloc(sizeof(*yg) * m * n);
+    uint16_t *xn = malloc(sizeof(*xn) * m * k);
     float *row = malloc(sizeof(*row) * k), *want = malloc(sizeof(*want) * m * n);
     double *tol = malloc(sizeof(*tol) * m * n);
-    for (int64_t i = 0; i < m * k; i++)
-        x[i] = frand(1.0f);
-    float *dx = dev_dup(x, sizeof(*x) * m * k), *dy = dev_poison(sizeof(*dy) * m * n);
-    assert_int_equal(dsq_test_tc_matmul(dy, dx, m, &h->dw), DSQ_OK);
+    for (int64_t i = 0; i < m * k; i++) {
+        if (xt == DSQ_FT_F32) {
+            x[i] = frand(1.0f);
+            continue;
+        }
+        xn[i] = xt == DSQ_FT_F16 ? rand_h(10, 15, true) : rand_bf(-5, 0);
+        x[i] = widen(xn, xt, i);
+    }
+    void *dx = dev_dup(xt == DSQ_FT_F32 ? (void *)x : (void *)xn, xs * m * k);
+    float *dy = dev_poison(sizeof(*dy) * m * n);
+    assert_int_equal(dsq_test_tc_matmul(dy, DSQ_FT_F32, dx, xt, m, &h->dw), DSQ_OK);
     dev_get(yg, dy, sizeof(*yg) * m * n);
-    const double u = 1.0 / 2048.0;
+    const double u = xt == DSQ_FT_BF16 ? 1.0 / 256.0 : 1.0 / 2048.0;
+    const double rel = xt == DSQ_FT_F32 ? 2.01 * u : 1.01 * u;
     for (int64_t o = 0; o < n; o++) {
         assert_int_equal(dsq_weight_dequant_row(w, o, row), DSQ_OK);
         for (int64_t i = 0; i < m; i++) {
@@ -472,16 +553,17 @@ static void tc_case(const hw_t *h, int64_t m)
                 b += fabs((double)row[j] * x[i * k + j]);
             }
             want[i * n + o] = (float)s;
-            tol[i * n + o] = (2.01 * u + (double)k * ldexp(1.0, -23)) * b + 1e-6;
+            tol[i * n + o] = (rel + (double)k * ldexp(1.0, -23)) * b + 1e-6;
         }
     }
     char what[96];
-    snprintf(what, sizeof(what), "tensor-core %s m=%lld n=%lld k=%lld%s", fmt_name(w),
-             (long long)m, (long long)n, (long long)k, w->bias ? " bias" : "");
+    snprintf(what, sizeof(what), "tensor-core x %s %s m=%lld n=%lld k=%lld%s",
+             dsq_ftype_name(xt), fmt_name(w), (long long)m, (long long)n, (long long)k,
+             w->bias ? " bias" : "");
     check_close(what, want, yg, tol, m * n);
     cudaFree(dx);
     cudaFree(dy);
-    free(x); free(yg); free(row); free(want); free(tol);
+    free(x); free(xn); free(yg); free(row); free(want); free(tol);
 }
 
 static void test_matmul_tc(void **state)
@@ -495,18 +577,21 @@ static void test_matmul_tc(void **state)
         printf("# tensor-core tile: device below compute capability 8.0, not run\n");
         return;
     }
-    const struct { dsq_wformat_t f; dsq_zp_mode_t zp; int gs; int64_t n, k, m; bool bias; }
-    cs[] = {
-        {DSQ_WFMT_INT4, DSQ_ZP_SYM, 32, 72, 256, 17, true},
-        {DSQ_WFMT_INT4, DSQ_ZP_INT, 128, 130, 203, 65, false},
-        {DSQ_WFMT_INT4, DSQ_ZP_MIN, 64, 64, 96, 130, true},
-        {DSQ_WFMT_Q8_0, DSQ_ZP_SYM, 0, 40, 160, 64, false},
-        {DSQ_WFMT_INT8, DSQ_ZP_SYM, 0, 67, 75, 33, true},
+    const struct {
+        dsq_wformat_t f; dsq_zp_mode_t zp; int gs; int64_t n, k, m; bool bias; dsq_ftype_t xt;
+    } cs[] = {
+        {DSQ_WFMT_INT4, DSQ_ZP_SYM, 32, 72, 256, 17, true, DSQ_FT_F32},
+        {DSQ_WFMT_INT4, DSQ_ZP_INT, 128, 130, 203, 65, false, DSQ_FT_F32},
+        {DSQ_WFMT_INT4, DSQ_ZP_MIN, 64, 64, 96, 130, true, DSQ_FT_F32},
+        {DSQ_WFMT_Q8_0, DSQ_ZP_SYM, 0, 40, 160, 64, false, DSQ_FT_F32},
+        {DSQ_WFMT_INT8, DSQ_ZP_SYM, 0, 67, 75, 33, true, DSQ_FT_F32},
+        {DSQ_WFMT_INT4, DSQ_ZP_INT, 64, 72, 203, 33, true, DSQ_FT_F16},
+        {DSQ_WFMT_INT4, DSQ_ZP_MIN, 32, 70, 160, 65, false, DSQ_FT_BF16},
     };
     for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
         hw_t h;
         make_weight(&h, cs[c].f, cs[c].zp, cs[c].gs, cs[c].n, cs[c].k, cs[c].bias);
-        tc_case(&h, cs[c].m);
+        tc_case(&h, cs[c].m, cs[c].xt);
         free_weight(&h);
     }
 }
@@ -519,17 +604,26 @@ static void test_matmul_errors(void **state)
     float *dx = dev_poison(sizeof(float) * 64), *dy = dev_poison(sizeof(float) * 8);
     dsq_weight_t bad = h.dw;
     bad.group_size = 48;
-    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, 1, &bad), DSQ_EINVAL);
     bad = h.dw;
     bad.zeros = NULL;
-    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, 1, &bad), DSQ_EINVAL);
     bad = h.dw;
     bad.format = DSQ_WFMT_Q8_0;
     bad.k = 40;
-    assert_int_equal(dsq_cuda_matmul(dy, dx, 1, &bad), DSQ_EINVAL);
-    assert_int_equal(dsq_cuda_matmul(NULL, dx, 1, &h.dw), DSQ_EINVAL);
-    assert_int_equal(dsq_cuda_matmul(dy, dx, -1, &h.dw), DSQ_EINVAL);
-    assert_int_equal(dsq_cuda_matmul(dy, dx, 0, &h.dw), DSQ_OK);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, 1, &bad), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(NULL, DSQ_FT_F32, dx, DSQ_FT_F32, 1, &h.dw), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, -1, &h.dw), DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, DSQ_FT_F32, 0, &h.dw), DSQ_OK);
+    /* type pairs: (t, t) and (f32 <- narrow) only; an ftype outside the enum */
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F16, dx, DSQ_FT_BF16, 1, &h.dw),
+                     DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_BF16, dx, DSQ_FT_F32, 1, &h.dw),
+                     DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_cuda_matmul(dy, (dsq_ftype_t)3, dx, DSQ_FT_F32, 1, &h.dw),
+                     DSQ_EINVAL);
+    assert_int_equal(dsq_cuda_matmul(dy, DSQ_FT_F32, dx, (dsq_ftype_t)-1, 1, &h.dw),
+                     DSQ_EINVAL);
     assert_int_equal(dsq_cuda_embed(dy, &h.dw, NULL, 1), DSQ_EINVAL);
     cudaFree(dx);
     cudaFree(dy);

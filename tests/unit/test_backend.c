@@ -151,11 +151,18 @@ static void test_ops_are_the_kernels(void **state)
     assert_int_equal(vb, 0);
     float a[M * N], b[M * N];
     assert_int_equal(dsq_cpu_matmul(a, x, M, &w), DSQ_OK);
-    assert_int_equal(dsq_backend_matmul(be, b, x, M, &v), DSQ_OK);
+    assert_int_equal(dsq_backend_matmul(be, b, DSQ_FT_F32, x, DSQ_FT_F32, M, &v), DSQ_OK);
     assert_memory_equal(a, b, sizeof(a));
+    /* the CPU backend computes in fp32: a narrow activation type is a
+     * device's, refused whole */
+    assert_int_equal(dsq_backend_matmul(be, b, DSQ_FT_F16, x, DSQ_FT_F16, M, &v),
+                     DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_backend_matmul(be, b, DSQ_FT_F32, x, DSQ_FT_BF16, M, &v),
+                     DSQ_EUNSUPPORTED);
+    assert_int_equal(dsq_backend_add(be, b, x, DSQ_FT_F16, M), DSQ_EUNSUPPORTED);
     float r1[M * K], r2[M * K];
     assert_int_equal(dsq_cpu_rmsnorm(r1, x, norm, M, K, 1e-6f), DSQ_OK);
-    assert_int_equal(dsq_backend_rmsnorm(be, r2, x, norm, M, K, 1e-6f), DSQ_OK);
+    assert_int_equal(dsq_backend_rmsnorm(be, r2, DSQ_FT_F32, x, norm, M, K, 1e-6f), DSQ_OK);
     assert_memory_equal(r1, r2, sizeof(r1));
     const int32_t rows[3] = {5, 0, 5};
     assert_int_equal(dsq_backend_gather_rows(be, r2, x, rows, 3, K, M), DSQ_OK);
@@ -166,13 +173,13 @@ static void test_ops_are_the_kernels(void **state)
     int32_t perm[K];
     for (int j = 0; j < K; j++)
         perm[j] = (j * 7 + 3) % K;          /* 7 is coprime with 64 */
-    assert_int_equal(dsq_backend_gather_cols(be, r2, x, perm, M, K), DSQ_OK);
+    assert_int_equal(dsq_backend_gather_cols(be, r2, x, DSQ_FT_F32, perm, M, K), DSQ_OK);
     for (int t = 0; t < M; t++)
         for (int j = 0; j < K; j++)
             assert_true(r2[t * K + j] == x[t * K + perm[j]]);
     perm[3] = K;
-    assert_int_equal(dsq_backend_gather_cols(be, r2, x, perm, M, K), DSQ_ERANGE);
-    assert_int_equal(dsq_backend_gather_cols(be, x, x, perm, M, K), DSQ_EINVAL);
+    assert_int_equal(dsq_backend_gather_cols(be, r2, x, DSQ_FT_F32, perm, M, K), DSQ_ERANGE);
+    assert_int_equal(dsq_backend_gather_cols(be, x, x, DSQ_FT_F32, perm, M, K), DSQ_EINVAL);
     memcpy(r1, x, sizeof(r1));
     memcpy(r2, x, sizeof(r2));
     assert_int_equal(dsq_cpu_softmax(r1, M, K), DSQ_OK);

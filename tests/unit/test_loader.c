@@ -17,6 +17,7 @@
 #include "engine/common/error.h"
 #include "engine/io/llama2c.h"
 #include "engine/loader/loader.h"
+#include "engine/model/model.h"
 #include "engine/io/tensor.h"
 #include "engine/text/tokenizer.h"
 
@@ -416,6 +417,23 @@ static void test_hf_single(void **state)
     /* the .safetensors path itself works too */
     f = open_ok(st, NULL);
     check_tiny(f);
+    /* activation types (model.h): a file storing a bf16 tensor gets bf16 on
+     * a device under auto; the host computes in fp32 and refuses narrow */
+    dsq_ftype_t at = (dsq_ftype_t)9;
+    char why[256] = "";
+    assert_int_equal(dsq_model_act_type(f, NULL, false, &at, why, sizeof(why)), DSQ_OK);
+    assert_int_equal(at, DSQ_FT_BF16);
+    assert_int_equal(dsq_model_act_type(f, "auto", true, &at, why, sizeof(why)), DSQ_OK);
+    assert_int_equal(at, DSQ_FT_F32);
+    assert_int_equal(dsq_model_act_type(f, "half", false, &at, why, sizeof(why)), DSQ_OK);
+    assert_int_equal(at, DSQ_FT_F16);
+    assert_int_equal(dsq_model_act_type(f, "float", true, &at, why, sizeof(why)), DSQ_OK);
+    assert_int_equal(at, DSQ_FT_F32);
+    assert_int_equal(dsq_model_act_type(f, "bfloat16", true, &at, why, sizeof(why)),
+                     DSQ_EINVAL);
+    assert_non_null(strstr(why, "needs a device backend"));
+    assert_int_equal(dsq_model_act_type(f, "fp8", false, &at, why, sizeof(why)), DSQ_EINVAL);
+    assert_non_null(strstr(why, "unknown dtype 'fp8'"));
     dsq_model_file_close(f);
 
     /* untied config without lm_head */

@@ -56,6 +56,7 @@ static void test_defaults(void **state)
     assert_int_equal(o.max_request_bytes, 1048576);   /* 1 MiB */
     assert_int_equal(o.block_size, 16);
     assert_string_equal(o.kv_cache_dtype, "auto");
+    assert_string_equal(o.dtype, "auto");
     assert_string_equal(o.device, "auto");
     assert_false(o.enable_prefix_caching);
     assert_false(o.plan);
@@ -109,10 +110,12 @@ static void test_types(void **state)
     char *argv[] = {"dsqd", "--enable-prefix-caching", "--plan=false",
                     "--gpu-memory-utilization", "0.5", "--kv-cache-dtype",
                     "INT8", "--max-request-bytes", "64KiB", "--shutdown-timeout",
-                    "2.5", "--allowed-origins", "*", "--served_model_name", "x"};
+                    "2.5", "--allowed-origins", "*", "--served_model_name", "x",
+                    "--dtype", "BFloat16"};
     (void)state;
     fake_env = NULL;
-    assert_int_equal(load(&o, argv, 15, err), 0);
+    assert_int_equal(load(&o, argv, 17, err), 0);
+    assert_string_equal(o.dtype, "bfloat16");
     assert_true(o.enable_prefix_caching);
     assert_false(o.plan);
     assert_true(o.gpu_memory_utilization == 0.5);
@@ -147,6 +150,10 @@ static void test_errors(void **state)
     {
         char *a[] = {"dsqd", "--port"};
         expect_fail(a, 2, NULL, "--port");
+    }
+    {
+        char *a[] = {"dsqd", "--dtype", "fp8"};
+        expect_fail(a, 3, NULL, "auto|float16|half|bfloat16|float32|float");
     }
     {
         char *a[] = {"dsqd", "--port", "70000"};
@@ -363,7 +370,7 @@ static void test_help(void **state)
         "--timeout-keep-alive", "--max-seqs-per-request",   /* api */
         "--header-timeout", "--body-timeout", "--max-connections",  /* hardening */
         "--max-connections-per-client", "--http-threads",
-        "--threads", "--device", "--quantize", "--group-size", "--activation-dtype",
+        "--threads", "--device", "--quantize", "--group-size", "--activation-dtype", "--dtype",
         "--memory-limit", "--kv-cache-memory", "--log-level",
         "--ssl-certfile", "--ssl-keyfile", "--allowed-origins",
         "--chat-template", "--config", "--plan", "--help", "--version",
