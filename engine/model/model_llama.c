@@ -73,7 +73,7 @@ typedef struct llama {
      * model's, dsq_model_act: fp32 on the CPU, fp16 or bf16 on a device) */
     int ws_tokens;
     dsq_ftype_t at;
-    float *x, *lg;
+    void *x, *lg;            /* fp32 */
     void *h, *q, *k, *v, *att, *g, *u;
 
     /* GPTQ act-order: the permuted copy xp of input xp_src under xp_perm
@@ -268,9 +268,9 @@ static int ensure_ws(llama_t *m, int n_tokens)
            kvd = (size_t)(c->n_head_kv * c->head_dim), ff = (size_t)c->n_ff;
     const size_t a = dsq_ftype_size(m->at);
     struct { void **p; size_t n, size; } bufs[] = {
-        {(void **)&m->x, t * d, 4}, {&m->h, t * (d > qd ? d : qd), a}, {&m->q, t * qd, a},
+        {&m->x, t * d, 4}, {&m->h, t * (d > qd ? d : qd), a}, {&m->q, t * qd, a},
         {&m->k, t * kvd, a}, {&m->v, t * kvd, a}, {&m->att, t * qd, a}, {&m->g, t * ff, a},
-        {&m->u, t * ff, a}, {(void **)&m->lg, t * d, 4},
+        {&m->u, t * ff, a}, {&m->lg, t * d, 4},
         /* act-order gathers: any linear input (d, q_dim or n_ff wide) */
         {&m->xp, m->model->has_perm ? t * (ff > d ? (ff > qd ? ff : qd) : (d > qd ? d : qd)) : 0,
          a},
