@@ -14,9 +14,12 @@
  *   - cancel after the first event (finish ABORT);
  * and after each the engine goes idle with no KV block in use (no leak).
  * Both engines dequantise exactly (DSQ_ACT_F32 on the CPU; the CUDA kernels
- * have no int8 activations), so logits differ by fp32 summation order and
- * fp16 KV rounding only (tests/gpu/test_cuda_model.c states the bound),
- * and greedy ids agree. Prompts are token ids (tok512 ids 1..511). */
+ * have no int8 activations); the CUDA engine keeps its default activation
+ * type (fp16 for this FP32 file), so logits differ by the fp16 roundings
+ * tests/gpu/test_cuda_model.c bounds (about 9 u of the largest logit on
+ * stories260K), far below the gaps between the greedy choices of these
+ * short runs: the ids agree (the INT8 KV group keeps fp32 activations, see
+ * open_engine). Prompts are token ids (tok512 ids 1..511). */
 #include "gpu_common.h"
 
 #include <sys/stat.h>
@@ -71,7 +74,14 @@ static dsq_engine_t *open_engine(const char *device, int block_size, int n_block
                            .kv_cache_dtype = kv_dtype,
                            .kv_cache_memory_bytes = per_token * block_size * n_blocks,
                            .enable_prefix_caching = prefix, .n_threads = 1,
-                           .activation_dtype = DSQ_ENGINE_ACT_F32, .device = device};
+                           .activation_dtype = DSQ_ENGINE_ACT_F32, .device = device,
+                           /* an INT8 KV level flips where its input crosses
+                            * a rounding boundary, and fp16 activations move
+                            * k and v by ~2^-11: one flipped level changed
+                            * token 7 of 10 here. So the INT8 group keeps
+                            * fp32 activations (the fp16 -> INT8 writer is
+                            * checked byte for byte in test_cuda_ops) */
+                           .dtype = kv_dtype == DSQ_KV_INT8 ? "float32" : NULL};
     char err[512];
     dsq_engine_t *e = dsq_engine_create(&o, err, sizeof(err));
     if (!e)
